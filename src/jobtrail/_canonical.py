@@ -1,0 +1,128 @@
+"""Canonical JSON bytes, the request fingerprint and the time format we hash.
+
+The encoding is the subset of RFC 8785 (JCS) we can state in three rules:
+
+* objects have string keys sorted by Unicode code point, no whitespace
+  anywhere, strings escaped as ``json.dumps(ensure_ascii=False)`` does, UTF-8;
+* integers are written in full; ``true``/``false``/``null`` as usual;
+* floats must be finite and are written as ECMAScript writes numbers
+  (shortest round-trip digits; an integral float below 1e21 has no fraction,
+  so ``2.0`` and ``2`` encode alike; exponent form outside 1e-6..1e21).
+
+NaN and infinities are refused: they have no JSON form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from jobtrail._errors import UsageError
+
+FINGERPRINT_VERSION = "jobtrail/request/v1"
+
+
+def canonical_json(value: Any) -> str:
+    """Return the canonical text of ``value`` (see the module docstring)."""
+    parts: list[str] = []
+    _write(value, parts)
+    return "".join(parts)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    return canonical_json(value).encode("utf-8")
+
+
+def _write(value: Any, out: list[str]) -> None:
+    if value is None or value is True or value is False:
+        out.append(json.dumps(value))
+    elif isinstance(value, str):
+        out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, int):
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append(es_number(value))
+    elif isinstance(value, Mapping):
+        out.append("{")
+        for i, key in enumerate(sorted(value)):
+            if not isinstance(key, str):
+                raise UsageError(
+                    f"JSON object keys must be strings, got {key!r}; convert the key to a string"
+                )
+            if i:
+                out.append(",")
+            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(":")
+            _write(value[key], out)
+        out.append("}")
+    elif isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _write(item, out)
+        out.append("]")
+    else:
+        raise UsageError(
+            f"cannot encode {type(value).__name__} as JSON; "
+            "use strings, integers, finite floats, booleans, null, lists and objects"
+        )
+
+
+def es_number(x: float) -> str:
+    """Write a finite float the way ECMAScript's Number.prototype.toString does."""
+    if x != x or x in (float("inf"), float("-inf")):
+        raise UsageError("NaN and infinite numbers have no JSON form; send them as strings")
+    if x == 0:
+        return "0"
+    sign = "-" if x < 0 else ""
+    _, digit_tuple, exponent = Decimal(repr(abs(x))).as_tuple()
+    digits = "".join(map(str, digit_tuple)).rstrip("0") or "0"
+    assert isinstance(exponent, int)
+    # position of the decimal point relative to the start of ``digits``
+    n = exponent + len("".join(map(str, digit_tuple)))
+    k = len(digits)
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * (-n) + digits
+    e = n - 1
+    mantissa = digits[0] + ("." + digits[1:] if k > 1 else "")
+    return f"{sign}{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+
+
+def request_fingerprint(provider: str, target: str, endpoint: str, body: Any) -> str:
+    """sha256 (hex) of the canonical encoding of what we ask the provider to do."""
+    doc = {
+        "v": FINGERPRINT_VERSION,
+        "provider": provider,
+        "target": target,
+        "endpoint": endpoint,
+        "body": body,
+    }
+    return hashlib.sha256(canonical_bytes(doc)).hexdigest()
+
+
+def rfc3339(us: int | None) -> str | None:
+    """Microseconds since the epoch -> RFC 3339 UTC with microseconds (``...Z``)."""
+    if us is None:
+        return None
+    dt = datetime.fromtimestamp(us // 1_000_000, tz=UTC).replace(microsecond=us % 1_000_000)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def to_us(dt: datetime) -> int:
+    if dt.tzinfo is None:
+        raise UsageError("naive datetime given; pass an aware datetime (for example in UTC)")
+    delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(us: int) -> datetime:
+    return datetime.fromtimestamp(us // 1_000_000, tz=UTC).replace(microsecond=us % 1_000_000)

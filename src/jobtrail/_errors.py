@@ -1,0 +1,79 @@
+"""Every error jobtrail raises on purpose.
+
+::
+
+    JobtrailError                      one root; str() says what is wrong and what to do
+    ├── UsageError                     the caller asked for something that cannot be done
+    │   ├── ConfigError                a setting, URL or provider file is wrong
+    │   ├── OperationKeyConflict       same operation key, different request
+    │   ├── SecretInRequest            a request body carries a credential
+    │   └── TransitionRefused          not in the state table, or evidence missing
+    └── OperationalError               the world did not cooperate
+        ├── StorageError               the database is locked, gone or refused a write
+        ├── StaleRecord                another writer (or a newer lease) changed the record first
+        └── OperationNotFound          no record with that id
+
+Every error keeps its constructor arguments as attributes, so it can be stored
+as a structured row or pickled and rebuilt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class JobtrailError(Exception):
+    """Base of every error jobtrail raises on purpose."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.details))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[JobtrailError], message: str, details: dict[str, Any]) -> JobtrailError:
+    err = cls.__new__(cls)
+    JobtrailError.__init__(err, message, **details)
+    return err
+
+
+class UsageError(JobtrailError):
+    """The caller asked for something that cannot be done as asked."""
+
+
+class ConfigError(UsageError):
+    """A setting, database URL or provider file is wrong."""
+
+
+class OperationKeyConflict(UsageError):
+    """The operation key already names an operation with a different request."""
+
+
+class SecretInRequest(UsageError):
+    """A request body carries something that looks like a credential."""
+
+
+class TransitionRefused(UsageError):
+    """The transition is not in the state table, or its evidence is missing or wrong."""
+
+
+class OperationalError(JobtrailError):
+    """Something outside the caller's control failed."""
+
+
+class StorageError(OperationalError):
+    """The database is locked, unreachable or refused a write."""
+
+
+class StaleRecord(OperationalError):
+    """The record changed since it was read (another writer, or a newer lease)."""
+
+
+class OperationNotFound(OperationalError):
+    """No operation with that id exists in this database."""

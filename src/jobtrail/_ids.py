@@ -1,0 +1,42 @@
+"""Identifiers: sortable operation ids, idempotency tokens and W3C trace ids."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def _ulid(now_ms: int | None = None) -> str:
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    value = (ms << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_operation_id(now_ms: int | None = None) -> str:
+    """``op_`` + a ULID: sorts by creation time (millisecond), 80 random bits."""
+    return "op_" + _ulid(now_ms)
+
+
+def new_idempotency_token() -> str:
+    """128 random bits, hex. Never reused for another request fingerprint."""
+    return secrets.token_hex(16)
+
+
+def new_trace_id() -> str:
+    """A W3C trace-context trace id: 32 lowercase hex, never all zeros."""
+    while True:
+        trace_id = secrets.token_hex(16)
+        if trace_id != "0" * 32:
+            return trace_id
+
+
+def traceparent(trace_id: str) -> str:
+    """The ``traceparent`` header for one outgoing request of this trace."""
+    span_id = secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-01"

@@ -1,0 +1,353 @@
+"""Redaction: the one choke point between what we see and what we write.
+
+Nothing reaches storage or our logs without passing a :class:`Redactor`.
+Four passes, in this order:
+
+1. the exact values of credentials we injected (and their base64, URL-encoded,
+   hex and Basic-auth forms) are masked wherever they appear;
+2. known secret formats (PEM blocks, JWTs, ``Bearer ...``, common key
+   prefixes, ``key=value`` pairs whose key names a secret) are masked in text;
+3. URLs lose their userinfo and the values of token-like query parameters;
+4. headers outside an allow-list, and JSON fields whose names carry secrets,
+   are masked, keeping the name so the shape of the evidence survives.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import threading
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from typing import Any, NoReturn
+
+REDACTED = "[REDACTED]"
+
+_HEADER_ALLOW = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "retry-after",
+        "etag",
+        "date",
+        "last-modified",
+        "cache-control",
+        "vary",
+        "server",
+        "location",
+        "operation-location",
+        "azure-asyncoperation",
+        "operation-id",
+        "idempotency-key",
+        "idempotent-replayed",
+        "repeatability-result",
+        "traceparent",
+        "tracestate",
+        "x-trace-id",
+        "webhook-id",
+        "webhook-timestamp",
+    }
+)
+_HEADER_ALLOW_SUFFIX = ("request-id", "requestid")
+_HEADER_ALLOW_PREFIX = ("ratelimit-", "x-ratelimit-")
+_URL_HEADERS = frozenset({"location", "operation-location", "azure-asyncoperation"})
+
+_SECRET_KEY_PARTS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "apikey",
+    "privatekey",
+    "credential",
+    "signature",
+    "cookie",
+    "authorization",
+    "sessionid",
+    "accesskey",
+)
+_SECRET_KEY_EXACT = frozenset({"auth", "session", "sig", "key", "code", "pass", "pwd", "jwt"})
+
+_QUERY_SECRET = frozenset(
+    {
+        "awsaccesskeyid",
+        "signature",
+        "sig",
+        "key",
+        "apikey",
+        "accesstoken",
+        "refreshtoken",
+        "idtoken",
+        "token",
+        "code",
+        "clientsecret",
+        "password",
+        "secret",
+        "auth",
+    }
+)
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"-----BEGIN [A-Z0-9 ]+-----[\s\S]*?-----END [A-Z0-9 ]+-----"), REDACTED),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"), REDACTED),
+    (re.compile(r"(?i)\b(bearer|basic|token|digest)(\s+)[A-Za-z0-9._~+/=-]{6,}"), r"\1\2" + REDACTED),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),
+    (re.compile(r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}"), REDACTED),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), REDACTED),
+    (re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"), REDACTED),
+    (re.compile(r"\bsk-(?:ant-)?[A-Za-z0-9_-]{16,}"), REDACTED),
+    (re.compile(r"\bwhsec_[A-Za-z0-9+/=]{10,}"), REDACTED),
+    # userinfo in any URL inside text
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@"), r"\1" + "REDACTED:REDACTED@"),
+    # key=value / "key": "value" where the key names a secret
+    (
+        re.compile(
+            r"""(?ix)
+            (["']?[a-z0-9_.-]*?
+              (?:password|passwd|secret|api[_-]?key|access[_-]?token|refresh[_-]?token|id[_-]?token
+                 |auth[_-]?token|client[_-]?secret|private[_-]?key|session[_-]?id|x-api-key
+                 |authorization|cookie|credential)
+            [a-z0-9_.-]*["']?\s*[:=]\s*["']?)
+            (?!\[REDACTED\])([^"'\s&,;}]+)
+            """
+        ),
+        r"\1" + REDACTED,
+    ),
+)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def is_secret_name(name: str) -> bool:
+    """Does a header, field or parameter name say its value is a credential?"""
+    n = _norm(name)
+    return n in _SECRET_KEY_EXACT or any(part in n for part in _SECRET_KEY_PARTS)
+
+
+class Secret:
+    """A resolved credential. Its repr is masked; it refuses to be pickled or stored.
+
+    Creating one registers its value (and encodings of it) with the default
+    redactor, so the exact value is masked anywhere it might leak.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str, *, redactor: Redactor | None = None) -> None:
+        self._value = value
+        (redactor or default_redactor).register(value)
+
+    def reveal(self) -> str:
+        """The value, for the one place that puts it on the wire."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('[REDACTED]')"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a Secret cannot be pickled; store its reference name instead")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+
+def _encodings(value: str) -> set[str]:
+    raw = value.encode("utf-8")
+    forms = {
+        value,
+        base64.b64encode(raw).decode(),
+        base64.b64encode(raw).decode().rstrip("="),
+        base64.urlsafe_b64encode(raw).decode(),
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        urllib.parse.quote(value, safe=""),
+        urllib.parse.quote_plus(value),
+        raw.hex(),
+        raw.hex().upper(),
+    }
+    return {f for f in forms if len(f) >= 4}
+
+
+class Redactor:
+    """Masks secrets in text, URLs, headers and JSON values. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._exact: set[str] = set()
+        self._ordered: list[str] = []
+        self._lock = threading.Lock()
+
+    # -- registration of injected credentials ---------------------------------
+
+    def register(self, value: str) -> None:
+        """Mask this exact value (and its common encodings) from now on."""
+        if len(value) < 4:
+            return
+        with self._lock:
+            new = _encodings(value) - self._exact
+            if not new:
+                return
+            self._exact |= new
+            # longest first, so a base64 form is not half-masked by a shorter one
+            self._ordered = sorted(self._exact, key=len, reverse=True)
+
+    def register_basic(self, user: str, password: str) -> None:
+        """Also mask the Basic-auth form ``base64(user:password)``."""
+        self.register(password)
+        self.register(f"{user}:{password}")
+
+    # -- the passes ------------------------------------------------------------
+
+    def text(self, value: str) -> str:
+        for secret in self._ordered:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        for pattern, replacement in _PATTERNS:
+            value = pattern.sub(replacement, value)
+        return value
+
+    def url(self, value: str) -> str:
+        try:
+            parts = urllib.parse.urlsplit(value)
+        except ValueError:
+            return self.text(value)
+        netloc = parts.netloc
+        if "@" in netloc:
+            netloc = "REDACTED:REDACTED@" + netloc.rsplit("@", 1)[1]
+        query = parts.query
+        if query:
+            pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+            query = urllib.parse.urlencode(
+                [(k, REDACTED if _is_secret_query(k) else v) for k, v in pairs], safe="[]"
+            )
+        rebuilt = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        return self.text(rebuilt)
+
+    def headers(self, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
+        items = headers.items() if isinstance(headers, Mapping) else headers
+        out: dict[str, str] = {}
+        for name, value in items:
+            lower = name.lower()
+            if lower in _URL_HEADERS:
+                out[name] = self.url(str(value))
+            elif _header_allowed(lower):
+                out[name] = self.text(str(value))
+            else:
+                out[name] = REDACTED
+        return out
+
+    def value(self, value: Any) -> Any:
+        """Redact a JSON-like value recursively (a new value; the input is untouched)."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                key_s = str(key)
+                if is_secret_name(key_s) and _carries_secret(item):
+                    out[key_s] = REDACTED
+                elif _norm(key_s) in ("headers", "responseheaders", "requestheaders") and isinstance(
+                    item, Mapping
+                ):
+                    out[key_s] = self.headers(item)
+                elif _norm(key_s) in ("url", "statusurl", "href", "resultreference", "location"):
+                    out[key_s] = self.url(item) if isinstance(item, str) else self.value(item)
+                else:
+                    out[key_s] = self.value(item)
+            return out
+        if isinstance(value, list | tuple):
+            return [self.value(item) for item in value]
+        return value
+
+    def secret_paths(self, value: Any, path: str = "$") -> list[str]:
+        """JSON paths in ``value`` that the redactor would mask (used to refuse request bodies)."""
+        found: list[str] = []
+        if isinstance(value, str):
+            if self.text(value) != value:
+                found.append(path)
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                sub = f"{path}.{key}"
+                if is_secret_name(str(key)) and _carries_secret(item):
+                    found.append(sub)
+                else:
+                    found.extend(self.secret_paths(item, sub))
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                found.extend(self.secret_paths(item, f"{path}[{i}]"))
+        return found
+
+
+class NullRedactor(Redactor):
+    """Redacts nothing. Exists so tests can prove the canary scan would catch a leak."""
+
+    def text(self, value: str) -> str:
+        return value
+
+    def url(self, value: str) -> str:
+        return value
+
+    def headers(self, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
+        return dict(headers.items() if isinstance(headers, Mapping) else headers)
+
+    def value(self, value: Any) -> Any:
+        return value
+
+
+def _carries_secret(item: Any) -> bool:
+    # ``max_tokens: 100`` names a token but carries a number, not a credential.
+    return isinstance(item, str | Mapping | list | tuple) and bool(item)
+
+
+def _is_secret_query(name: str) -> bool:
+    n = _norm(name)
+    return n in _QUERY_SECRET or n.startswith(("xamz", "xgoog")) or is_secret_name(name)
+
+
+def _header_allowed(lower: str) -> bool:
+    return (
+        lower in _HEADER_ALLOW
+        or lower.endswith(_HEADER_ALLOW_SUFFIX)
+        or lower.startswith(_HEADER_ALLOW_PREFIX)
+    )
+
+
+#: The process-wide redactor; every :class:`Secret` registers here.
+default_redactor = Redactor()
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts the fully formatted message of every record."""
+
+    def __init__(self, redactor: Redactor | None = None) -> None:
+        super().__init__()
+        self._redactor = redactor or default_redactor
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            message = f"{message} ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+            record.exc_info = None
+            record.exc_text = None
+        record.msg = self._redactor.text(message)
+        record.args = None
+        return True
+
+
+_FILTERED_LOGGERS = ("jobtrail", "aiohttp.client", "aiohttp.server", "aiohttp.access", "aiohttp.web")
+
+
+def install_log_redaction(redactor: Redactor | None = None) -> None:
+    """Put the redacting filter on our loggers and the HTTP stack's (idempotent)."""
+    for name in _FILTERED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+            logger.addFilter(RedactingFilter(redactor))

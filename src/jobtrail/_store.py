@@ -1,0 +1,606 @@
+"""The operation ledger on SQLite or PostgreSQL.
+
+Every change is one short transaction: a conditional UPDATE of the operation
+row (on its version and, under a lease, its fencing epoch) and the INSERT of
+one history entry that extends the row's hash chain. The row lock taken by the
+UPDATE serialises writers of one operation, so two writers can never fork a
+chain; writers of different operations never wait for each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from jobtrail import _schema as t
+from jobtrail._canonical import canonical_json, request_fingerprint, to_us
+from jobtrail._chain import GENESIS, HASH_VERSION, entry_hash
+from jobtrail._errors import (
+    ConfigError,
+    OperationKeyConflict,
+    OperationNotFound,
+    SecretInRequest,
+    StaleRecord,
+    StorageError,
+    UsageError,
+)
+from jobtrail._evidence import Evidence, OperationCreated
+from jobtrail._ids import new_idempotency_token, new_operation_id, new_trace_id
+from jobtrail._machine import check_transition
+from jobtrail._record import HistoryEntry, Operation, OperationSpec
+from jobtrail._redact import Redactor, default_redactor
+from jobtrail._states import State
+
+log = logging.getLogger("jobtrail")
+
+DEFAULT_DB_ENV = "JOBTRAIL_DB"
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+#: Columns a change may set besides the state (the state itself only via the machine).
+MUTABLE_COLUMNS = frozenset(
+    {"remote_job_id", "remote_state", "state_reason", "attempts", "next_action_at_us"}
+)
+
+
+def default_db_path() -> Path:
+    """``$XDG_DATA_HOME/jobtrail/jobtrail.db`` (``~/.local/share/jobtrail/jobtrail.db``)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "jobtrail" / "jobtrail.db"
+
+
+def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
+    """``--db`` wins, then ``$JOBTRAIL_DB``, then :func:`default_db_path`.
+
+    A plain path means a SQLite file; ``postgresql://`` URLs use psycopg 3.
+    """
+    raw = str(db) if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
+    if "://" not in raw:
+        path = Path(raw).expanduser().resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
+    scheme = raw.split("://", 1)[0]
+    if scheme in ("postgres", "postgresql"):
+        return "postgresql+psycopg://" + raw.split("://", 1)[1]
+    if scheme in ("postgresql+psycopg", "sqlite"):
+        return raw
+    raise ConfigError(
+        f"unsupported database URL scheme {scheme!r}; use a file path (SQLite) "
+        "or postgresql://user@host:port/dbname (set it with --db or JOBTRAIL_DB)"
+    )
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """One write to one operation: a transition (``to`` set) or a same-state record."""
+
+    op: Operation
+    evidence: Evidence
+    actor: str
+    to: State | None = None
+    changes: dict[str, Any] = field(default_factory=dict)
+    epoch: int | None = None
+    request_ids: Sequence[str] = ()
+
+
+class Store:
+    """The ledger. Open with :meth:`Store.open`; safe to share between threads."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        redactor: Redactor | None = None,
+        clock: Callable[[], int] = _now_us,
+    ) -> None:
+        self.engine = engine
+        self.redactor = redactor or default_redactor
+        self.clock = clock
+        self.dialect = engine.dialect.name
+
+    # -- opening ----------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        db: str | os.PathLike[str] | None = None,
+        *,
+        redactor: Redactor | None = None,
+        clock: Callable[[], int] = _now_us,
+        migrate: bool = True,
+    ) -> Store:
+        """Open (and by default create or upgrade) the ledger at ``db``."""
+        url = resolve_db_url(db)
+        engine = _make_engine(url)
+        store = cls(engine, redactor=redactor, clock=clock)
+        if migrate:
+            store.migrate()
+        return store
+
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to ``revision``; data survives every upgrade."""
+        from jobtrail._migrate import upgrade
+
+        with self._errors("upgrading the schema"), self.engine.begin() as conn:
+            upgrade(conn, revision)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            raise StorageError(_explain_db_error(self.engine, doing, exc)) from exc
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._errors("reading"), self.engine.connect() as conn:
+            yield conn.execution_options(jobtrail_read=True)
+
+    # -- creating ---------------------------------------------------------------
+
+    def create_operation(
+        self, spec: OperationSpec, *, actor: str | None = None
+    ) -> tuple[Operation, bool]:
+        """Make the record durable. Returns ``(operation, created)``.
+
+        The same ``operation_key`` with the same request returns the existing
+        operation (``created`` is False); with a different request it raises
+        :class:`OperationKeyConflict`.
+        """
+        secret_paths = self.redactor.secret_paths(spec.body)
+        if secret_paths:
+            raise SecretInRequest(
+                f"the request body carries what looks like a credential at {', '.join(secret_paths)}; "
+                "jobtrail never stores credentials: configure them on the provider "
+                "(referenced by name, injected at send time) and remove them from the body",
+                paths=secret_paths,
+            )
+        body_text = canonical_json(spec.body)
+        fingerprint = request_fingerprint(spec.provider, spec.target, spec.endpoint, spec.body)
+        now = self.clock()
+
+        def deadline(delta: Any) -> int | None:
+            return None if delta is None else now + int(delta.total_seconds() * 1_000_000)
+
+        op_id = new_operation_id(now // 1000)
+        trace_id = new_trace_id()
+        genesis = OperationCreated(request_fingerprint=fingerprint, operation_key=spec.operation_key)
+        entry = self._entry(
+            operation_id=op_id,
+            seq=1,
+            at_us=now,
+            actor=actor or spec.caller,
+            from_state=None,
+            to_state=State.CREATE_PENDING,
+            evidence=genesis,
+            remote_job_id=None,
+            trace_id=trace_id,
+            request_ids=(),
+            fingerprint=fingerprint,
+            prev_hash=GENESIS,
+        )
+        row = {
+            "operation_id": op_id,
+            "provider": spec.provider,
+            "target": spec.target,
+            "endpoint": spec.endpoint,
+            "operation_key": spec.operation_key,
+            "request_fingerprint": fingerprint,
+            "request_body": body_text,
+            "idempotency_token": new_idempotency_token(),
+            "trace_id": trace_id,
+            "remote_job_id": None,
+            "state": State.CREATE_PENDING.value,
+            "remote_state": None,
+            "state_reason": None,
+            "attempts": 0,
+            "create_deadline_us": deadline(spec.create_deadline),
+            "result_deadline_us": deadline(spec.result_deadline),
+            "cancel_deadline_us": deadline(spec.cancel_deadline),
+            "caller": spec.caller,
+            "approved_by": spec.approved_by,
+            "created_at_us": now,
+            "updated_at_us": now,
+            "next_action_at_us": now,
+            "version": 1,
+            "history_head": entry["entry_hash"],
+            "lease_owner": None,
+            "lease_expires_at_us": None,
+            "lease_epoch": 0,
+        }
+        try:
+            with self._errors("creating an operation"), self.engine.begin() as conn:
+                conn.execute(_INSERT_OPERATION, row)
+                conn.execute(_INSERT_HISTORY, entry)
+        except StorageError as exc:
+            if spec.operation_key is None or not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+            existing = self.find_by_key(spec.provider, spec.operation_key)
+            if existing is None:
+                raise
+            if existing.request_fingerprint != fingerprint:
+                raise OperationKeyConflict(
+                    f"operation key {spec.operation_key!r} already names {existing.operation_id} "
+                    f"for provider {spec.provider!r} with a different request "
+                    f"(fingerprint {existing.request_fingerprint[:12]}..., yours {fingerprint[:12]}...); "
+                    "a changed request is a new operation: submit it with a new operation key",
+                    operation_id=existing.operation_id,
+                    operation_key=spec.operation_key,
+                ) from None
+            return existing, False
+        log.info("operation %s created (state create_pending)", op_id)
+        return _operation(row), True
+
+    # -- changing ---------------------------------------------------------------
+
+    def transition(
+        self,
+        op: Operation,
+        to: State,
+        evidence: Evidence,
+        *,
+        actor: str,
+        changes: dict[str, Any] | None = None,
+        epoch: int | None = None,
+        request_ids: Sequence[str] = (),
+    ) -> Operation:
+        """Move ``op`` to ``to`` if the state table allows it with this evidence.
+
+        Refused transitions raise :class:`TransitionRefused` and write nothing.
+        A record changed since ``op`` was read raises :class:`StaleRecord`.
+        """
+        result = self.apply([Change(op=op, to=to, evidence=evidence, actor=actor,
+                                    changes=changes or {}, epoch=epoch, request_ids=request_ids)])[0]
+        if isinstance(result, StaleRecord):
+            raise result
+        return result
+
+    def record(
+        self,
+        op: Operation,
+        evidence: Evidence,
+        *,
+        actor: str,
+        changes: dict[str, Any] | None = None,
+        epoch: int | None = None,
+        request_ids: Sequence[str] = (),
+    ) -> Operation:
+        """Append a history entry without changing state (a create attempt, a poll)."""
+        result = self.apply([Change(op=op, evidence=evidence, actor=actor,
+                                    changes=changes or {}, epoch=epoch, request_ids=request_ids)])[0]
+        if isinstance(result, StaleRecord):
+            raise result
+        return result
+
+    def apply(self, batch: Sequence[Change]) -> list[Operation | StaleRecord]:
+        """Apply many changes in one transaction (one commit, one fsync).
+
+        Each change is checked by the state machine before anything is written;
+        a refused change raises and nothing of the batch is written. A change
+        whose record moved on is returned as :class:`StaleRecord` and the
+        others still land.
+        """
+        prepared: list[tuple[Change, dict[str, Any], dict[str, Any]]] = []
+        now = self.clock()
+        for change in batch:
+            bad = set(change.changes) - MUTABLE_COLUMNS
+            if bad:
+                raise UsageError(f"cannot change {', '.join(sorted(bad))} through a transition")
+            op = change.op
+            if change.to is not None:
+                check_transition(op, change.to, change.evidence)
+            to = change.to or op.state
+            values: dict[str, Any] = {
+                "remote_job_id": op.remote_job_id,
+                "remote_state": op.remote_state,
+                "state_reason": op.state_reason if change.to is None else None,
+                "attempts": op.attempts,
+                "next_action_at_us": op.next_action_at_us,
+            }
+            values.update(change.changes)
+            if values["state_reason"] is not None:
+                values["state_reason"] = self.redactor.text(str(values["state_reason"]))
+            entry = self._entry(
+                operation_id=op.operation_id,
+                seq=op.version + 1,
+                at_us=now,
+                actor=change.actor,
+                from_state=op.state,
+                to_state=to,
+                evidence=change.evidence,
+                remote_job_id=values["remote_job_id"],
+                trace_id=op.trace_id,
+                request_ids=change.request_ids,
+                fingerprint=op.request_fingerprint,
+                prev_hash=op.history_head,
+            )
+            update = {
+                **values,
+                "b_operation_id": op.operation_id,
+                "b_version": op.version,
+                "b_epoch": change.epoch,
+                "state": to.value,
+                "updated_at_us": now,
+                "version": op.version + 1,
+                "history_head": entry["entry_hash"],
+            }
+            prepared.append((change, update, entry))
+
+        results: list[Operation | StaleRecord] = []
+        with self._errors("recording a transition"), self.engine.begin() as conn:
+            for change, update, entry in prepared:
+                stmt = _UPDATE_FENCED if change.epoch is not None else _UPDATE
+                if conn.execute(stmt, update).rowcount != 1:
+                    results.append(self._stale(conn, change))
+                    continue
+                conn.execute(_INSERT_HISTORY, entry)
+                results.append(_advanced(change.op, update))
+        return results
+
+    def _stale(self, conn: Connection, change: Change) -> StaleRecord:
+        current = conn.execute(
+            sa.select(t.operations.c.version, t.operations.c.lease_epoch).where(
+                t.operations.c.operation_id == change.op.operation_id
+            )
+        ).first()
+        op_id = change.op.operation_id
+        if current is None:
+            return StaleRecord(f"operation {op_id} no longer exists", operation_id=op_id)
+        if change.epoch is not None and current.lease_epoch != change.epoch:
+            return StaleRecord(
+                f"operation {op_id}: lease epoch {change.epoch} is no longer current "
+                f"(now {current.lease_epoch}); another worker claimed it, so this write was "
+                "refused: drop the operation and let the lease owner act",
+                operation_id=op_id,
+                epoch=change.epoch,
+            )
+        return StaleRecord(
+            f"operation {op_id} changed since it was read (version {change.op.version}, "
+            f"now {current.version}); read it again and decide again",
+            operation_id=op_id,
+            version=change.op.version,
+        )
+
+    def _entry(
+        self,
+        *,
+        operation_id: str,
+        seq: int,
+        at_us: int,
+        actor: str,
+        from_state: State | None,
+        to_state: State,
+        evidence: Evidence,
+        remote_job_id: str | None,
+        trace_id: str,
+        request_ids: Sequence[str],
+        fingerprint: str,
+        prev_hash: str,
+    ) -> dict[str, Any]:
+        redact = self.redactor
+        row: dict[str, Any] = {
+            "operation_id": operation_id,
+            "seq": seq,
+            "at_us": at_us,
+            "actor": redact.text(actor),
+            "from_state": None if from_state is None else from_state.value,
+            "to_state": to_state.value,
+            "cause": evidence.kind,
+            "evidence": canonical_json(redact.value(evidence.to_json())),
+            "remote_job_id": remote_job_id,
+            "trace_id": trace_id,
+            "request_ids": canonical_json([redact.text(r) for r in request_ids]),
+            "request_fingerprint": fingerprint,
+            "prev_hash": prev_hash,
+            "hash_version": HASH_VERSION,
+        }
+        row["entry_hash"] = entry_hash(row)
+        return row
+
+    # -- observations -------------------------------------------------------------
+
+    def add_observation(
+        self,
+        operation_id: str,
+        *,
+        kind: str,
+        raw: Any,
+        http_status: int | None = None,
+        provider_request_id: str | None = None,
+        remote_state: str | None = None,
+        raw_state: str | None = None,
+        provider_time: str | None = None,
+    ) -> int:
+        """Store one outside fact with its redacted raw response; returns its id."""
+        redact = self.redactor
+        row = {
+            "operation_id": operation_id,
+            "kind": kind,
+            "fetched_at_us": self.clock(),
+            "provider_time": provider_time,
+            "http_status": http_status,
+            "provider_request_id": None if provider_request_id is None else redact.text(provider_request_id),
+            "remote_state": remote_state,
+            "raw_state": None if raw_state is None else redact.text(raw_state),
+            "raw": canonical_json(redact.value(raw)),
+        }
+        with self._errors("storing an observation"), self.engine.begin() as conn:
+            result = conn.execute(sa.insert(t.observations), row)
+            key = result.inserted_primary_key
+            return int(key[0]) if key is not None else 0
+
+    def observations(self, operation_id: str) -> list[dict[str, Any]]:
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(t.observations)
+                .where(t.observations.c.operation_id == operation_id)
+                .order_by(t.observations.c.observation_id)
+            ).mappings()
+            return [{**row, "raw": json.loads(row["raw"])} for row in rows]
+
+    # -- reading ------------------------------------------------------------------
+
+    def get(self, operation_id: str) -> Operation:
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(t.operations).where(t.operations.c.operation_id == operation_id)
+            ).mappings().first()
+        if row is None:
+            raise OperationNotFound(
+                f"no operation {operation_id!r} in this database; "
+                "list them with `jobtrail ops list` (and check --db / JOBTRAIL_DB)",
+                operation_id=operation_id,
+            )
+        return _operation(row)
+
+    def find_by_key(self, provider: str, operation_key: str) -> Operation | None:
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(t.operations).where(
+                    t.operations.c.provider == provider,
+                    t.operations.c.operation_key == operation_key,
+                )
+            ).mappings().first()
+        return None if row is None else _operation(row)
+
+    def list_operations(
+        self,
+        *,
+        state: State | str | None = None,
+        provider: str | None = None,
+        limit: int | None = 100,
+    ) -> list[Operation]:
+        query = sa.select(t.operations).order_by(t.operations.c.operation_id.desc())
+        if state is not None:
+            query = query.where(t.operations.c.state == State(state).value)
+        if provider is not None:
+            query = query.where(t.operations.c.provider == provider)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            return [_operation(row) for row in conn.execute(query).mappings()]
+
+    def history(self, operation_id: str) -> list[HistoryEntry]:
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(t.history)
+                .where(t.history.c.operation_id == operation_id)
+                .order_by(t.history.c.seq)
+            ).mappings()
+            return [HistoryEntry(**row) for row in rows]
+
+    def count(self) -> int:
+        with self._read() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(t.operations)).scalar_one())
+
+
+def _operation(row: Any) -> Operation:
+    data = dict(row)
+    data["state"] = State(data["state"])
+    data["request_body"] = json.loads(data["request_body"])
+    return Operation(**data)
+
+
+def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
+    data = {f: getattr(op, f) for f in Operation.__slots__}
+    for key in (*MUTABLE_COLUMNS, "updated_at_us", "version", "history_head"):
+        data[key] = update[key]
+    data["state"] = State(update["state"])
+    return Operation(**data)
+
+
+_INSERT_OPERATION = sa.insert(t.operations)
+_INSERT_HISTORY = sa.insert(t.history)
+_UPDATE = (
+    sa.update(t.operations)
+    .where(
+        t.operations.c.operation_id == sa.bindparam("b_operation_id"),
+        t.operations.c.version == sa.bindparam("b_version"),
+    )
+    .values(
+        {
+            name: sa.bindparam(name)
+            for name in (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head")
+        }
+    )
+)
+_UPDATE_FENCED = _UPDATE.where(t.operations.c.lease_epoch == sa.bindparam("b_epoch"))
+
+
+def _make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url)
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    # We issue BEGIN ourselves (see _sqlite_begin): the driver's own implicit
+    # transactions would start too late for a write lock taken up front.
+    dbapi_conn.isolation_level = None
+    cursor = dbapi_conn.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA synchronous = FULL")
+    cursor.execute("PRAGMA secure_delete = ON")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    # Writers take the write lock at BEGIN, so a writer waits (busy_timeout)
+    # instead of failing when it upgrades from a read lock.
+    if conn.get_execution_options().get("jobtrail_read"):
+        conn.exec_driver_sql("BEGIN")
+    else:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _explain_db_error(engine: Engine, doing: str, exc: sa.exc.DBAPIError) -> str:
+    where = engine.url.render_as_string(hide_password=True)
+    text = str(exc.orig) if exc.orig is not None else str(exc)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if "locked" in text or "busy" in text:
+        hint = (
+            f"another process held the write lock for more than {SQLITE_BUSY_TIMEOUT_MS // 1000} s; "
+            "nothing was written, retry, or stop the process holding the database"
+        )
+    elif "unable to open" in text or "No such file" in text or "readonly" in text:
+        hint = "check that the path exists and is writable (set it with --db or JOBTRAIL_DB)"
+    elif "Connection refused" in text or "could not connect" in text or "connection failed" in text:
+        hint = "is the PostgreSQL server running and reachable? check --db / JOBTRAIL_DB"
+    elif "append-only" in text:
+        hint = "history entries can never be changed or deleted"
+    elif isinstance(exc, sa.exc.IntegrityError):
+        hint = "a uniqueness or reference rule refused the write; nothing was written"
+    else:
+        hint = "nothing was written; check the database and retry"
+    return f"database error while {doing} ({where}): {first}; {hint}"
+
+
+__all__ = ["Change", "Store", "default_db_path", "resolve_db_url", "to_us"]
