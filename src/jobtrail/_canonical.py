@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -75,7 +76,7 @@ def _write(value: Any, out: list[str]) -> None:
 
 def es_number(x: float) -> str:
     """Write a finite float the way ECMAScript's Number.prototype.toString does."""
-    if x != x or x in (float("inf"), float("-inf")):
+    if math.isnan(x) or math.isinf(x):
         raise UsageError("NaN and infinite numbers have no JSON form; send them as strings")
     if x == 0:
         return "0"

@@ -25,7 +25,7 @@ class Evidence:
         doc: dict[str, Any] = {"kind": self.kind}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None or value == () or value == {}:
+            if value is None or value in ((), {}):
                 continue
             doc[f.name] = list(value) if isinstance(value, tuple) else value
         return doc

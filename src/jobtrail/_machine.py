@@ -142,13 +142,17 @@ def _decision_with_job(ev: Evidence, op: Operation) -> str | None:
     return None
 
 
-_settle_success = Rule((StatusObservation,), "a status observation: succeeded", _remote(RemoteState.SUCCEEDED))
+_settle_success = Rule(
+    (StatusObservation,), "a status observation: succeeded", _remote(RemoteState.SUCCEEDED)
+)
 _settle_failed = Rule(
     (StatusObservation,),
     "a status observation: failed or expired",
     _remote(RemoteState.FAILED, RemoteState.EXPIRED),
 )
-_settle_cancelled = Rule((StatusObservation,), "a status observation: cancelled", _remote(RemoteState.CANCELLED))
+_settle_cancelled = Rule(
+    (StatusObservation,), "a status observation: cancelled", _remote(RemoteState.CANCELLED)
+)
 _human = Rule((HumanDecision,), "a person's decision")
 
 RULES: dict[tuple[State, State], Rule] = {
@@ -177,7 +181,9 @@ RULES: dict[tuple[State, State], Rule] = {
     (S.OBSERVING, S.FAILED): _settle_failed,
     (S.ACCEPTED, S.CANCELLED): _settle_cancelled,
     (S.OBSERVING, S.CANCELLED): _settle_cancelled,
-    (S.OBSERVING, S.RESULT_TIMED_OUT): Rule((DeadlinePassed,), "the result deadline passed", _deadline("result")),
+    (S.OBSERVING, S.RESULT_TIMED_OUT): Rule(
+        (DeadlinePassed,), "the result deadline passed", _deadline("result")
+    ),
     # cancel
     (S.ACCEPTED, S.CANCEL_REQUESTED): Rule((CancelIntent,), "a recorded cancel intent"),
     (S.OBSERVING, S.CANCEL_REQUESTED): Rule((CancelIntent,), "a recorded cancel intent"),
@@ -195,7 +201,9 @@ RULES: dict[tuple[State, State], Rule] = {
     ),
     # collect
     (S.RESULT_COLLECTING, S.SUCCEEDED): Rule((ValidatedResult,), "a validated, stored result"),
-    (S.RESULT_COLLECTING, S.RESULT_UNAVAILABLE): Rule((ResultUnavailable,), "why the result cannot be fetched"),
+    (S.RESULT_COLLECTING, S.RESULT_UNAVAILABLE): Rule(
+        (ResultUnavailable,), "why the result cannot be fetched"
+    ),
     (S.RESULT_COLLECTING, S.RESULT_VALIDATION_FAILED): Rule((ValidationFailure,), "the failed check"),
     # resume
     (S.FAILED, S.OBSERVING): Rule(

@@ -78,7 +78,9 @@ history = Table(
 observations = Table(
     "observations",
     metadata,
-    Column("observation_id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column(
+        "observation_id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
     Column("kind", String(40), nullable=False),
     Column("fetched_at_us", BigInteger, nullable=False),

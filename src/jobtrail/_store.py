@@ -161,9 +161,7 @@ class Store:
 
     # -- creating ---------------------------------------------------------------
 
-    def create_operation(
-        self, spec: OperationSpec, *, actor: str | None = None
-    ) -> tuple[Operation, bool]:
+    def create_operation(self, spec: OperationSpec, *, actor: str | None = None) -> tuple[Operation, bool]:
         """Make the record durable. Returns ``(operation, created)``.
 
         The same ``operation_key`` with the same request returns the existing
@@ -272,8 +270,19 @@ class Store:
         Refused transitions raise :class:`TransitionRefused` and write nothing.
         A record changed since ``op`` was read raises :class:`StaleRecord`.
         """
-        result = self.apply([Change(op=op, to=to, evidence=evidence, actor=actor,
-                                    changes=changes or {}, epoch=epoch, request_ids=request_ids)])[0]
+        result = self.apply(
+            [
+                Change(
+                    op=op,
+                    to=to,
+                    evidence=evidence,
+                    actor=actor,
+                    changes=changes or {},
+                    epoch=epoch,
+                    request_ids=request_ids,
+                )
+            ]
+        )[0]
         if isinstance(result, StaleRecord):
             raise result
         return result
@@ -289,8 +298,18 @@ class Store:
         request_ids: Sequence[str] = (),
     ) -> Operation:
         """Append a history entry without changing state (a create attempt, a poll)."""
-        result = self.apply([Change(op=op, evidence=evidence, actor=actor,
-                                    changes=changes or {}, epoch=epoch, request_ids=request_ids)])[0]
+        result = self.apply(
+            [
+                Change(
+                    op=op,
+                    evidence=evidence,
+                    actor=actor,
+                    changes=changes or {},
+                    epoch=epoch,
+                    request_ids=request_ids,
+                )
+            ]
+        )[0]
         if isinstance(result, StaleRecord):
             raise result
         return result
@@ -465,9 +484,11 @@ class Store:
 
     def get(self, operation_id: str) -> Operation:
         with self._read() as conn:
-            row = conn.execute(
-                sa.select(t.operations).where(t.operations.c.operation_id == operation_id)
-            ).mappings().first()
+            row = (
+                conn.execute(sa.select(t.operations).where(t.operations.c.operation_id == operation_id))
+                .mappings()
+                .first()
+            )
         if row is None:
             raise OperationNotFound(
                 f"no operation {operation_id!r} in this database; "
@@ -478,12 +499,16 @@ class Store:
 
     def find_by_key(self, provider: str, operation_key: str) -> Operation | None:
         with self._read() as conn:
-            row = conn.execute(
-                sa.select(t.operations).where(
-                    t.operations.c.provider == provider,
-                    t.operations.c.operation_key == operation_key,
+            row = (
+                conn.execute(
+                    sa.select(t.operations).where(
+                        t.operations.c.provider == provider,
+                        t.operations.c.operation_key == operation_key,
+                    )
                 )
-            ).mappings().first()
+                .mappings()
+                .first()
+            )
         return None if row is None else _operation(row)
 
     def list_operations(
@@ -506,9 +531,7 @@ class Store:
     def history(self, operation_id: str) -> list[HistoryEntry]:
         with self._read() as conn:
             rows = conn.execute(
-                sa.select(t.history)
-                .where(t.history.c.operation_id == operation_id)
-                .order_by(t.history.c.seq)
+                sa.select(t.history).where(t.history.c.operation_id == operation_id).order_by(t.history.c.seq)
             ).mappings()
             return [HistoryEntry(**row) for row in rows]
 

@@ -1,0 +1,267 @@
+"""The ``jobtrail`` command line. Every read command takes ``--json``.
+
+Exit codes: 0 ok; 1 a negative answer (tampered history, operation not found,
+operation failed); 2 usage, configuration or storage error (cannot answer);
+3 a person must decide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from jobtrail._audit import load_anchor, make_anchor, verify
+from jobtrail._canonical import rfc3339
+from jobtrail._errors import ConfigError, JobtrailError, OperationalError, OperationNotFound
+from jobtrail._redact import Secret, install_log_redaction
+from jobtrail._states import State
+from jobtrail._store import Store
+
+EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
+
+console = Console()
+
+
+def _emit_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"jobtrail: {message}", err=True)
+    sys.exit(code)
+
+
+class _Group(click.Group):
+    """Turns our errors into one line and an exit code (tracebacks only with --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JobtrailError as exc:
+            if ctx.find_root().params.get("debug"):
+                raise
+            code = EXIT_NEGATIVE if isinstance(exc, OperationNotFound) else EXIT_USAGE
+            _fail(str(exc), code)
+
+
+def _store(ctx: click.Context) -> Store:
+    obj: dict[str, Any] = ctx.ensure_object(dict)
+    if "store" not in obj:
+        obj["store"] = Store.open(obj.get("db"))
+        ctx.call_on_close(obj["store"].close)
+    store: Store = obj["store"]
+    return store
+
+
+@click.group(cls=_Group)
+@click.option(
+    "--db",
+    envvar="JOBTRAIL_DB",
+    metavar="PATH|URL",
+    help="SQLite file or postgresql:// URL (default: $JOBTRAIL_DB, else "
+    "~/.local/share/jobtrail/jobtrail.db).",
+)
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, db: str | None, debug: bool) -> None:
+    """jobtrail: durable, honest bookkeeping for long-running remote jobs.
+
+    \b
+    Example:
+      jobtrail --db ./jobs.db ops list --state needs_attention --json
+    """
+    install_log_redaction()
+    ctx.ensure_object(dict)["db"] = db
+
+
+# -- ops ---------------------------------------------------------------------------
+
+
+@cli.group()
+def ops() -> None:
+    """Read operation records and their history."""
+
+
+@ops.command("list")
+@click.option("--state", type=click.Choice([s.value for s in State]), help="Only this state.")
+@click.option("--provider", help="Only this provider.")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of operation objects.")
+@click.pass_context
+def ops_list(ctx: click.Context, state: str | None, provider: str | None, limit: int, as_json: bool) -> None:
+    """List operations, newest first.
+
+    \b
+    Example:
+      jobtrail ops list --state needs_attention --json
+    """
+    operations = _store(ctx).list_operations(state=state, provider=provider, limit=limit)
+    if as_json:
+        _emit_json([op.to_json() for op in operations])
+        return
+    table = Table("operation", "provider", "state", "remote job", "attempts", "updated")
+    for op in operations:
+        table.add_row(
+            op.operation_id,
+            op.provider,
+            op.state.value,
+            op.remote_job_id or "-",
+            str(op.attempts),
+            rfc3339(op.updated_at_us),
+        )
+    console.print(table)
+    if not operations:
+        console.print("no operations")
+
+
+@ops.command("show")
+@click.argument("operation_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the operation object.")
+@click.pass_context
+def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
+    """Show one operation record (never its idempotency token).
+
+    \b
+    Example:
+      jobtrail ops show op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --json
+    """
+    op = _store(ctx).get(operation_id)
+    if as_json:
+        _emit_json(op.to_json())
+        return
+    table = Table(show_header=False)
+    for key, value in op.to_json().items():
+        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+    console.print(table)
+
+
+@ops.command("history")
+@click.argument("operation_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the list of history entries.")
+@click.pass_context
+def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
+    """Show every recorded transition and action of one operation, oldest first.
+
+    \b
+    Example:
+      jobtrail ops history op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
+    """
+    store = _store(ctx)
+    store.get(operation_id)
+    entries = store.history(operation_id)
+    if as_json:
+        _emit_json([e.to_json() for e in entries])
+        return
+    table = Table("seq", "at", "actor", "from", "to", "cause", "hash")
+    for e in entries:
+        table.add_row(
+            str(e.seq), rfc3339(e.at_us), e.actor, e.from_state or "-", e.to_state, e.cause, e.entry_hash[:12]
+        )
+    console.print(table)
+
+
+# -- audit -------------------------------------------------------------------------
+
+
+@cli.group()
+def audit() -> None:
+    """Check the tamper-evident history and export anchors."""
+
+
+def _key_from_env(name: str | None) -> Secret | None:
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"--key-env {name}: the environment variable {name} is not set")
+    return Secret(value)
+
+
+@audit.command("verify")
+@click.option(
+    "--anchor", "anchor_path", type=click.Path(dir_okay=False), help="Anchor file to check against."
+)
+@click.option("--key-env", metavar="NAME", help="Environment variable holding the anchor's HMAC key.")
+@click.option("--json", "as_json", is_flag=True, help="Print {ok, checked, head, first_bad, findings}.")
+@click.pass_context
+def audit_verify(ctx: click.Context, anchor_path: str | None, key_env: str | None, as_json: bool) -> None:
+    """Verify every history chain (and an anchor). Exit 0 ok, 1 tampered, 2 cannot verify.
+
+    \b
+    Example:
+      jobtrail audit verify --anchor /safe/place/anchor.json --json
+    """
+    try:
+        anchor = load_anchor(anchor_path) if anchor_path else None
+        report = verify(_store(ctx), anchor=anchor, key=_key_from_env(key_env))
+    except JobtrailError as exc:
+        if as_json:
+            _emit_json({"ok": None, "error": str(exc)})
+            sys.exit(EXIT_USAGE)
+        _fail(f"cannot verify: {exc}", EXIT_USAGE)
+    if as_json:
+        _emit_json(report.to_json())
+    elif report.ok:
+        click.echo(
+            f"OK {report.operations} operations, {report.entries} entries, head {report.root}"
+            + (", anchor matches" if report.anchor_checked else "")
+        )
+    else:
+        bad = report.first_bad
+        assert bad is not None
+        click.echo(f"TAMPERED {bad.kind} at {bad.operation_id} entry {bad.seq}: {bad.detail}")
+        for more in report.findings[1:]:
+            click.echo(f"  also {more.kind} at {more.operation_id} entry {more.seq}: {more.detail}")
+    sys.exit(EXIT_OK if report.ok else EXIT_NEGATIVE)
+
+
+@audit.command("anchor")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Where to write the anchor (keep it outside the database's reach); - for stdout.",
+)
+@click.option("--key-env", metavar="NAME", help="Environment variable holding an HMAC key for the anchor.")
+@click.option("--json", "as_json", is_flag=True, help="Print a summary object.")
+@click.pass_context
+def audit_anchor(ctx: click.Context, out: str, key_env: str | None, as_json: bool) -> None:
+    """Export the heads of every chain and their Merkle root.
+
+    \b
+    Example:
+      JOBTRAIL_ANCHOR_KEY=... jobtrail audit anchor --out /safe/anchor.json --key-env JOBTRAIL_ANCHOR_KEY
+    """
+    anchor = make_anchor(_store(ctx), key=_key_from_env(key_env), key_name=key_env)
+    text = json.dumps(anchor, indent=1, sort_keys=True)
+    if out == "-":
+        click.echo(text)
+    else:
+        Path(out).write_text(text + "\n", encoding="utf-8")
+    summary = {
+        "path": out,
+        "root": anchor["root"],
+        "operations": anchor["operations"],
+        "entries": anchor["entries"],
+        "keyed": anchor["hmac"] is not None,
+    }
+    if as_json and out != "-":
+        _emit_json(summary)
+    elif out != "-":
+        click.echo(f"anchor {anchor['root']} ({anchor['operations']} operations) written to {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``jobtrail`` script."""
+    try:
+        cli.main(args=argv, prog_name="jobtrail", standalone_mode=True)
+    except OperationalError as exc:  # raised while closing the context
+        _fail(str(exc), EXIT_USAGE)

@@ -1,0 +1,98 @@
+"""Shared fixtures: one ledger per test, on SQLite and on PostgreSQL.
+
+PostgreSQL is reached at ``$JOBTRAIL_TEST_PG`` (default
+``postgresql://postgres@127.0.0.1:5432/test``); each test gets its own schema.
+Without a server the PostgreSQL half is skipped, unless
+``JOBTRAIL_REQUIRE_POSTGRES=1`` (as in CI), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from jobtrail import Store
+from jobtrail._redact import Redactor
+
+PG_URL = os.environ.get("JOBTRAIL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+ENGINES = [e for e in os.environ.get("JOBTRAIL_TEST_ENGINES", "sqlite,postgres").split(",") if e]
+
+
+def _pg_engine() -> sa.Engine:
+    return sa.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://", 1))
+
+
+_pg_problem: str | None | bool = False
+
+
+def pg_unavailable() -> str | None:
+    """None when PostgreSQL answers, else why not (checked once per session)."""
+    global _pg_problem
+    if _pg_problem is False:
+        try:
+            engine = _pg_engine()
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            engine.dispose()
+            _pg_problem = None
+        except Exception as exc:
+            _pg_problem = f"PostgreSQL at {PG_URL} is not reachable ({type(exc).__name__}: {exc})"
+    return _pg_problem or None
+
+
+def require_pg() -> None:
+    problem = pg_unavailable()
+    if problem is None:
+        return
+    if os.environ.get("JOBTRAIL_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"JOBTRAIL_REQUIRE_POSTGRES=1 but {problem}")
+    pytest.skip(f"{problem}; start it or set JOBTRAIL_TEST_PG (CI requires it)")
+
+
+@pytest.fixture(params=ENGINES)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database URL: a SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "jobtrail.db")
+        return
+    require_pg()
+    schema = "jt_" + secrets.token_hex(6)
+    engine = _pg_engine()
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+        engine.dispose()
+
+
+@pytest.fixture
+def open_store(db_url: str) -> Iterator[Callable[..., Store]]:
+    """Factory: open the test's database (as many times as a test needs)."""
+    stores: list[Store] = []
+
+    def factory(**kwargs: object) -> Store:
+        store = Store.open(db_url, **kwargs)  # type: ignore[arg-type]
+        stores.append(store)
+        return store
+
+    yield factory
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[..., Store]) -> Store:
+    return open_store(redactor=Redactor())
+
+
+@pytest.fixture
+def engine_name(db_url: str) -> str:
+    return "postgresql" if db_url.startswith("postgresql") else "sqlite"

@@ -1,0 +1,140 @@
+"""Builders shared by tests: specs, valid evidence per arrow, and walking to a state."""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import timedelta
+from typing import Any
+
+from jobtrail import (
+    AmbiguousCreate,
+    CancelAcknowledged,
+    CancelIntent,
+    CannotTell,
+    ConfirmedCreate,
+    ConflictingJobIds,
+    CreateAttempt,
+    DeadlinePassed,
+    DefinitiveRejection,
+    Evidence,
+    HumanDecision,
+    Operation,
+    OperationSpec,
+    ProvedAbsent,
+    ReconciliationStarted,
+    RemoteState,
+    ResultUnavailable,
+    ResumeRequested,
+    State,
+    StatusObservation,
+    Store,
+    SynchronousResult,
+    ValidatedResult,
+    ValidationFailure,
+)
+from jobtrail._machine import RULES
+
+S = State
+
+
+def spec(**overrides: Any) -> OperationSpec:
+    base: dict[str, Any] = {
+        "provider": "fake",
+        "target": "acct-1",
+        "endpoint": "POST /v1/jobs",
+        "body": {"input": "hello", "n": 3},
+        "caller": "agent-7",
+        "approved_by": "ops@example.com",
+        # deadlines in the past, so DeadlinePassed evidence can be real
+        "create_deadline": timedelta(seconds=-1),
+        "result_deadline": timedelta(seconds=-1),
+        "cancel_deadline": timedelta(seconds=-1),
+    }
+    base.update(overrides)
+    return OperationSpec(**base)
+
+
+def obs(state: RemoteState) -> StatusObservation:
+    return StatusObservation(remote_state=state, raw_state=state.value, http_status=200)
+
+
+def valid_evidence(frm: State, to: State, op: Operation) -> Evidence:
+    """Evidence that satisfies the rule for frm -> to on this record."""
+    now = op.updated_at_us + 10**12
+    if to in (S.FAILED,) and frm is S.CREATE_PENDING:
+        return DefinitiveRejection(http_status=422, problem={"title": "bad input"})
+    if frm is S.NEEDS_ATTENTION:
+        return HumanDecision(decided_by="alice", reason="checked the console", remote_job_id="job-h")
+    if frm is S.FAILED:
+        return ResumeRequested(requested_by="alice", reason="transient", provider_supports_resume=True)
+    if to is S.ACCEPTED:
+        return ConfirmedCreate(remote_job_id="job-1", http_status=201, provider_request_id="req-1")
+    if to is S.CREATE_UNKNOWN:
+        return AmbiguousCreate(error_class="timeout", attempt=op.attempts)
+    if to is S.RECONCILIATION:
+        return ReconciliationStarted(path="replay")
+    if to is S.CREATE_PENDING:
+        return ProvedAbsent(path="status_by_client_id", http_status=404)
+    if to is S.NEEDS_ATTENTION:
+        if frm is S.RECONCILIATION:
+            return CannotTell(reason="no_reconciliation_path")
+        return ConflictingJobIds(first_job_id="job-1", second_job_id="job-2")
+    if to is S.RESULT_COLLECTING and frm is S.CREATE_PENDING:
+        return SynchronousResult(http_status=200)
+    if to is S.RESULT_COLLECTING:
+        return obs(RemoteState.SUCCEEDED)
+    if to is S.OBSERVING:
+        return obs(RemoteState.RUNNING)
+    if to is S.FAILED:
+        return obs(RemoteState.FAILED)
+    if to is S.CANCELLED:
+        return obs(RemoteState.CANCELLED)
+    if to is S.CANCEL_REQUESTED:
+        return CancelIntent(requested_by="bob", reason="wrong input", expected_effect="no charge")
+    if to is S.CANCELLING:
+        return CancelAcknowledged(http_status=202)
+    if to is S.CANCELLATION_UNCONFIRMED:
+        return DeadlinePassed(deadline="cancel", observed_at_us=now)
+    if to is S.RESULT_TIMED_OUT:
+        return DeadlinePassed(deadline="result", observed_at_us=now)
+    if to is S.SUCCEEDED:
+        return ValidatedResult(sha256="ab" * 32, size=10, content_type="application/json")
+    if to is S.RESULT_UNAVAILABLE:
+        return ResultUnavailable(reason="expired", http_status=410)
+    if to is S.RESULT_VALIDATION_FAILED:
+        return ValidationFailure(check="sha256", reason="checksum differs")
+    raise AssertionError(f"no evidence builder for {frm} -> {to}")
+
+
+def path_to(state: State) -> list[State]:
+    """Shortest list of states from create_pending to ``state`` through the table."""
+    prev: dict[State, State | None] = {S.CREATE_PENDING: None}
+    queue = deque([S.CREATE_PENDING])
+    while queue:
+        cur = queue.popleft()
+        for frm, to in RULES:
+            if frm is cur and to not in prev:
+                prev[to] = cur
+                queue.append(to)
+    out = [state]
+    while prev[out[-1]] is not None:
+        out.append(prev[out[-1]])  # type: ignore[arg-type]
+    return out[::-1]
+
+
+def drive(store: Store, op: Operation, to: State) -> Operation:
+    """Walk ``op`` from its state to ``to`` with valid evidence at each step."""
+    for nxt in path_to(to)[1:]:
+        if op.state is nxt:
+            continue
+        if op.state is S.CREATE_PENDING and op.attempts == 0:
+            op = store.record(op, CreateAttempt(attempt=1), actor="worker", changes={"attempts": 1})
+        changes = {"remote_job_id": "job-1"} if nxt is S.ACCEPTED else {}
+        op = store.transition(op, nxt, valid_evidence(op.state, nxt, op), actor="worker", changes=changes)
+    return op
+
+
+def op_in(store: Store, state: State, **overrides: Any) -> Operation:
+    op, _ = store.create_operation(spec(**overrides))
+    op = store.record(op, CreateAttempt(attempt=1), actor="worker", changes={"attempts": 1})
+    return drive(store, op, state)
