@@ -1,0 +1,3 @@
+from jobtrail._cli import main
+
+main()

@@ -1,0 +1,227 @@
+"""Tampering done directly in SQL (guards dropped first) is caught by audit verify, by kind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from helpers import S, op_in, valid_evidence
+from jobtrail import Operation, Secret, Store
+from jobtrail._audit import make_anchor, verify
+from jobtrail._chain import entry_hash
+
+
+def drop_guards(store: Store) -> None:
+    """What an attacker with database access does first."""
+    with store.engine.begin() as conn:
+        if store.dialect == "postgresql":
+            conn.execute(sa.text("DROP TRIGGER history_no_update_delete ON history"))
+        else:
+            conn.execute(sa.text("DROP TRIGGER history_no_update"))
+            conn.execute(sa.text("DROP TRIGGER history_no_delete"))
+
+
+def sql(store: Store, statement: str, **params: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(statement), params)
+
+
+def rows(store: Store, op: Operation) -> list[dict[str, Any]]:
+    with store.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(
+            sa.text("SELECT * FROM history WHERE operation_id = :i ORDER BY seq"), {"i": op.operation_id}
+        ).mappings()]
+
+
+def forge(row: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    new = {**row, **changes}
+    new["entry_hash"] = entry_hash(new)
+    return new
+
+
+def insert(store: Store, row: dict[str, Any]) -> None:
+    cols = ", ".join(row)
+    sql(store, f"INSERT INTO history ({cols}) VALUES ({', '.join(':' + c for c in row)})", **row)
+
+
+@pytest.fixture
+def victim(store: Store) -> Operation:
+    """An operation with a 6-entry history, plus a bystander that stays intact."""
+    op_in(store, S.OBSERVING, body={"bystander": True})
+    op = op_in(store, S.ACCEPTED)
+    for to in (S.OBSERVING, S.RESULT_COLLECTING, S.SUCCEEDED):
+        op = store.transition(op, to, valid_evidence(op.state, to, op), actor="worker")
+    assert op.version == 6
+    assert verify(store).ok
+    drop_guards(store)
+    return op
+
+
+def first_bad(store: Store, **kwargs: Any) -> tuple[str, int]:
+    report = verify(store, **kwargs)
+    assert not report.ok
+    bad = report.first_bad
+    assert bad is not None
+    return bad.kind, bad.seq
+
+
+def test_clean_ledger_verifies(store: Store) -> None:
+    op_in(store, S.CANCELLED)
+    report = verify(store)
+    assert report.ok and report.operations == 1 and report.entries >= 4
+    assert len(report.root) == 64
+
+
+def test_edited_entry(store: Store, victim: Operation) -> None:
+    sql(store, "UPDATE history SET actor = 'mallory' WHERE operation_id = :i AND seq = 3", i=victim.operation_id)
+    assert first_bad(store) == ("edited", 3)
+
+
+def test_edited_evidence(store: Store, victim: Operation) -> None:
+    sql(store, "UPDATE history SET evidence = '{}' WHERE operation_id = :i AND seq = 5", i=victim.operation_id)
+    assert first_bad(store) == ("edited", 5)
+
+
+def test_deleted_entry_leaves_a_gap(store: Store, victim: Operation) -> None:
+    sql(store, "DELETE FROM history WHERE operation_id = :i AND seq = 3", i=victim.operation_id)
+    assert first_bad(store) == ("gap", 3)
+
+
+def test_reordered_entries(store: Store, victim: Operation) -> None:
+    i = victim.operation_id
+    sql(store, "UPDATE history SET seq = -1 WHERE operation_id = :i AND seq = 2", i=i)
+    sql(store, "UPDATE history SET seq = 2 WHERE operation_id = :i AND seq = 3", i=i)
+    sql(store, "UPDATE history SET seq = 3 WHERE operation_id = :i AND seq = -1", i=i)
+    assert first_bad(store) == ("reordered", 2)
+
+
+def test_inserted_forged_entry_in_the_middle(store: Store, victim: Operation) -> None:
+    """A replaced entry that hashes correctly on its own still breaks the next link."""
+    original = rows(store, victim)
+    sql(store, "DELETE FROM history WHERE operation_id = :i AND seq = 3", i=victim.operation_id)
+    insert(store, forge(original[2], actor="mallory"))
+    assert first_bad(store) == ("inserted", 3)
+
+
+def test_inserted_entry_beyond_the_head(store: Store, victim: Operation) -> None:
+    last = rows(store, victim)[-1]
+    insert(store, forge(last, seq=7, prev_hash=last["entry_hash"], from_state="succeeded", to_state="failed"))
+    assert first_bad(store) == ("inserted", 7)
+
+
+def test_truncated_tail(store: Store, victim: Operation) -> None:
+    sql(store, "DELETE FROM history WHERE operation_id = :i AND seq = 6", i=victim.operation_id)
+    assert first_bad(store) == ("truncated", 6)
+
+
+def test_edited_operation_row(store: Store, victim: Operation) -> None:
+    """The record must agree with its own history."""
+    sql(store, "UPDATE operations SET state = 'failed' WHERE operation_id = :i", i=victim.operation_id)
+    assert first_bad(store) == ("edited", 6)
+
+
+def test_consistent_truncation_is_caught_by_the_anchor(store: Store, victim: Operation) -> None:
+    """Truncating the chain AND fixing the row fools the chain check; the anchor is not fooled."""
+    anchor = make_anchor(store)
+    entries = rows(store, victim)
+    sql(store, "DELETE FROM history WHERE operation_id = :i AND seq = 6", i=victim.operation_id)
+    sql(store, "UPDATE operations SET version = 5, history_head = :h, state = :s WHERE operation_id = :i",
+        h=entries[4]["entry_hash"], s=entries[4]["to_state"], i=victim.operation_id)
+    assert verify(store).ok  # the documented limit without an anchor
+    assert first_bad(store, anchor=anchor) == ("truncated", 6)
+
+
+def test_rechained_history_is_caught_by_the_anchor(store: Store, victim: Operation) -> None:
+    anchor = make_anchor(store)
+    entries = rows(store, victim)
+    sql(store, "DELETE FROM history WHERE operation_id = :i AND seq >= 2", i=victim.operation_id)
+    prev = entries[0]["entry_hash"]
+    for row in entries[1:]:
+        changes = {"actor": "mallory"} if row["seq"] == 2 else {}
+        new = forge(row, prev_hash=prev, **changes)
+        insert(store, new)
+        prev = new["entry_hash"]
+    sql(store, "UPDATE operations SET history_head = :h WHERE operation_id = :i", h=prev, i=victim.operation_id)
+    assert verify(store).ok
+    assert first_bad(store, anchor=anchor) == ("anchor_mismatch", 6)
+
+
+def test_deleted_operation_is_caught_by_the_anchor(store: Store, victim: Operation) -> None:
+    anchor = make_anchor(store)
+    sql(store, "DELETE FROM history WHERE operation_id = :i", i=victim.operation_id)
+    sql(store, "DELETE FROM operations WHERE operation_id = :i", i=victim.operation_id)
+    assert verify(store).ok
+    assert first_bad(store, anchor=anchor) == ("deleted", 6)
+
+
+def test_history_without_its_operation_row(store: Store, victim: Operation) -> None:
+    if store.dialect == "postgresql":
+        sql(store, "ALTER TABLE history DROP CONSTRAINT history_operation_id_fkey")
+        sql(store, "DELETE FROM operations WHERE operation_id = :i", i=victim.operation_id)
+    else:
+        import sqlite3
+
+        raw = sqlite3.connect(str(store.engine.url.database), isolation_level=None)
+        raw.execute("PRAGMA foreign_keys = OFF")
+        raw.execute("DELETE FROM operations WHERE operation_id = ?", (victim.operation_id,))
+        raw.close()
+    assert first_bad(store)[0] == "deleted"
+
+
+def test_keyed_anchor_detects_its_own_alteration(store: Store, victim: Operation) -> None:
+    key = Secret("anchor-key-0123456789")
+    anchor = make_anchor(store, key=key, key_name="K")
+    assert verify(store, anchor=anchor, key=key).ok
+    anchor["heads"] = anchor["heads"][:1]
+    assert first_bad(store, anchor=anchor, key=key)[0] == "anchor_mismatch"
+    with pytest.raises(Exception, match="--key-env"):
+        verify(store, anchor=anchor)
+
+
+def test_anchor_without_the_key_that_made_it_cannot_be_rewritten_silently(store: Store, victim: Operation) -> None:
+    anchor = make_anchor(store)
+    anchor["root"] = "0" * 64
+    assert first_bad(store, anchor=anchor)[0] == "anchor_mismatch"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobtrail", *args],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+    )
+
+
+def test_cli_verify_exit_codes_and_json(tmp_path) -> None:
+    """0 ok, 1 tampered (naming the first bad entry and its kind), 2 cannot verify."""
+    db = str(tmp_path / "cli.db")
+    store = Store.open(db)
+    op = op_in(store, S.SUCCEEDED)
+    anchor_file = tmp_path / "anchor.json"
+    env = {"ANCHOR_KEY": "k-0123456789abcdef"}
+    made = run_cli("--db", db, "audit", "anchor", "--out", str(anchor_file), "--key-env", "ANCHOR_KEY", "--json",
+                   env=env)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["keyed"] is True
+
+    ok = run_cli("--db", db, "audit", "verify", "--anchor", str(anchor_file), "--key-env", "ANCHOR_KEY", "--json",
+                 env=env)
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert doc["ok"] is True and doc["checked"]["operations"] == 1 and doc["first_bad"] is None
+
+    drop_guards(store)
+    sql(store, "UPDATE history SET cause = 'forged' WHERE operation_id = :i AND seq = 2", i=op.operation_id)
+    bad = run_cli("--db", db, "audit", "verify")
+    assert bad.returncode == 1
+    assert bad.stdout.startswith(f"TAMPERED edited at {op.operation_id} entry 2")
+
+    cannot = run_cli("--db", db, "audit", "verify", "--anchor", str(tmp_path / "missing.json"))
+    assert cannot.returncode == 2
+    assert "cannot read anchor" in cannot.stderr
+    store.close()

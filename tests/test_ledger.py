@@ -1,0 +1,262 @@
+"""The operation record: durable before anything is sent, keyed, fenced, append-only."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+
+from helpers import S, obs, op_in, spec
+from jobtrail import (
+    CreateAttempt,
+    OperationKeyConflict,
+    OperationNotFound,
+    RemoteState,
+    SecretInRequest,
+    StaleRecord,
+    Store,
+    StorageError,
+)
+from jobtrail._audit import verify
+from jobtrail._store import Change
+
+
+def test_record_has_the_design_fields(store: Store) -> None:
+    """Sortable op_ id, 128-bit token, W3C trace id, fingerprint, deadlines, caller, approver."""
+    op, created = store.create_operation(spec(operation_key="k1"))
+    assert created
+    assert re.fullmatch(r"op_[0-9A-HJKMNP-TV-Z]{26}", op.operation_id)
+    assert re.fullmatch(r"[0-9a-f]{32}", op.idempotency_token)
+    assert re.fullmatch(r"[0-9a-f]{32}", op.trace_id) and op.trace_id != "0" * 32
+    assert re.fullmatch(r"[0-9a-f]{64}", op.request_fingerprint)
+    assert op.state is S.CREATE_PENDING and op.attempts == 0 and op.version == 1
+    assert op.caller == "agent-7" and op.approved_by == "ops@example.com"
+    assert op.request_body == {"input": "hello", "n": 3}
+    assert None not in (op.create_deadline, op.result_deadline, op.cancel_deadline)
+    assert op.lease_epoch == 0 and op.lease_owner is None
+    # durable: a second, independent connection sees it
+    assert store.get(op.operation_id) == op
+
+
+def test_operation_ids_sort_by_creation(store: Store) -> None:
+    ids = [store.create_operation(spec(body={"i": i}))[0].operation_id for i in range(5)]
+    listed = [op.operation_id for op in store.list_operations()]
+    assert listed == sorted(ids, reverse=True)
+
+
+def test_same_key_same_request_returns_the_existing_operation(store: Store) -> None:
+    first, created = store.create_operation(spec(operation_key="export-2026-11"))
+    again, created_again = store.create_operation(spec(operation_key="export-2026-11"))
+    assert created and not created_again
+    assert again.operation_id == first.operation_id
+    assert again.idempotency_token == first.idempotency_token
+    assert store.count() == 1
+
+
+def test_same_key_changed_request_is_refused_with_the_way_out(store: Store) -> None:
+    first, _ = store.create_operation(spec(operation_key="export-2026-11"))
+    with pytest.raises(OperationKeyConflict) as err:
+        store.create_operation(spec(operation_key="export-2026-11", body={"input": "changed"}))
+    assert first.operation_id in str(err.value)
+    assert "a changed request is a new operation" in str(err.value)
+    assert "new operation key" in str(err.value)
+    assert store.count() == 1
+
+
+def test_key_is_unique_per_provider_only(store: Store) -> None:
+    a, _ = store.create_operation(spec(operation_key="k", provider="alpha"))
+    b, _ = store.create_operation(spec(operation_key="k", provider="beta"))
+    assert a.operation_id != b.operation_id
+    assert a.idempotency_token != b.idempotency_token
+
+
+def test_racing_submits_with_one_key_create_one_operation(open_store: Callable[..., Store]) -> None:
+    """Eight threads submit the same keyed request at once: one record, one token."""
+    stores = [open_store() for _ in range(8)]
+    results: list[str] = []
+    barrier = threading.Barrier(len(stores))
+
+    def submit(s: Store) -> None:
+        barrier.wait()
+        results.append(s.create_operation(spec(operation_key="race"))[0].operation_id)
+
+    threads = [threading.Thread(target=submit, args=(s,)) for s in stores]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(results) == 8 and len(set(results)) == 1
+    assert stores[0].count() == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"password": "hunter2-xyz"},
+        {"config": {"api_key": "abcd1234"}},
+        {"headers": [{"Authorization": "Bearer abcdefgh12345678"}]},
+        {"note": "use sk-live0123456789abcdef0123"},
+    ],
+)
+def test_credentials_in_the_request_body_are_refused(store: Store, body: dict) -> None:
+    """Credentials are referenced by name and injected at send time, never stored in a body."""
+    with pytest.raises(SecretInRequest, match="credential"):
+        store.create_operation(spec(body=body))
+    assert store.count() == 0
+
+
+def test_numbers_named_like_secrets_are_not_credentials(store: Store) -> None:
+    """``max_tokens: 100`` is a number, not a token."""
+    op, _ = store.create_operation(spec(body={"max_tokens": 100, "temperature": 0.2}))
+    assert op.request_body == {"max_tokens": 100, "temperature": 0.2}
+
+
+def test_a_stale_writer_is_refused(store: Store) -> None:
+    """Two writers read version 2; the second write is refused, not merged or forked."""
+    op = op_in(store, S.ACCEPTED)
+    store.transition(op, S.OBSERVING, obs(RemoteState.RUNNING), actor="w1")
+    with pytest.raises(StaleRecord, match="changed since it was read"):
+        store.transition(op, S.FAILED, obs(RemoteState.FAILED), actor="w2")
+    assert store.get(op.operation_id).state is S.OBSERVING
+    assert verify(store).ok
+
+
+def test_a_write_under_an_old_lease_epoch_is_refused(store: Store, engine_name: str) -> None:
+    """A worker whose lease was taken over cannot overwrite its successor."""
+    op = op_in(store, S.ACCEPTED)
+    with store.engine.begin() as conn:  # a newer claim bumps the epoch
+        conn.execute(sa.text("UPDATE operations SET lease_epoch = 7 WHERE operation_id = :i"),
+                     {"i": op.operation_id})
+    fresh = store.get(op.operation_id)
+    with pytest.raises(StaleRecord, match="lease epoch 6 is no longer current"):
+        store.transition(fresh, S.OBSERVING, obs(RemoteState.RUNNING), actor="old", epoch=6)
+    moved = store.transition(fresh, S.OBSERVING, obs(RemoteState.RUNNING), actor="new", epoch=7)
+    assert moved.state is S.OBSERVING
+
+
+def test_concurrent_writers_never_fork_a_chain(open_store: Callable[..., Store]) -> None:
+    """Many threads race to move one record; exactly one wins and the chain stays linear."""
+    stores = [open_store() for _ in range(6)]
+    op = op_in(stores[0], S.ACCEPTED)
+    wins: list[str] = []
+    stale: list[str] = []
+    barrier = threading.Barrier(len(stores))
+
+    def race(s: Store, i: int) -> None:
+        barrier.wait()
+        try:
+            s.transition(op, S.OBSERVING, obs(RemoteState.RUNNING), actor=f"w{i}")
+            wins.append(f"w{i}")
+        except StaleRecord:
+            stale.append(f"w{i}")
+
+    threads = [threading.Thread(target=race, args=(s, i)) for i, s in enumerate(stores)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(wins) == 1 and len(stale) == 5
+    history = stores[0].history(op.operation_id)
+    assert [e.seq for e in history] == list(range(1, len(history) + 1))
+    assert verify(stores[0]).ok
+
+
+def test_history_refuses_update_and_delete_in_the_database(store: Store) -> None:
+    """Triggers make the history append-only even for code that bypasses the store."""
+    op = op_in(store, S.OBSERVING)
+    for statement in ("UPDATE history SET actor = 'mallory'", "DELETE FROM history"):
+        with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
+            conn.execute(sa.text(statement))
+    assert len(store.history(op.operation_id)) == op.version
+    assert verify(store).ok
+
+
+def test_postgres_refuses_truncate_of_history(store: Store, engine_name: str) -> None:
+    if engine_name != "postgresql":
+        pytest.skip("TRUNCATE exists on PostgreSQL only")
+    op_in(store, S.ACCEPTED)
+    with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
+        conn.execute(sa.text("TRUNCATE history CASCADE"))
+
+
+def test_history_carries_the_fingerprint_not_the_body(store: Store) -> None:
+    op = op_in(store, S.OBSERVING, body={"document": "a very particular sentence"})
+    for entry in store.history(op.operation_id):
+        assert entry.request_fingerprint == op.request_fingerprint
+        assert "particular sentence" not in entry.evidence
+        assert entry.trace_id == op.trace_id
+
+
+def test_batch_applies_many_in_one_transaction_and_skips_only_the_stale(store: Store) -> None:
+    ops = [store.create_operation(spec(body={"i": i}))[0] for i in range(5)]
+    stale = ops[2]
+    store.record(stale, CreateAttempt(attempt=1), actor="other", changes={"attempts": 1})
+    results = store.apply(
+        [Change(op=op, evidence=CreateAttempt(attempt=1), actor="w", changes={"attempts": 1}) for op in ops]
+    )
+    assert [type(r).__name__ for r in results] == ["Operation"] * 2 + ["StaleRecord"] + ["Operation"] * 2
+    assert all(store.get(op.operation_id).attempts == 1 for op in ops)
+    assert verify(store).ok
+
+
+def test_missing_operation_says_how_to_find_one(store: Store) -> None:
+    with pytest.raises(OperationNotFound, match="jobtrail ops list"):
+        store.get("op_NOPE")
+
+
+def test_unreachable_database_is_a_clear_error() -> None:
+    with pytest.raises(StorageError, match="is the PostgreSQL server running"):
+        Store.open("postgresql://postgres@127.0.0.1:1/nothing")
+
+
+def test_locked_sqlite_database_is_a_clear_error_and_loses_nothing(tmp_path) -> None:
+    """Another process holds the write lock: the write is refused whole, with the way out."""
+    import sqlite3
+
+    import jobtrail._store as store_mod
+
+    path = tmp_path / "locked.db"
+    store = Store.open(path)
+    op = op_in(store, S.ACCEPTED)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    old = store_mod.SQLITE_BUSY_TIMEOUT_MS
+    try:
+        store_mod.SQLITE_BUSY_TIMEOUT_MS = 50
+        store.engine.dispose()
+        with pytest.raises(StorageError, match="write lock"):
+            store.transition(op, S.OBSERVING, obs(RemoteState.RUNNING), actor="w")
+    finally:
+        store_mod.SQLITE_BUSY_TIMEOUT_MS = old
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert store.get(op.operation_id) == op
+    assert store.transition(op, S.OBSERVING, obs(RemoteState.RUNNING), actor="w").state is S.OBSERVING
+    store.close()
+
+
+def test_sqlite_runs_wal_full_sync_and_secure_delete(tmp_path) -> None:
+    store = Store.open(tmp_path / "p.db")
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+        assert conn.exec_driver_sql("PRAGMA secure_delete").scalar() == 1
+    store.close()
+
+
+def test_db_location_order(tmp_path, monkeypatch) -> None:
+    """--db wins over JOBTRAIL_DB, which wins over the default path."""
+    from jobtrail._store import resolve_db_url
+
+    monkeypatch.setenv("JOBTRAIL_DB", str(tmp_path / "env.db"))
+    assert resolve_db_url(tmp_path / "flag.db").endswith("flag.db")
+    assert resolve_db_url(None).endswith("env.db")
+    monkeypatch.delenv("JOBTRAIL_DB")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert resolve_db_url(None) == f"sqlite:///{tmp_path}/xdg/jobtrail/jobtrail.db"
+    assert resolve_db_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    with pytest.raises(Exception, match="unsupported database URL scheme"):
+        resolve_db_url("mysql://x")
