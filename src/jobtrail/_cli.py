@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from jobtrail._audit import load_anchor, make_anchor, verify
 from jobtrail._canonical import rfc3339
@@ -106,7 +106,7 @@ def ops_list(ctx: click.Context, state: str | None, provider: str | None, limit:
     if as_json:
         _emit_json([op.to_json() for op in operations])
         return
-    table = Table("operation", "provider", "state", "remote job", "attempts", "updated")
+    table = Table(Column("operation", no_wrap=True), "provider", "state", "remote job", "attempts", "updated")
     for op in operations:
         table.add_row(
             op.operation_id,

@@ -106,11 +106,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
             r"""(?ix)
-            (["']?[a-z0-9_.-]*?
-              (?:password|passwd|secret|api[_-]?key|access[_-]?token|refresh[_-]?token|id[_-]?token
-                 |auth[_-]?token|client[_-]?secret|private[_-]?key|session[_-]?id|x-api-key
-                 |authorization|cookie|credential)
-            [a-z0-9_.-]*["']?\s*[:=]\s*["']?)
+            (["']?[a-z0-9_.-]*
+              (?:password|passwd|pwd|secret|token|key|sig|signature|auth|authorization
+                 |credential|cookie|session[_-]?id)
+            ["']?\s*[:=]\s*["']?)
             (?!\[REDACTED\])([^"'\s&,;}]+)
             """
         ),
@@ -329,15 +328,17 @@ class RedactingFilter(logging.Filter):
 
     def __init__(self, redactor: Redactor | None = None) -> None:
         super().__init__()
-        self._redactor = redactor or default_redactor
+        self._redactor = redactor
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # looked up per record, so a Secret created later is masked too
+        redactor = self._redactor or default_redactor
         message = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             message = f"{message} ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
             record.exc_info = None
             record.exc_text = None
-        record.msg = self._redactor.text(message)
+        record.msg = redactor.text(message)
         record.args = None
         return True
 

@@ -1,0 +1,64 @@
+"""`jobtrail ops ...`: stable JSON for agents, one-line errors with an exit code for people."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import S, op_in
+from jobtrail import Store
+
+
+def jobtrail(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobtrail", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_ops_list_show_history_json(tmp_path: Path) -> None:
+    db = str(tmp_path / "ops.db")
+    store = Store.open(db)
+    done = op_in(store, S.FAILED, body={"i": 1})
+    pending = op_in(store, S.CREATE_PENDING, body={"i": 2}, operation_key="nightly")
+    store.close()
+
+    listed = jobtrail("--db", db, "ops", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    ids = [o["operation_id"] for o in json.loads(listed.stdout)]
+    assert ids == [pending.operation_id, done.operation_id]
+
+    only = jobtrail("ops", "list", "--state", "failed", "--json", env={"JOBTRAIL_DB": db})
+    assert [o["operation_id"] for o in json.loads(only.stdout)] == [done.operation_id]
+
+    shown = json.loads(jobtrail("--db", db, "ops", "show", pending.operation_id, "--json").stdout)
+    assert shown["state"] == "create_pending" and shown["operation_key"] == "nightly"
+    assert shown["trace_id"] == pending.trace_id
+    assert "idempotency_token" not in shown and pending.idempotency_token not in json.dumps(shown)
+    assert set(shown) >= {"operation_id", "provider", "target", "request_fingerprint", "remote_job_id",
+                          "remote_state", "attempts", "create_deadline", "result_deadline", "cancel_deadline",
+                          "caller", "approved_by", "created_at", "updated_at", "version", "lease"}
+
+    history = json.loads(jobtrail("--db", db, "ops", "history", done.operation_id, "--json").stdout)
+    assert [h["seq"] for h in history] == list(range(1, done.version + 1))
+    assert history[-1]["to"] == "failed" and history[0]["prev_hash"] == "0" * 64
+    assert history[1]["prev_hash"] == history[0]["hash"]
+
+    table = jobtrail("--db", db, "ops", "list")
+    assert done.operation_id in table.stdout
+
+
+def test_errors_are_one_line_with_the_way_out(tmp_path: Path) -> None:
+    db = str(tmp_path / "e.db")
+    missing = jobtrail("--db", db, "ops", "show", "op_DOESNOTEXIST")
+    assert missing.returncode == 1
+    assert missing.stderr.strip().count("\n") == 0 and "jobtrail ops list" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+    bad_url = jobtrail("--db", "mysql://nowhere/x", "ops", "list")
+    assert bad_url.returncode == 2 and "unsupported database URL scheme" in bad_url.stderr
+
+    down = jobtrail("--db", "postgresql://postgres@127.0.0.1:1/x", "ops", "list")
+    assert down.returncode == 2 and "is the PostgreSQL server running" in down.stderr
+    assert "Traceback" not in down.stderr
