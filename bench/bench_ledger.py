@@ -23,8 +23,8 @@ from sqlalchemy import event
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from jobtrail import CreateAttempt, OperationSpec, Store  # noqa: E402
-from jobtrail._store import Change  # noqa: E402
+from jobtrail import CreateAttempt, OperationSpec, Store
+from jobtrail._store import Change
 
 
 class Counter:
@@ -45,8 +45,12 @@ class Counter:
 
 
 def make_ops(store: Store, n: int) -> list:
-    return [store.create_operation(OperationSpec(provider="bench", target="t", endpoint="POST /x",
-                                                 body={"i": i}))[0] for i in range(n)]
+    return [
+        store.create_operation(
+            OperationSpec(provider="bench", target="t", endpoint="POST /x", body={"i": i})
+        )[0]
+        for i in range(n)
+    ]
 
 
 def single(store: Store, counter: Counter, n: int) -> None:
@@ -59,10 +63,12 @@ def single(store: Store, counter: Counter, n: int) -> None:
         store.record(op, CreateAttempt(attempt=1), actor="bench", changes={"attempts": 1})
         latencies.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - start
-    print(f"single writer : {n / elapsed:8.0f} transitions/s  "
-          f"p50 {statistics.median(latencies) * 1e3:.2f} ms  "
-          f"p99 {sorted(latencies)[int(len(latencies) * 0.99)] * 1e3:.2f} ms  "
-          f"{counter.statements / n:.1f} statements and {counter.commits / n:.2f} commits per transition")
+    print(
+        f"single writer : {n / elapsed:8.0f} transitions/s  "
+        f"p50 {statistics.median(latencies) * 1e3:.2f} ms  "
+        f"p99 {sorted(latencies)[int(len(latencies) * 0.99)] * 1e3:.2f} ms  "
+        f"{counter.statements / n:.1f} statements and {counter.commits / n:.2f} commits per transition"
+    )
 
 
 def batched(store: Store, counter: Counter, n: int, size: int) -> None:
@@ -70,11 +76,17 @@ def batched(store: Store, counter: Counter, n: int, size: int) -> None:
     counter.reset()
     start = time.perf_counter()
     for i in range(0, n, size):
-        store.apply([Change(op=op, evidence=CreateAttempt(attempt=1), actor="bench", changes={"attempts": 1})
-                     for op in ops[i:i + size]])
+        store.apply(
+            [
+                Change(op=op, evidence=CreateAttempt(attempt=1), actor="bench", changes={"attempts": 1})
+                for op in ops[i : i + size]
+            ]
+        )
     elapsed = time.perf_counter() - start
-    print(f"batch of {size:<4} : {n / elapsed:8.0f} transitions/s  "
-          f"{counter.statements / n:.2f} statements and {counter.commits / n:.3f} commits per transition")
+    print(
+        f"batch of {size:<4} : {n / elapsed:8.0f} transitions/s  "
+        f"{counter.statements / n:.2f} statements and {counter.commits / n:.3f} commits per transition"
+    )
 
 
 def main() -> None:

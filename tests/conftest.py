@@ -27,7 +27,7 @@ def _pg_engine() -> sa.Engine:
     return sa.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://", 1))
 
 
-_pg_problem: str | None | bool = False
+_pg_problem: str | bool | None = False
 
 
 def pg_unavailable() -> str | None:

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from helpers import S, op_in, valid_evidence
 from jobtrail import Operation, Secret, Store
 from jobtrail._audit import make_anchor, verify
 from jobtrail._chain import entry_hash
+
+from helpers import S, op_in, valid_evidence
 
 
 def drop_guards(store: Store) -> None:
@@ -34,9 +35,12 @@ def sql(store: Store, statement: str, **params: Any) -> None:
 
 def rows(store: Store, op: Operation) -> list[dict[str, Any]]:
     with store.engine.connect() as conn:
-        return [dict(r) for r in conn.execute(
-            sa.text("SELECT * FROM history WHERE operation_id = :i ORDER BY seq"), {"i": op.operation_id}
-        ).mappings()]
+        return [
+            dict(r)
+            for r in conn.execute(
+                sa.text("SELECT * FROM history WHERE operation_id = :i ORDER BY seq"), {"i": op.operation_id}
+            ).mappings()
+        ]
 
 
 def forge(row: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -79,12 +83,18 @@ def test_clean_ledger_verifies(store: Store) -> None:
 
 
 def test_edited_entry(store: Store, victim: Operation) -> None:
-    sql(store, "UPDATE history SET actor = 'mallory' WHERE operation_id = :i AND seq = 3", i=victim.operation_id)
+    sql(
+        store,
+        "UPDATE history SET actor = 'mallory' WHERE operation_id = :i AND seq = 3",
+        i=victim.operation_id,
+    )
     assert first_bad(store) == ("edited", 3)
 
 
 def test_edited_evidence(store: Store, victim: Operation) -> None:
-    sql(store, "UPDATE history SET evidence = '{}' WHERE operation_id = :i AND seq = 5", i=victim.operation_id)
+    sql(
+        store, "UPDATE history SET evidence = '{}' WHERE operation_id = :i AND seq = 5", i=victim.operation_id
+    )
     assert first_bad(store) == ("edited", 5)
 
 
@@ -131,8 +141,13 @@ def test_consistent_truncation_is_caught_by_the_anchor(store: Store, victim: Ope
     anchor = make_anchor(store)
     entries = rows(store, victim)
     sql(store, "DELETE FROM history WHERE operation_id = :i AND seq = 6", i=victim.operation_id)
-    sql(store, "UPDATE operations SET version = 5, history_head = :h, state = :s WHERE operation_id = :i",
-        h=entries[4]["entry_hash"], s=entries[4]["to_state"], i=victim.operation_id)
+    sql(
+        store,
+        "UPDATE operations SET version = 5, history_head = :h, state = :s WHERE operation_id = :i",
+        h=entries[4]["entry_hash"],
+        s=entries[4]["to_state"],
+        i=victim.operation_id,
+    )
     assert verify(store).ok  # the documented limit without an anchor
     assert first_bad(store, anchor=anchor) == ("truncated", 6)
 
@@ -147,7 +162,12 @@ def test_rechained_history_is_caught_by_the_anchor(store: Store, victim: Operati
         new = forge(row, prev_hash=prev, **changes)
         insert(store, new)
         prev = new["entry_hash"]
-    sql(store, "UPDATE operations SET history_head = :h WHERE operation_id = :i", h=prev, i=victim.operation_id)
+    sql(
+        store,
+        "UPDATE operations SET history_head = :h WHERE operation_id = :i",
+        h=prev,
+        i=victim.operation_id,
+    )
     assert verify(store).ok
     assert first_bad(store, anchor=anchor) == ("anchor_mismatch", 6)
 
@@ -184,7 +204,9 @@ def test_keyed_anchor_detects_its_own_alteration(store: Store, victim: Operation
         verify(store, anchor=anchor)
 
 
-def test_anchor_without_the_key_that_made_it_cannot_be_rewritten_silently(store: Store, victim: Operation) -> None:
+def test_anchor_without_the_key_that_made_it_cannot_be_rewritten_silently(
+    store: Store, victim: Operation
+) -> None:
     anchor = make_anchor(store)
     anchor["root"] = "0" * 64
     assert first_bad(store, anchor=anchor)[0] == "anchor_mismatch"
@@ -193,7 +215,10 @@ def test_anchor_without_the_key_that_made_it_cannot_be_rewritten_silently(store:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "jobtrail", *args],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -204,13 +229,24 @@ def test_cli_verify_exit_codes_and_json(tmp_path) -> None:
     op = op_in(store, S.SUCCEEDED)
     anchor_file = tmp_path / "anchor.json"
     env = {"ANCHOR_KEY": "k-0123456789abcdef"}
-    made = run_cli("--db", db, "audit", "anchor", "--out", str(anchor_file), "--key-env", "ANCHOR_KEY", "--json",
-                   env=env)
+    made = run_cli(
+        "--db", db, "audit", "anchor", "--out", str(anchor_file), "--key-env", "ANCHOR_KEY", "--json", env=env
+    )
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["keyed"] is True
 
-    ok = run_cli("--db", db, "audit", "verify", "--anchor", str(anchor_file), "--key-env", "ANCHOR_KEY", "--json",
-                 env=env)
+    ok = run_cli(
+        "--db",
+        db,
+        "audit",
+        "verify",
+        "--anchor",
+        str(anchor_file),
+        "--key-env",
+        "ANCHOR_KEY",
+        "--json",
+        env=env,
+    )
     assert ok.returncode == 0, ok.stderr
     doc = json.loads(ok.stdout)
     assert doc["ok"] is True and doc["checked"]["operations"] == 1 and doc["first_bad"] is None

@@ -15,7 +15,7 @@ from jobtrail._canonical import canonical_json, es_number, request_fingerprint
         ({"é": "ü", "a\n": "\u2028"}, '{"a\\n":"\u2028","é":"ü"}'),
         ({"n": 2.0, "m": -0.0, "big": 10**30}, '{"big":1000000000000000000000000000000,"m":0,"n":2}'),
         ([1e21, 1e20, 1e-7, 1e-6, 0.1, 5e-324], "[1e+21,100000000000000000000,1e-7,0.000001,0.1,5e-324]"),
-        ("quote\"back\\slash", '"quote\\"back\\\\slash"'),
+        ('quote"back\\slash', '"quote\\"back\\\\slash"'),
     ],
 )
 def test_canonical_json_golden_vectors(value: object, text: str) -> None:
@@ -23,11 +23,20 @@ def test_canonical_json_golden_vectors(value: object, text: str) -> None:
 
 
 def test_fingerprint_golden_vectors() -> None:
-    assert request_fingerprint(
-        "openai", "org-1", "POST /v1/batches",
-        {"input_file_id": "file-abc", "endpoint": "/v1/chat/completions", "completion_window": "24h",
-         "metadata": {"k": "é"}},
-    ) == "83b038308c9ac1ded453b6887d331e112fbdecee728b70148f5f4507a5ac6e7b"
+    assert (
+        request_fingerprint(
+            "openai",
+            "org-1",
+            "POST /v1/batches",
+            {
+                "input_file_id": "file-abc",
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+                "metadata": {"k": "é"},
+            },
+        )
+        == "83b038308c9ac1ded453b6887d331e112fbdecee728b70148f5f4507a5ac6e7b"
+    )
     assert request_fingerprint("fake", "t", "POST /v1/jobs", {"n": 3, "x": 1.5, "b": [True, None]}) == (
         "7b20f56344e729a91f900575ac70e13a97738a88e71285cafe07f123c0571dff"
     )
@@ -53,5 +62,8 @@ def test_values_without_a_json_form_are_refused(bad: object) -> None:
 
 def test_es_number_matches_ecmascript() -> None:
     assert [es_number(x) for x in (123456789012345680000.0, 1.7976931348623157e308, -2.5, 100.0)] == [
-        "123456789012345680000", "1.7976931348623157e+308", "-2.5", "100",
+        "123456789012345680000",
+        "1.7976931348623157e+308",
+        "-2.5",
+        "100",
     ]

@@ -8,13 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import S, op_in
 from jobtrail import Store
+
+from helpers import S, op_in
 
 
 def jobtrail(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobtrail", *args], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "jobtrail", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_ops_list_show_history_json(tmp_path: Path) -> None:
@@ -36,9 +42,24 @@ def test_ops_list_show_history_json(tmp_path: Path) -> None:
     assert shown["state"] == "create_pending" and shown["operation_key"] == "nightly"
     assert shown["trace_id"] == pending.trace_id
     assert "idempotency_token" not in shown and pending.idempotency_token not in json.dumps(shown)
-    assert set(shown) >= {"operation_id", "provider", "target", "request_fingerprint", "remote_job_id",
-                          "remote_state", "attempts", "create_deadline", "result_deadline", "cancel_deadline",
-                          "caller", "approved_by", "created_at", "updated_at", "version", "lease"}
+    assert set(shown) >= {
+        "operation_id",
+        "provider",
+        "target",
+        "request_fingerprint",
+        "remote_job_id",
+        "remote_state",
+        "attempts",
+        "create_deadline",
+        "result_deadline",
+        "cancel_deadline",
+        "caller",
+        "approved_by",
+        "created_at",
+        "updated_at",
+        "version",
+        "lease",
+    }
 
     history = json.loads(jobtrail("--db", db, "ops", "history", done.operation_id, "--json").stdout)
     assert [h["seq"] for h in history] == list(range(1, done.version + 1))

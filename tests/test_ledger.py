@@ -9,7 +9,6 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from helpers import S, obs, op_in, spec
 from jobtrail import (
     CreateAttempt,
     OperationKeyConflict,
@@ -17,11 +16,13 @@ from jobtrail import (
     RemoteState,
     SecretInRequest,
     StaleRecord,
-    Store,
     StorageError,
+    Store,
 )
 from jobtrail._audit import verify
 from jobtrail._store import Change
+
+from helpers import S, obs, op_in, spec
 
 
 def test_record_has_the_design_fields(store: Store) -> None:
@@ -128,8 +129,9 @@ def test_a_write_under_an_old_lease_epoch_is_refused(store: Store, engine_name: 
     """A worker whose lease was taken over cannot overwrite its successor."""
     op = op_in(store, S.ACCEPTED)
     with store.engine.begin() as conn:  # a newer claim bumps the epoch
-        conn.execute(sa.text("UPDATE operations SET lease_epoch = 7 WHERE operation_id = :i"),
-                     {"i": op.operation_id})
+        conn.execute(
+            sa.text("UPDATE operations SET lease_epoch = 7 WHERE operation_id = :i"), {"i": op.operation_id}
+        )
     fresh = store.get(op.operation_id)
     with pytest.raises(StaleRecord, match="lease epoch 6 is no longer current"):
         store.transition(fresh, S.OBSERVING, obs(RemoteState.RUNNING), actor="old", epoch=6)

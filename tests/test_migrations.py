@@ -6,10 +6,11 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from helpers import S, op_in
 from jobtrail import Store
 from jobtrail._audit import verify
 from jobtrail._migrate import current_revision, head_revision
+
+from helpers import S, op_in
 
 
 def test_upgrade_from_the_first_schema_keeps_every_record(open_store: Callable[..., Store]) -> None:
@@ -19,7 +20,9 @@ def test_upgrade_from_the_first_schema_keeps_every_record(open_store: Callable[.
     with old.engine.connect() as conn:
         assert current_revision(conn) == "0001"
         assert not sa.inspect(conn).has_table("observations")
-    made = [op_in(old, state, body={"i": i}) for i, state in enumerate((S.CREATE_PENDING, S.OBSERVING, S.FAILED))]
+    made = [
+        op_in(old, state, body={"i": i}) for i, state in enumerate((S.CREATE_PENDING, S.OBSERVING, S.FAILED))
+    ]
     old.close()
 
     new = open_store()  # opening upgrades

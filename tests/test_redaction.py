@@ -7,13 +7,11 @@ import logging
 import secrets
 import urllib.parse
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import jobtrail._redact as redact_mod
-from helpers import S, op_in, spec, valid_evidence
 from jobtrail import (
     ConflictingJobIds,
     CreateAttempt,
@@ -23,14 +21,23 @@ from jobtrail import (
 )
 from jobtrail._redact import REDACTED, NullRedactor, Redactor, install_log_redaction
 
+from helpers import S, op_in, spec, valid_evidence
+
 
 def test_headers_keep_names_and_mask_values_outside_the_allow_list() -> None:
     r = Redactor()
-    out = r.headers({
-        "Authorization": "Bearer abc", "Cookie": "a=b", "X-Api-Key": "k", "X-Custom": "whatever",
-        "Content-Type": "application/json", "Retry-After": "3", "X-Request-Id": "req_1",
-        "Location": "https://u:p@h.example/jobs/1?sig=abc&page=2",
-    })
+    out = r.headers(
+        {
+            "Authorization": "Bearer abc",
+            "Cookie": "a=b",
+            "X-Api-Key": "k",
+            "X-Custom": "whatever",
+            "Content-Type": "application/json",
+            "Retry-After": "3",
+            "X-Request-Id": "req_1",
+            "Location": "https://u:p@h.example/jobs/1?sig=abc&page=2",
+        }
+    )
     assert out["Authorization"] == out["Cookie"] == out["X-Api-Key"] == out["X-Custom"] == REDACTED
     assert out["Content-Type"] == "application/json" and out["Retry-After"] == "3"
     assert out["X-Request-Id"] == "req_1"
@@ -59,18 +66,26 @@ def test_known_secret_formats_are_masked_in_text(text: str, leak: str) -> None:
 
 
 def test_json_fields_named_like_secrets_are_masked_recursively() -> None:
-    out = Redactor().value({"a": {"api_key": "x1", "items": [{"refresh_token": "x2"}]},
-                            "max_tokens": 100, "author": "ann"})
-    assert out == {"a": {"api_key": REDACTED, "items": [{"refresh_token": REDACTED}]},
-                   "max_tokens": 100, "author": "ann"}
+    out = Redactor().value(
+        {"a": {"api_key": "x1", "items": [{"refresh_token": "x2"}]}, "max_tokens": 100, "author": "ann"}
+    )
+    assert out == {
+        "a": {"api_key": REDACTED, "items": [{"refresh_token": REDACTED}]},
+        "max_tokens": 100,
+        "author": "ann",
+    }
 
 
 def test_injected_values_are_masked_in_every_encoding() -> None:
     r = Redactor()
     value = "plain-looking-value-42"
     Secret(value, redactor=r)
-    for form in (value, base64.b64encode(value.encode()).decode(), urllib.parse.quote(value),
-                 value.encode().hex()):
+    for form in (
+        value,
+        base64.b64encode(value.encode()).decode(),
+        urllib.parse.quote(value),
+        value.encode().hex(),
+    ):
         assert form not in r.text(f"error near {form}!"), form
     r.register_basic("svc", value)
     basic = base64.b64encode(f"svc:{value}".encode()).decode()
@@ -99,8 +114,20 @@ def _forms(value: str) -> list[bytes]:
 
 def _plant_and_run(store: Store, log_file: Path) -> list[str]:
     """Plant fresh canaries everywhere a secret could slip in; return them."""
-    c = {name: f"jtcanary_{name}_{secrets.token_hex(8)}" for name in
-         ("bearer", "cookie", "apikey", "userinfo", "query", "errbody", "injected", "exc", "problem")}
+    c = {
+        name: f"jtcanary_{name}_{secrets.token_hex(8)}"
+        for name in (
+            "bearer",
+            "cookie",
+            "apikey",
+            "userinfo",
+            "query",
+            "errbody",
+            "injected",
+            "exc",
+            "problem",
+        )
+    }
     injected = Secret(c["injected"])
     handler = logging.FileHandler(log_file)
     logger = logging.getLogger("jobtrail")
@@ -110,27 +137,52 @@ def _plant_and_run(store: Store, log_file: Path) -> list[str]:
         op, _ = store.create_operation(spec(body={"doc": "safe"}))
         op = store.record(op, CreateAttempt(attempt=1), actor="worker", changes={"attempts": 1})
         response = {
-            "headers": {"Authorization": f"Bearer {c['bearer']}", "Set-Cookie": f"sid={c['cookie']}",
-                        "X-Api-Key": c["apikey"]},
+            "headers": {
+                "Authorization": f"Bearer {c['bearer']}",
+                "Set-Cookie": f"sid={c['cookie']}",
+                "X-Api-Key": c["apikey"],
+            },
             "url": f"https://svc:{c['userinfo']}@api.example.com/jobs?token={c['query']}&page=2",
-            "body": {"error": {"message": f"invalid credential {injected.reveal()}",
-                               "client_secret": c["errbody"]}},
+            "body": {
+                "error": {"message": f"invalid credential {injected.reveal()}", "client_secret": c["errbody"]}
+            },
         }
         store.add_observation(op.operation_id, kind="create_response", raw=response, http_status=409)
         try:
-            raise ConnectionError(f"reset by peer while sending key={c['exc']} "
-                                  f"auth {base64.b64encode(injected.reveal().encode()).decode()}")
+            raise ConnectionError(
+                f"reset by peer while sending key={c['exc']} "
+                f"auth {base64.b64encode(injected.reveal().encode()).decode()}"
+            )
         except ConnectionError as exc:
             logger.exception("create failed for %s", op.operation_id)
             reason = str(exc)
-        op = store.transition(op, S.NEEDS_ATTENTION, ConflictingJobIds(
-            first_job_id="job-1", second_job_id="job-2", first_response=response,
-            second_response={"detail": reason}), actor="worker", changes={"state_reason": reason})
+        op = store.transition(
+            op,
+            S.NEEDS_ATTENTION,
+            ConflictingJobIds(
+                first_job_id="job-1",
+                second_job_id="job-2",
+                first_response=response,
+                second_response={"detail": reason},
+            ),
+            actor="worker",
+            changes={"state_reason": reason},
+        )
         other, _ = store.create_operation(spec(body={"doc": "second"}))
         other = store.record(other, CreateAttempt(attempt=1), actor="worker", changes={"attempts": 1})
-        store.transition(other, S.FAILED, DefinitiveRejection(
-            http_status=401, problem={"title": "unauthorized", "detail": f"password={c['problem']}",
-                                      "echo": injected.reveal()}), actor="worker")
+        store.transition(
+            other,
+            S.FAILED,
+            DefinitiveRejection(
+                http_status=401,
+                problem={
+                    "title": "unauthorized",
+                    "detail": f"password={c['problem']}",
+                    "echo": injected.reveal(),
+                },
+            ),
+            actor="worker",
+        )
         logger.warning("provider said %s", response)
         moving = op_in(store, S.CANCELLING, body={"doc": "third"})
         store.transition(moving, S.CANCELLED, valid_evidence(S.CANCELLING, S.CANCELLED, moving), actor="w")
@@ -159,10 +211,17 @@ def _database_bytes(store: Store) -> bytes:
 
 
 def _hits(store: Store, canaries: list[str], log_file: Path, caplog: pytest.LogCaptureFixture) -> list[str]:
-    haystacks = {"database": _database_bytes(store), "log file": log_file.read_bytes(),
-                 "caplog": caplog.text.encode()}
-    return [f"{canary} in {where}" for canary in canaries for where, data in haystacks.items()
-            if any(form in data for form in _forms(canary))]
+    haystacks = {
+        "database": _database_bytes(store),
+        "log file": log_file.read_bytes(),
+        "caplog": caplog.text.encode(),
+    }
+    return [
+        f"{canary} in {where}"
+        for canary in canaries
+        for where, data in haystacks.items()
+        if any(form in data for form in _forms(canary))
+    ]
 
 
 def test_canary_secrets_reach_neither_storage_nor_logs(db_url: str, tmp_path: Path, caplog) -> None:
@@ -173,8 +232,9 @@ def test_canary_secrets_reach_neither_storage_nor_logs(db_url: str, tmp_path: Pa
     store.close()
 
 
-def test_canary_scan_fails_when_the_redactor_is_off(db_url: str, tmp_path: Path, caplog,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_canary_scan_fails_when_the_redactor_is_off(
+    db_url: str, tmp_path: Path, caplog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The scan is real: with redaction switched off it finds the planted secrets."""
     install_log_redaction()
     null = NullRedactor()
@@ -189,9 +249,11 @@ def test_canary_scan_fails_when_the_redactor_is_off(db_url: str, tmp_path: Path,
 
 def test_redacted_evidence_keeps_its_shape(store: Store) -> None:
     op = op_in(store, S.CREATE_PENDING)
-    moved = store.transition(op, S.FAILED, DefinitiveRejection(
-        http_status=400, problem={"title": "bad", "api_key": "xyz-123-abc"}), actor="w")
+    moved = store.transition(
+        op,
+        S.FAILED,
+        DefinitiveRejection(http_status=400, problem={"title": "bad", "api_key": "xyz-123-abc"}),
+        actor="w",
+    )
     entry = store.history(moved.operation_id)[-1].to_json()
     assert entry["evidence"]["problem"] == {"title": "bad", "api_key": REDACTED}
-
-

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import S, drive, obs, op_in, path_to, spec, valid_evidence
 from jobtrail import (
     AmbiguousCreate,
     CancelIntent,
@@ -26,6 +25,8 @@ from jobtrail import (
 )
 from jobtrail._audit import verify
 from jobtrail._machine import RULES
+
+from helpers import S, drive, obs, op_in, path_to, spec, valid_evidence
 
 ALLOWED = sorted(RULES, key=lambda p: (p[0].value, p[1].value))
 FORBIDDEN = [(a, b) for a, b in itertools.product(State, State) if (a, b) not in RULES]
@@ -78,10 +79,24 @@ WRONG_EVIDENCE = [
     (S.CREATE_PENDING, S.FAILED, DefinitiveRejection(http_status=503), "does not prove"),
     (S.CREATE_PENDING, S.FAILED, DefinitiveRejection(http_status=409), "does not prove"),
     (S.CREATE_PENDING, S.ACCEPTED, ConfirmedCreate(remote_job_id=""), "needs the remote job id"),
-    (S.CREATE_PENDING, S.NEEDS_ATTENTION, ConflictingJobIds(first_job_id="a", second_job_id="a"), "not a conflict"),
-    (S.OBSERVING, S.RESULT_TIMED_OUT, DeadlinePassed(deadline="cancel", observed_at_us=2**62), "result deadline"),
-    (S.FAILED, S.OBSERVING, ResumeRequested(requested_by="a", reason="b", provider_supports_resume=False),
-     "does not support"),
+    (
+        S.CREATE_PENDING,
+        S.NEEDS_ATTENTION,
+        ConflictingJobIds(first_job_id="a", second_job_id="a"),
+        "not a conflict",
+    ),
+    (
+        S.OBSERVING,
+        S.RESULT_TIMED_OUT,
+        DeadlinePassed(deadline="cancel", observed_at_us=2**62),
+        "result deadline",
+    ),
+    (
+        S.FAILED,
+        S.OBSERVING,
+        ResumeRequested(requested_by="a", reason="b", provider_supports_resume=False),
+        "does not support",
+    ),
     (S.NEEDS_ATTENTION, S.SUCCEEDED, HumanDecision(decided_by="a", reason="b"), "not in the state table"),
     (S.OBSERVING, S.SUCCEEDED, obs(RemoteState.SUCCEEDED), "not in the state table"),
 ]
@@ -109,9 +124,12 @@ def test_deadline_evidence_must_be_true_of_the_record(store: Store) -> None:
 
     op = drive(store, store.create_operation(spec(result_deadline=timedelta(hours=1)))[0], S.OBSERVING)
     with pytest.raises(TransitionRefused, match="has not passed"):
-        store.transition(op, S.RESULT_TIMED_OUT, DeadlinePassed(deadline="result",
-                                                                 observed_at_us=op.updated_at_us),
-                         actor="t")
+        store.transition(
+            op,
+            S.RESULT_TIMED_OUT,
+            DeadlinePassed(deadline="result", observed_at_us=op.updated_at_us),
+            actor="t",
+        )
 
 
 def test_observation_of_another_job_is_refused(store: Store) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jobtrail._backoff import Backoff
+from jobtrail._client import AsyncJobtrail, Jobtrail
 from jobtrail._errors import (
     ConfigError,
     JobtrailError,
@@ -22,6 +24,7 @@ from jobtrail._evidence import (
     ConfirmedCreate,
     ConflictingJobIds,
     CreateAttempt,
+    CreateNotSent,
     DeadlinePassed,
     DefinitiveRejection,
     Evidence,
@@ -36,6 +39,17 @@ from jobtrail._evidence import (
     ValidatedResult,
     ValidationFailure,
 )
+from jobtrail._http_provider import HttpProvider, load_provider
+from jobtrail._provider import (
+    Capabilities,
+    CreateOutcome,
+    LookupOutcome,
+    Provider,
+    ReconcileMode,
+    Response,
+    StatusOutcome,
+    TokenPlacement,
+)
 from jobtrail._record import HistoryEntry, Operation, OperationSpec
 from jobtrail._redact import Redactor, Secret
 from jobtrail._states import RemoteState, State
@@ -43,20 +57,28 @@ from jobtrail._store import Change, Store
 
 __all__ = [
     "AmbiguousCreate",
+    "AsyncJobtrail",
+    "Backoff",
     "CancelAcknowledged",
     "CancelIntent",
     "CannotTell",
+    "Capabilities",
     "Change",
     "ConfigError",
     "ConfirmedCreate",
     "ConflictingJobIds",
     "CreateAttempt",
+    "CreateNotSent",
+    "CreateOutcome",
     "DeadlinePassed",
     "DefinitiveRejection",
     "Evidence",
     "HistoryEntry",
+    "HttpProvider",
     "HumanDecision",
+    "Jobtrail",
     "JobtrailError",
+    "LookupOutcome",
     "Operation",
     "OperationCreated",
     "OperationKeyConflict",
@@ -64,9 +86,12 @@ __all__ = [
     "OperationSpec",
     "OperationalError",
     "ProvedAbsent",
+    "Provider",
+    "ReconcileMode",
     "ReconciliationStarted",
     "Redactor",
     "RemoteState",
+    "Response",
     "ResultUnavailable",
     "ResumeRequested",
     "Secret",
@@ -74,11 +99,14 @@ __all__ = [
     "StaleRecord",
     "State",
     "StatusObservation",
+    "StatusOutcome",
     "StorageError",
     "Store",
     "SynchronousResult",
+    "TokenPlacement",
     "TransitionRefused",
     "UsageError",
     "ValidatedResult",
     "ValidationFailure",
+    "load_provider",
 ]

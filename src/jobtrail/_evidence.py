@@ -65,6 +65,17 @@ class ConfirmedCreate(Evidence):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CreateNotSent(Evidence):
+    """The create provably never left (connection refused before sending): retry with the same token."""
+
+    kind: ClassVar[str] = "create_not_sent"
+    error_class: str
+    attempt: int
+    detail: str = ""
+    retry_at: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SynchronousResult(Evidence):
     """The create answered with the finished result itself."""
 
@@ -72,6 +83,8 @@ class SynchronousResult(Evidence):
     http_status: int
     provider_request_id: str | None = None
     remote_job_id: str | None = None
+    result_sha256: str | None = None
+    observation_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +109,7 @@ class AmbiguousCreate(Evidence):
     http_status: int | None = None
     retry_after_s: float | None = None
     provider_request_id: str | None = None
+    retry_at: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

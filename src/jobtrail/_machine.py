@@ -168,6 +168,8 @@ RULES: dict[tuple[State, State], Rule] = {
     ),
     (S.CREATE_UNKNOWN, S.RECONCILIATION): Rule((ReconciliationStarted,), "the reconciliation path taken"),
     (S.RECONCILIATION, S.ACCEPTED): Rule((ConfirmedCreate,), "the provider confirming the job", _confirmed),
+    # a replay may answer with the finished result itself
+    (S.RECONCILIATION, S.RESULT_COLLECTING): Rule((SynchronousResult,), "a synchronous result"),
     (S.RECONCILIATION, S.CREATE_PENDING): Rule((ProvedAbsent,), "proof from the provider that no job exists"),
     (S.RECONCILIATION, S.NEEDS_ATTENTION): Rule(
         (CannotTell, DeadlinePassed, ConflictingJobIds),

@@ -10,6 +10,10 @@ from typing import Any
 from jobtrail._canonical import from_us, rfc3339
 from jobtrail._states import State
 
+DEFAULT_CREATE_DEADLINE = timedelta(hours=1)
+DEFAULT_RESULT_DEADLINE = timedelta(hours=24)
+DEFAULT_CANCEL_DEADLINE = timedelta(minutes=30)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OperationSpec:
@@ -35,9 +39,9 @@ class OperationSpec:
     operation_key: str | None = None
     caller: str = "unknown"
     approved_by: str | None = None
-    create_deadline: timedelta | None = timedelta(hours=1)
-    result_deadline: timedelta | None = timedelta(hours=24)
-    cancel_deadline: timedelta | None = timedelta(minutes=30)
+    create_deadline: timedelta | None = DEFAULT_CREATE_DEADLINE
+    result_deadline: timedelta | None = DEFAULT_RESULT_DEADLINE
+    cancel_deadline: timedelta | None = DEFAULT_CANCEL_DEADLINE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -102,7 +102,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bwhsec_[A-Za-z0-9+/=]{10,}"), REDACTED),
     # userinfo in any URL inside text
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@"), r"\1" + "REDACTED:REDACTED@"),
-    # key=value / "key": "value" where the key names a secret
+)
+
+#: ``key=value`` / ``"key": "value"`` where the key names a secret. Used to redact,
+#: not to refuse request bodies: it would also match harmless prose.
+_KV_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
             r"""(?ix)
@@ -206,6 +210,13 @@ class Redactor:
     # -- the passes ------------------------------------------------------------
 
     def text(self, value: str) -> str:
+        value = self._strong(value)
+        for pattern, replacement in _KV_PATTERNS:
+            value = pattern.sub(replacement, value)
+        return value
+
+    def _strong(self, value: str) -> str:
+        """Exact injected values and unmistakable secret formats only."""
         for secret in self._ordered:
             if secret in value:
                 value = value.replace(secret, REDACTED)
@@ -270,7 +281,7 @@ class Redactor:
         """JSON paths in ``value`` that the redactor would mask (used to refuse request bodies)."""
         found: list[str] = []
         if isinstance(value, str):
-            if self.text(value) != value:
+            if self._strong(value) != value:
                 found.append(path)
         elif isinstance(value, Mapping):
             for key, item in value.items():

@@ -535,6 +535,20 @@ class Store:
             ).mappings()
             return [HistoryEntry(**row) for row in rows]
 
+    def last_entry(self, operation_id: str) -> HistoryEntry | None:
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    sa.select(t.history)
+                    .where(t.history.c.operation_id == operation_id)
+                    .order_by(t.history.c.seq.desc())
+                    .limit(1)
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else HistoryEntry(**row)
+
     def count(self) -> int:
         with self._read() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(t.operations)).scalar_one())

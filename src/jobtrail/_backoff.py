@@ -1,0 +1,50 @@
+"""When to try again: ``Retry-After`` when the provider says, else capped exponential back-off."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential back-off with full jitter (AWS architecture blog's "full jitter")."""
+
+    initial_s: float = 0.5
+    factor: float = 2.0
+    cap_s: float = 60.0
+    #: the longest Retry-After we honour; a larger one is clamped to this
+    max_retry_after_s: float = 3600.0
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before attempt ``attempt + 1`` (``attempt`` >= 1)."""
+        ceiling = min(self.cap_s, self.initial_s * self.factor ** min(max(attempt - 1, 0), 64))
+        return (rng or random).uniform(0, ceiling)
+
+    def after(self, retry_after_s: float | None, attempt: int, rng: random.Random | None = None) -> float:
+        if retry_after_s is not None:
+            return min(retry_after_s, self.max_retry_after_s)
+        return self.delay(attempt, rng)
+
+
+def parse_retry_after(value: str | None, now_s: float) -> float | None:
+    """Seconds to wait from ``now_s`` per RFC 9110 §10.2.3 (delay-seconds or HTTP-date).
+
+    Past dates become 0; garbage is ignored (None), never an error.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:  # asctime and RFC 850 forms carry no zone; HTTP dates are GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now_s)

@@ -1,0 +1,494 @@
+"""The create path of DESIGN.md: persist first, send once with the stored token, reconcile every doubt.
+
+:func:`advance_create` performs the one next action of an operation in the
+create phase (if it is due) and returns the updated record. Every send is
+preceded by a durable attempt entry; every answer is stored as an observation
+before the state moves; a doubtful outcome is reconciled by the provider's
+path, re-sending only with the same token and only inside the create deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from jobtrail._canonical import canonical_bytes, rfc3339
+from jobtrail._evidence import (
+    AmbiguousCreate,
+    CannotTell,
+    ConfirmedCreate,
+    ConflictingJobIds,
+    CreateAttempt,
+    CreateNotSent,
+    DeadlinePassed,
+    DefinitiveRejection,
+    ProvedAbsent,
+    ReconciliationStarted,
+    SynchronousResult,
+)
+from jobtrail._failpoints import failpoint
+from jobtrail._provider import CreateOutcome, LookupOutcome, Provider, ReconcileMode
+from jobtrail._record import Operation
+from jobtrail._states import State
+from jobtrail._store import Store
+
+log = logging.getLogger("jobtrail")
+
+CREATE_PHASE = frozenset({State.CREATE_PENDING, State.CREATE_UNKNOWN, State.RECONCILIATION})
+_US = 1_000_000
+
+
+class CreateFlow:
+    """Drives operations of one store through the create phase with their provider."""
+
+    def __init__(self, store: Store, *, actor: str = "jobtrail", rng: random.Random | None = None) -> None:
+        self.store = store
+        self.actor = actor
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
+
+    def _now(self) -> int:
+        return self.store.clock()
+
+    # -- the one next action -------------------------------------------------------------
+
+    async def advance(self, op: Operation, provider: Provider) -> Operation:
+        """Do the operation's next create-phase action if it is due; return the new record."""
+        if op.state not in CREATE_PHASE:
+            return op
+        now = self._now()
+        if op.next_action_at_us is not None and op.next_action_at_us > now:
+            return op
+        if op.state is State.CREATE_UNKNOWN:
+            modes = provider.capabilities.reconcile
+            path = modes[0].value if modes else "none"
+            return self.store.transition(
+                op,
+                State.RECONCILIATION,
+                ReconciliationStarted(path=path),
+                actor=self.actor,
+                changes={"next_action_at_us": now},
+            )
+        deadline = op.create_deadline_us
+        if deadline is not None and now >= deadline:
+            return self._deadline_passed(op, now)
+        if op.state is State.CREATE_PENDING:
+            last = self.store.last_entry(op.operation_id)
+            if op.attempts > 0 and last is not None and last.cause == CreateAttempt.kind:
+                # the process that sent attempt N died before recording its outcome
+                return self.store.transition(
+                    op,
+                    State.CREATE_UNKNOWN,
+                    AmbiguousCreate(
+                        error_class="outcome_not_recorded",
+                        attempt=op.attempts,
+                        detail=f"attempt {op.attempts} was sent (or about to be) but its outcome was never "
+                        "recorded; the provider may have created the job",
+                    ),
+                    actor=self.actor,
+                    changes={
+                        "next_action_at_us": now,
+                        "state_reason": "previous attempt's outcome not recorded",
+                    },
+                )
+            return await self._send(op, provider, reason="send")
+        return await self._reconcile(op, provider, now)
+
+    def _deadline_passed(self, op: Operation, now: int) -> Operation:
+        if op.attempts == 0:
+            reason = "create deadline passed before any create was sent; no remote job exists"
+        else:
+            reason = (
+                f"create_unresolved: the create deadline passed after {op.attempts} attempt(s) without "
+                "a confirmed job id; a person must check the provider for a job with trace id "
+                f"{op.trace_id} before deciding"
+            )
+        return self.store.transition(
+            op,
+            State.NEEDS_ATTENTION,
+            DeadlinePassed(deadline="create", observed_at_us=now),
+            actor=self.actor,
+            changes={"state_reason": reason, "next_action_at_us": None},
+        )
+
+    async def _reconcile(self, op: Operation, provider: Provider, now: int) -> Operation:
+        caps = provider.capabilities
+        if not caps.reconcile:
+            return self.store.transition(
+                op,
+                State.NEEDS_ATTENTION,
+                CannotTell(
+                    reason="no_reconciliation_path",
+                    detail="this provider cannot guarantee at-most-once creation: it offers no way "
+                    "to ask whether a create that may have been sent made a job",
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": None,
+                    "state_reason": (
+                        f"at-most-once not guaranteed by provider {provider.name}: a create may have "
+                        "reached it. Check its console or job list for a job created around "
+                        f"{rfc3339(op.updated_at_us)} (trace id {op.trace_id}); then resolve to accepted "
+                        "with its job id, or to create_pending if none exists"
+                    ),
+                },
+            )
+        mode = caps.reconcile[0]
+        if mode is ReconcileMode.REPLAY:
+            retention = caps.token_retention
+            if retention is not None and now > op.created_at_us + int(retention.total_seconds() * _US):
+                return self.store.transition(
+                    op,
+                    State.NEEDS_ATTENTION,
+                    CannotTell(
+                        reason="token_expired",
+                        detail=f"the provider keeps tokens for {retention}; "
+                        "a replay now could create a second job",
+                    ),
+                    actor=self.actor,
+                    changes={
+                        "next_action_at_us": None,
+                        "state_reason": "idempotency token expired at the provider",
+                    },
+                )
+            return await self._send(op, provider, reason="replay")
+        return await self._lookup(op, provider, mode)
+
+    async def _lookup(self, op: Operation, provider: Provider, mode: ReconcileMode) -> Operation:
+        found = await provider.lookup(op, mode)
+        self._observe(
+            op,
+            "reconcile_lookup",
+            found.response.to_json() | {"kind": found.kind, "path": mode.value},
+            found.response.http_status,
+            found.response.provider_request_id,
+        )
+        if found.kind == "found":
+            return self._confirm_or_conflict(
+                op, found.remote_job_ids[0], found, via=mode.value, others=found.remote_job_ids[1:]
+            )
+        if found.kind == "absent":
+            return self.store.transition(
+                op,
+                State.CREATE_PENDING,
+                ProvedAbsent(
+                    path=mode.value,
+                    detail=found.detail,
+                    http_status=found.response.http_status,
+                    provider_request_id=found.response.provider_request_id,
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": self._now(),
+                    "state_reason": f"{mode.value}: no job exists; re-sending with the same token",
+                },
+            )
+        return self._wait(
+            op,
+            provider,
+            f"{mode.value} could not tell ({found.detail})",
+            None,
+            AmbiguousCreate(
+                error_class="lookup_inconclusive",
+                attempt=op.attempts,
+                detail=found.detail,
+                http_status=found.response.http_status,
+            ),
+        )
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def _send(self, op: Operation, provider: Provider, *, reason: str) -> Operation:
+        attempt = op.attempts + 1
+        op = self.store.record(
+            op,
+            CreateAttempt(attempt=attempt, reason=reason),
+            actor=self.actor,
+            changes={
+                "attempts": attempt,
+                "state_reason": f"attempt {attempt} ({reason}) sent; outcome not yet recorded",
+            },
+        )
+        failpoint("create.after_attempt")
+        outcome = await provider.create(op)
+        failpoint("create.after_response")
+        obs_id = self._observe(
+            op,
+            "create_response",
+            outcome.response.to_json()
+            | {
+                "outcome": outcome.kind,
+                "remote_job_id": outcome.remote_job_id,
+                "error_class": outcome.error_class,
+                "detail": outcome.detail,
+                "attempt": attempt,
+                "reason": reason,
+            },
+            outcome.response.http_status,
+            outcome.response.provider_request_id,
+        )
+        failpoint("create.after_observation")
+        resp = outcome.response
+        if outcome.kind == "confirmed":
+            assert outcome.remote_job_id is not None
+            others: tuple[str, ...] = ()
+            if reason == "replay":
+                others = await self._cross_check(op, provider, outcome.remote_job_id)
+            return self._confirm_or_conflict(
+                op, outcome.remote_job_id, outcome, via=reason, others=others, status_url=outcome.status_url
+            )
+        if outcome.kind == "synchronous":
+            result_obs = self._observe(
+                op,
+                "synchronous_result",
+                {"result": outcome.result},
+                resp.http_status,
+                resp.provider_request_id,
+            )
+            changes: dict[str, Any] = {
+                "next_action_at_us": self._now(),
+                "state_reason": f"synchronous result stored under this operation (observation {result_obs})",
+            }
+            if outcome.remote_job_id:
+                changes["remote_job_id"] = outcome.remote_job_id
+            return self.store.transition(
+                op,
+                State.RESULT_COLLECTING,
+                SynchronousResult(
+                    http_status=resp.http_status or 200,
+                    provider_request_id=resp.provider_request_id,
+                    remote_job_id=outcome.remote_job_id,
+                    observation_id=result_obs,
+                    result_sha256=hashlib.sha256(canonical_bytes(outcome.result)).hexdigest(),
+                ),
+                actor=self.actor,
+                changes=changes,
+                request_ids=_ids(resp.provider_request_id),
+            )
+        if outcome.kind == "rejected":
+            problem = resp.body if isinstance(resp.body, dict) else {"body": resp.body}
+            if op.state is State.RECONCILIATION:
+                # IETF semantics replay the stored outcome, errors included: the original was refused too
+                return self.store.transition(
+                    op,
+                    State.CREATE_PENDING,
+                    ProvedAbsent(
+                        path="replay",
+                        detail=f"the replay was refused with HTTP {resp.http_status}, so the "
+                        "original create was refused too",
+                        http_status=resp.http_status,
+                        provider_request_id=resp.provider_request_id,
+                    ),
+                    actor=self.actor,
+                    changes={"next_action_at_us": self._now()},
+                    request_ids=_ids(resp.provider_request_id),
+                )
+            return self.store.transition(
+                op,
+                State.FAILED,
+                DefinitiveRejection(
+                    http_status=resp.http_status or 0,
+                    problem=problem,
+                    provider_request_id=resp.provider_request_id,
+                    declared_non_retryable=outcome.declared_non_retryable,
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": None,
+                    "state_reason": (
+                        f"rejected by the provider: {outcome.detail}; a changed request is a new operation"
+                    ),
+                },
+                request_ids=_ids(resp.provider_request_id),
+            )
+        if outcome.kind == "not_sent":
+            return self._wait(
+                op,
+                provider,
+                f"attempt {attempt} never left: {outcome.error_class}",
+                None,
+                None,
+                not_sent=outcome,
+                obs_id=obs_id,
+            )
+        if op.state is State.RECONCILIATION and outcome.error_class == "malformed_response":
+            # the replay repeats the same unreadable answer: waiting cannot settle it
+            return self.store.transition(
+                op,
+                State.NEEDS_ATTENTION,
+                CannotTell(
+                    reason="malformed_response",
+                    detail=outcome.detail,
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": None,
+                    "state_reason": (
+                        f"the provider's answers carry no job id ({outcome.detail}); check the provider "
+                        "file's create.job_id, then look for the job in the provider's console"
+                    ),
+                },
+                request_ids=_ids(resp.provider_request_id),
+            )
+        evidence = AmbiguousCreate(
+            error_class=outcome.error_class,
+            attempt=attempt,
+            detail=outcome.detail,
+            http_status=resp.http_status,
+            retry_after_s=resp.retry_after_s,
+            provider_request_id=resp.provider_request_id,
+        )
+        return self._wait(
+            op, provider, f"attempt {attempt} ambiguous: {outcome.error_class}", resp.retry_after_s, evidence
+        )
+
+    async def _cross_check(self, op: Operation, provider: Provider, job_id: str) -> tuple[str, ...]:
+        """After a replay, ask an independent path (if any) which jobs carry our token."""
+        for mode in provider.capabilities.reconcile:
+            if mode is ReconcileMode.REPLAY:
+                continue
+            found = await provider.lookup(op, mode)
+            self._observe(
+                op,
+                "reconcile_lookup",
+                found.response.to_json() | {"kind": found.kind, "path": mode.value},
+                found.response.http_status,
+                found.response.provider_request_id,
+            )
+            if found.kind == "found":
+                return tuple(j for j in found.remote_job_ids if j != job_id)
+        return ()
+
+    def _confirm_or_conflict(
+        self,
+        op: Operation,
+        job_id: str,
+        outcome: CreateOutcome | LookupOutcome,
+        *,
+        via: str,
+        others: tuple[str, ...] = (),
+        status_url: str | None = None,
+    ) -> Operation:
+        resp = outcome.response
+        earlier = [j for j in self._earlier_job_ids(op) if j != job_id]
+        conflicting = (*others, *earlier)
+        if conflicting:
+            return self.store.transition(
+                op,
+                State.NEEDS_ATTENTION,
+                ConflictingJobIds(
+                    first_job_id=conflicting[0],
+                    second_job_id=job_id,
+                    first_response={
+                        "source": "earlier answer or independent lookup",
+                        "job_ids": list(conflicting),
+                    },
+                    second_response=resp.to_json(),
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": None,
+                    "state_reason": (
+                        "the provider answered one idempotency token with different job ids "
+                        f"({conflicting[0]} and {job_id}): it broke its idempotency contract; both may be "
+                        "running. A person must decide which to keep and cancel the other"
+                    ),
+                },
+                request_ids=_ids(resp.provider_request_id),
+            )
+        op = self.store.transition(
+            op,
+            State.ACCEPTED,
+            ConfirmedCreate(
+                remote_job_id=job_id,
+                http_status=resp.http_status,
+                provider_request_id=resp.provider_request_id,
+                status_url=status_url,
+                via=via,
+            ),
+            actor=self.actor,
+            changes={"remote_job_id": job_id, "next_action_at_us": self._now(), "state_reason": None},
+            request_ids=_ids(resp.provider_request_id),
+        )
+        failpoint("create.after_job_id")
+        return op
+
+    def _earlier_job_ids(self, op: Operation) -> list[str]:
+        ids = []
+        for obs in self.store.observations(op.operation_id):
+            raw = obs["raw"]
+            confirmed = raw.get("outcome") in ("confirmed", "synchronous")
+            if obs["kind"] == "create_response" and confirmed and raw.get("remote_job_id"):
+                ids.append(raw["remote_job_id"])
+        return ids[:-1]  # the newest is the answer being confirmed now
+
+    def _wait(
+        self,
+        op: Operation,
+        provider: Provider,
+        why: str,
+        retry_after_s: float | None,
+        evidence: AmbiguousCreate | None,
+        *,
+        not_sent: CreateOutcome | None = None,
+        obs_id: int | None = None,
+    ) -> Operation:
+        """Record a doubtful or failed attempt and when to try again (Retry-After, else back-off)."""
+        delay = provider.backoff.after(retry_after_s, max(op.attempts, 1), self.rng)
+        at = self._now() + int(delay * _US)
+        changes = {"next_action_at_us": at, "state_reason": f"{why}; next try at {rfc3339(at)}"}
+        if not_sent is not None:
+            return self.store.record(
+                op,
+                CreateNotSent(
+                    error_class=not_sent.error_class,
+                    attempt=op.attempts,
+                    detail=not_sent.detail,
+                    retry_at=rfc3339(at),
+                ),
+                actor=self.actor,
+                changes=changes,
+            )
+        assert evidence is not None
+        stamped = dataclasses.replace(evidence, retry_at=rfc3339(at))
+        if op.state is State.CREATE_PENDING:
+            return self.store.transition(
+                op,
+                State.CREATE_UNKNOWN,
+                stamped,
+                actor=self.actor,
+                changes=changes,
+                request_ids=_ids(evidence.provider_request_id),
+            )
+        return self.store.record(
+            op, stamped, actor=self.actor, changes=changes, request_ids=_ids(evidence.provider_request_id)
+        )
+
+    def _observe(
+        self, op: Operation, kind: str, raw: dict[str, Any], status: int | None, request_id: str | None
+    ) -> int:
+        return self.store.add_observation(
+            op.operation_id, kind=kind, raw=raw, http_status=status, provider_request_id=request_id
+        )
+
+    # -- driving to the end of the create phase ---------------------------------------------------
+
+    async def run(
+        self, op: Operation, provider: Provider, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> Operation:
+        """Advance until the operation leaves the create phase, sleeping between due times."""
+        while op.state in CREATE_PHASE:
+            op = await self.advance(op, provider)
+            if op.state in CREATE_PHASE and op.next_action_at_us is not None:
+                wait = (op.next_action_at_us - self._now()) / _US
+                if wait > 0:
+                    await sleep(wait)
+        return op
+
+
+def _ids(request_id: str | None) -> tuple[str, ...]:
+    return (request_id,) if request_id else ()

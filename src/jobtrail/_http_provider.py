@@ -1,0 +1,684 @@
+"""A provider for most HTTP job APIs, declared in a TOML file (or a dict).
+
+See ``examples/provider.toml`` for every key. Credentials are referenced by
+name (``env:NAME``, ``file:PATH``, ``keyring:SERVICE/USER`` or a callable) and
+resolved only when a request is sent; the value lives in a :class:`Secret`,
+is registered with the redactor, and never reaches the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+import json
+import os
+import time
+import tomllib
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from jobtrail._backoff import Backoff, parse_retry_after
+from jobtrail._config import Section
+from jobtrail._errors import ConfigError
+from jobtrail._ids import traceparent
+from jobtrail._provider import (
+    Capabilities,
+    CreateOutcome,
+    LookupOutcome,
+    ReconcileMode,
+    Response,
+    StatusOutcome,
+    TokenPlacement,
+)
+from jobtrail._record import Operation
+from jobtrail._redact import Secret, default_redactor, is_secret_name
+from jobtrail._states import RemoteState
+
+_AMBIGUOUS = frozenset({408, 409, 425, 429})
+_MAX_BODY = 16 * 1024 * 1024
+_USER_AGENT = "jobtrail/0.1"
+
+DEFAULT_STATES: dict[str, list[str]] = {
+    "queued": ["queued", "pending", "notstarted", "validating", "submitted"],
+    "running": ["running", "in_progress", "processing", "finalizing"],
+    "succeeded": ["succeeded", "completed", "done", "success"],
+    "failed": ["failed", "error", "errored"],
+    "cancelling": ["cancelling", "canceling"],
+    "cancelled": ["cancelled", "canceled"],
+    "expired": ["expired"],
+}
+
+
+def extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
+    """Read a value by ``$.a.b[0]`` (JSON) or ``header:Name``; None when absent."""
+    if not path:
+        return None
+    if path.startswith("header:"):
+        name = path[len("header:") :].lower()
+        for key, value in headers.items():
+            if key.lower() == name:
+                return value
+        return None
+    found = extract_any(path, body)
+    if found is None or isinstance(found, dict | list):
+        return None
+    if isinstance(found, bool):
+        return str(found).lower()
+    return str(found)
+
+
+def extract_any(path: str | None, body: Any) -> Any:
+    """Like :func:`extract`, but returns lists and objects too (JSON paths only)."""
+    if not path:
+        return None
+    value: Any = body
+    for part in _path_parts(path):
+        if isinstance(part, int):
+            value = value[part] if isinstance(value, list) and part < len(value) else None
+        else:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            return None
+    return value
+
+
+def _path_parts(path: str) -> list[str | int]:
+    if not path.startswith("$"):
+        raise ConfigError(f"JSON path {path!r} must start with '$' (for example $.id or $.data[0].id)")
+    parts: list[str | int] = []
+    for chunk in path[1:].replace("[", ".[").split("."):
+        if not chunk:
+            continue
+        if chunk.startswith("[") and chunk.endswith("]") and chunk[1:-1].isdigit():
+            parts.append(int(chunk[1:-1]))
+        else:
+            parts.append(chunk)
+    return parts
+
+
+# -- credentials ------------------------------------------------------------------------------
+
+CredentialSource = str | Callable[[], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """A credential by reference, and how it is put on a request."""
+
+    ref: CredentialSource
+    scheme: str  # "bearer" | "header:<Name>" | "basic:<user>"
+
+    def describe(self) -> str:
+        return self.ref if isinstance(self.ref, str) else "callable"
+
+    def resolve(self) -> Secret:
+        ref = self.ref
+        if callable(ref):
+            value = ref()
+        elif ref.startswith("env:"):
+            value = os.environ.get(ref[4:], "")
+            if not value:
+                raise ConfigError(f"credential {ref}: the environment variable {ref[4:]} is not set")
+        elif ref.startswith("file:"):
+            try:
+                value = Path(ref[5:]).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"credential {ref}: cannot read the file ({exc.strerror})") from None
+        elif ref.startswith("keyring:"):
+            service, _, user = ref[8:].partition("/")
+            try:
+                import keyring  # type: ignore[import-not-found]
+            except ImportError:
+                raise ConfigError(f"credential {ref}: install the keyring package to use keyring:") from None
+            value = keyring.get_password(service, user) or ""
+            if not value:
+                raise ConfigError(f"credential {ref}: no password stored for {service}/{user}")
+        else:
+            raise ConfigError(f"credential {ref!r}: use env:NAME, file:PATH or keyring:SERVICE/USER")
+        secret = Secret(value)
+        if self.scheme.startswith("basic:"):
+            default_redactor.register_basic(self.scheme[6:], value)
+        return secret
+
+    def headers(self, secret: Secret) -> dict[str, str]:
+        if self.scheme == "bearer":
+            return {"Authorization": f"Bearer {secret.reveal()}"}
+        if self.scheme.startswith("header:"):
+            return {self.scheme[7:]: secret.reveal()}
+        user = self.scheme[6:]
+        encoded = base64.b64encode(f"{user}:{secret.reveal()}".encode()).decode()
+        return {"Authorization": f"Basic {encoded}"}
+
+
+# -- the declared endpoints -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    method: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpProviderConfig:
+    name: str
+    base_url: str
+    target: str
+    credential: Credential | None
+    timeout_s: float
+    connect_timeout_s: float
+    headers: dict[str, str]
+    trace_header: str | None
+    create: Endpoint
+    token: TokenPlacement
+    token_retention: timedelta | None
+    job_id: str
+    status_url: str | None
+    sync_result: str | None
+    error_code: str | None
+    non_retryable: frozenset[str]
+    status: Endpoint | None
+    state_path: str
+    progress_path: str | None
+    result_ref_path: str | None
+    states: dict[str, RemoteState]
+    cancel: Endpoint | None
+    cancel_idempotent: bool
+    result: Endpoint | None
+    result_kind: str
+    reconcile: tuple[ReconcileMode, ...]
+    lookup_status: Endpoint | None
+    lookup_list: Endpoint | None
+    list_items: str
+    list_reference: str
+    backoff: Backoff
+    webhook_scheme: str | None
+    resume: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _endpoint(section: Section | None, default_method: str) -> Endpoint | None:
+    if section is None:
+        return None
+    method = section.choice("method", ("GET", "POST", "PUT", "DELETE", "PATCH"), default_method)
+    path = section.text("path", "a path such as /v1/jobs/{job_id}")
+    return Endpoint(method, path)
+
+
+def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProviderConfig:
+    """Validate a provider declaration; a mistake raises ConfigError naming file and key."""
+    top = Section(data, "", source)
+    name = top.text("name", 'the provider\'s name, e.g. "openai-batches"')
+    base_url = top.text("base_url", "an absolute URL such as https://api.example.com")
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        top.fail("base_url", "an absolute http(s) URL", base_url)
+    if parts.username or parts.password:
+        top.fail(
+            "base_url",
+            "a URL without user:password (reference the credential by name instead)",
+            default_redactor.url(base_url),
+        )
+    target = top.text("target", "free text naming what the jobs act on", parts.hostname)
+    credential = None
+    cred_ref = top._get("credential", None)
+    if cred_ref is not None:
+        if not (
+            callable(cred_ref)
+            or (isinstance(cred_ref, str) and cred_ref.split(":", 1)[0] in ("env", "file", "keyring"))
+        ):
+            top.fail(
+                "credential",
+                "a reference: env:NAME, file:PATH or keyring:SERVICE/USER (never the value)",
+                "<hidden>",
+            )
+        auth = top.text("auth", "bearer, header:<Name> or basic:<user>", "bearer")
+        if not (auth == "bearer" or auth.startswith(("header:", "basic:"))) or auth in ("header:", "basic:"):
+            top.fail("auth", "bearer, header:<Name> or basic:<user>", auth)
+        if parts.scheme == "http" and not _is_loopback(parts.hostname or ""):
+            top.fail(
+                "base_url",
+                "https:// (credentials are never sent over plain HTTP, except to loopback)",
+                base_url,
+            )
+        credential = Credential(cred_ref, auth)
+    else:
+        top._get("auth", None)
+    timeout_s = top.number("timeout_s", "seconds (a number > 0)", 30.0, minimum=0.001)
+    connect_timeout_s = top.number("connect_timeout_s", "seconds (a number > 0)", 10.0, minimum=0.001)
+    headers = top.raw_table("headers")
+    for key, value in headers.items():
+        if not isinstance(value, str):
+            top.fail(f"headers.{key}", "a string", value)
+        if is_secret_name(key):
+            top.fail(f"headers.{key}", 'no credentials in headers (use credential = "env:NAME")', "<hidden>")
+    trace_header = top.text("trace_header", "a header name", "X-Trace-ID")
+    target_kind = top.text("webhook_scheme", "a webhook scheme such as standard", None)
+    resume = top.flag("resume", False)
+
+    create_s = top.table("create", required=True)
+    assert create_s is not None
+    create = _endpoint(create_s, "POST")
+    assert create is not None
+    token_s = create_s.table("token")
+    if token_s is None:
+        token = TokenPlacement("header", "Idempotency-Key", quoted=True)
+    else:
+        where = token_s.choice("in", ("header", "body", "none"))
+        token_name = "" if where == "none" else token_s.text("name", "the header or body field name")
+        token = TokenPlacement(where, token_name, token_s.flag("quoted", where == "header"))
+        token_s.done()
+    retention = create_s.number("token_retention_s", "seconds the provider keeps tokens", None)
+    job_id = create_s.text("job_id", "where the job id is: a JSON path like $.id, or header:Location", "$.id")
+    _check_path(create_s, "job_id", job_id)
+    status_url = create_s.text(
+        "status_url", "header:Location, header:Operation-Location or a JSON path", None
+    )
+    sync_result = create_s.text("sync_result", "a JSON path to a result returned with HTTP 200", None)
+    error_code = create_s.text("error_code", "a JSON path to the provider's error code", None)
+    non_retryable = frozenset(create_s.strings("non_retryable", "a list of error codes", []))
+    create_s.done()
+
+    status_s = top.table("status")
+    status = _endpoint(status_s, "GET")
+    state_path, progress_path, result_ref = "$.status", None, None
+    if status_s is not None:
+        state_path = status_s.text("state", "a JSON path to the job's state", "$.status")
+        progress_path = status_s.text("progress", "a JSON path to progress (0..1 or 0..100)", None)
+        result_ref = status_s.text("result_ref", "a JSON path to the result's URL or id", None)
+        status_s.done()
+
+    states_s = top.table("states")
+    mapping = dict(DEFAULT_STATES)
+    if states_s is not None:
+        for key in list(states_s.data):
+            if key not in DEFAULT_STATES:
+                states_s.fail(key, "one of " + ", ".join(DEFAULT_STATES) + " (normalised states)", key)
+            mapping[key] = states_s.strings(key, "a list of the provider's state names")
+    states: dict[str, RemoteState] = {}
+    for normal, raws in mapping.items():
+        for raw in raws:
+            states[raw] = RemoteState(normal)
+
+    cancel_s = top.table("cancel")
+    cancel = _endpoint(cancel_s, "POST")
+    cancel_idempotent = False
+    if cancel_s is not None:
+        cancel_idempotent = cancel_s.flag("idempotent", False)
+        cancel_s.done()
+
+    result_s = top.table("result")
+    result = _endpoint(result_s, "GET") if result_s is not None and "path" in result_s.data else None
+    result_kind = "safe_read"
+    if result_s is not None:
+        result_kind = result_s.choice("kind", ("safe_read", "one_time"), "safe_read")
+        if result is None:
+            result_s._get("method", None)
+        result_s.done()
+
+    rec_s = top.table("reconcile")
+    modes: tuple[ReconcileMode, ...] = ()
+    lookup_status = lookup_list = None
+    list_items, list_reference = "$.data", "$.client_reference"
+    if rec_s is not None:
+        names = rec_s.strings("modes", "a list of: replay, list_by_reference, status_by_client_id", [])
+        try:
+            modes = tuple(ReconcileMode(n) for n in names)
+        except ValueError:
+            rec_s.fail("modes", "a list of: replay, list_by_reference, status_by_client_id", names)
+        if ReconcileMode.STATUS_BY_CLIENT_ID in modes:
+            path = rec_s.text("status_path", "a path with {token}, e.g. /v1/jobs/by-client-id/{token}")
+            lookup_status = Endpoint("GET", path)
+        if ReconcileMode.LIST_BY_REFERENCE in modes:
+            path = rec_s.text("list_path", "a path with {token}, e.g. /v1/jobs?client_reference={token}")
+            lookup_list = Endpoint("GET", path)
+            list_items = rec_s.text("items", "a JSON path to the list of jobs", "$.data")
+            list_reference = rec_s.text(
+                "reference", "a JSON path (inside one job) to our reference", "$.client_reference"
+            )
+        rec_s.done()
+    if token.where == "none" and modes:
+        top.fail(
+            "reconcile.modes",
+            'no reconciliation modes when create.token.in = "none" '
+            "(without a token the provider cannot match a create to us)",
+            list(modes),
+        )
+
+    retry_s = top.table("retry")
+    backoff = Backoff()
+    if retry_s is not None:
+        backoff = Backoff(
+            initial_s=retry_s.number("initial_s", "seconds", 0.5, minimum=0.001),
+            factor=retry_s.number("factor", "a number >= 1", 2.0, minimum=1),
+            cap_s=retry_s.number("cap_s", "seconds", 60.0, minimum=0.001),
+            max_retry_after_s=retry_s.number("max_retry_after_s", "seconds", 3600.0),
+        )
+        retry_s.done()
+    top.done()
+    return HttpProviderConfig(
+        name=name,
+        base_url=base_url.rstrip("/"),
+        target=target,
+        credential=credential,
+        timeout_s=timeout_s,
+        connect_timeout_s=connect_timeout_s,
+        headers=headers,
+        trace_header=trace_header,
+        create=create,
+        token=token,
+        token_retention=None if retention is None else timedelta(seconds=retention),
+        job_id=job_id,
+        status_url=status_url,
+        sync_result=sync_result,
+        error_code=error_code,
+        non_retryable=non_retryable,
+        status=status,
+        state_path=state_path,
+        progress_path=progress_path,
+        result_ref_path=result_ref,
+        states=states,
+        cancel=cancel,
+        cancel_idempotent=cancel_idempotent,
+        result=result,
+        result_kind=result_kind,
+        reconcile=modes,
+        lookup_status=lookup_status,
+        lookup_list=lookup_list,
+        list_items=list_items,
+        list_reference=list_reference,
+        backoff=backoff,
+        webhook_scheme=target_kind,
+        resume=resume,
+    )
+
+
+def _check_path(section: Section, key: str, value: str) -> None:
+    if not (value.startswith("$") or value.startswith("header:")):
+        section.fail(key, "a JSON path like $.id, or header:Name", value)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_provider(source: str | os.PathLike[str] | Mapping[str, Any]) -> HttpProvider:
+    """Build an :class:`HttpProvider` from a TOML file path or a dict."""
+    if isinstance(source, Mapping):
+        return HttpProvider(parse_config(source))
+    path = Path(source)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read provider file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    return HttpProvider(parse_config(data, str(path)))
+
+
+# -- the provider itself ------------------------------------------------------------------------------
+
+
+class HttpProvider:
+    """A :class:`~jobtrail.Provider` driven by an :class:`HttpProviderConfig`."""
+
+    def __init__(self, config: HttpProviderConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.target = config.target
+        self.create_endpoint = f"{config.create.method} {config.create.path}"
+        self.capabilities = Capabilities(
+            token=config.token,
+            token_retention=config.token_retention,
+            reconcile=config.reconcile,
+            cancel=config.cancel is not None,
+            cancel_idempotent=config.cancel_idempotent,
+            result="one_time" if config.result_kind == "one_time" else "safe_read",
+            webhook_scheme=config.webhook_scheme,
+            states=config.states,
+            resume=config.resume,
+        )
+        self.backoff = config.backoff
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                timeout=aiohttp.ClientTimeout(
+                    total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s
+                ),
+                headers={"User-Agent": _USER_AGENT},
+            )
+            self._loop = loop
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    def _url(self, path: str, op: Operation, **extra: str) -> str:
+        values = {
+            "job_id": op.remote_job_id or "",
+            "token": op.idempotency_token,
+            "trace_id": op.trace_id,
+            **extra,
+        }
+        filled = path.format(**{k: urllib.parse.quote(v, safe="") for k, v in values.items()})
+        if filled.startswith(("http://", "https://")):
+            return filled
+        return self.config.base_url + filled
+
+    def _headers(self, op: Operation) -> dict[str, str]:
+        headers = dict(self.config.headers)
+        headers["traceparent"] = traceparent(op.trace_id)
+        if self.config.trace_header:
+            headers[self.config.trace_header] = op.trace_id
+        if self.config.credential is not None:
+            headers.update(self.config.credential.headers(self.config.credential.resolve()))
+        return headers
+
+    async def _send(
+        self, method: str, url: str, op: Operation, *, body: Any = None, extra_headers: Mapping[str, str] = {}
+    ) -> Response | tuple[str, str]:
+        """One request. Returns the response, or (error_class, detail) with error_class
+        ``not_sent`` when the request provably never left (connection refused/failed)."""
+        if self.config.credential is not None and not url.startswith(self.config.base_url):
+            # credentials go only to the configured host, never to a URL a response handed us
+            raise ConfigError(
+                f"refusing to send credentials to {default_redactor.url(url)}: "
+                f"not under base_url {self.config.base_url}"
+            )
+        headers = {**self._headers(op), **extra_headers}
+        try:
+            async with self._client().request(
+                method, url, headers=headers, json=body, allow_redirects=False
+            ) as resp:
+                raw = await resp.content.read(_MAX_BODY + 1)
+                resp_headers = {k: v for k, v in resp.headers.items()}
+                status = resp.status
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            return ("not_sent", f"{type(exc).__name__}: {exc}")
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            return ("timeout", f"no answer within {self.config.timeout_s:g} s ({type(exc).__name__})")
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            return ("connection_reset", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientPayloadError as exc:
+            return ("incomplete_response", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientError as exc:
+            return ("client_error", f"{type(exc).__name__}: {exc}")
+        body_value: Any
+        if len(raw) > _MAX_BODY:
+            body_value = {"_jobtrail": f"body larger than {_MAX_BODY} bytes, not kept"}
+        else:
+            text = raw.decode("utf-8", errors="replace")
+            try:
+                body_value = json.loads(text) if text.strip() else None
+            except ValueError:
+                body_value = {"_jobtrail_unparsed": text[:2000]}
+        request_id = next(
+            (v for k, v in resp_headers.items() if k.lower() in ("x-request-id", "request-id")), None
+        )
+        return Response(
+            http_status=status,
+            headers=resp_headers,
+            body=body_value,
+            provider_request_id=request_id,
+            retry_after_s=parse_retry_after(
+                next((v for k, v in resp_headers.items() if k.lower() == "retry-after"), None), time.time()
+            ),
+        )
+
+    # -- the contract --------------------------------------------------------------------------
+
+    async def create(self, op: Operation) -> CreateOutcome:
+        cfg = self.config
+        body = op.request_body
+        headers: dict[str, str] = {}
+        if cfg.token.where == "header":
+            token = f'"{op.idempotency_token}"' if cfg.token.quoted else op.idempotency_token
+            headers[cfg.token.name] = token
+        elif cfg.token.where == "body":
+            if not isinstance(body, dict):
+                raise ConfigError(
+                    f"provider {self.name} puts the token in the body field "
+                    f"{cfg.token.name!r}, so the request body must be a JSON object"
+                )
+            body = {**body, cfg.token.name: op.idempotency_token}
+        sent = await self._send(
+            cfg.create.method, self._url(cfg.create.path, op), op, body=body, extra_headers=headers
+        )
+        if isinstance(sent, tuple):
+            if sent[0] == "not_sent":
+                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
+            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        return self.classify_create(sent)
+
+    def classify_create(self, resp: Response) -> CreateOutcome:
+        """Which of confirmed / synchronous / rejected / ambiguous a create response proves."""
+        cfg = self.config
+        status = resp.http_status or 0
+        code = extract(cfg.error_code, resp.body, {}) if cfg.error_code else None
+        if code is not None and code in cfg.non_retryable:
+            return CreateOutcome(
+                kind="rejected",
+                response=resp,
+                declared_non_retryable=True,
+                error_class=f"provider_error:{code}",
+                detail=f"HTTP {status}, code {code}",
+            )
+        if 200 <= status < 300:
+            job_id = extract(cfg.job_id, resp.body, resp.headers)
+            status_url = extract(cfg.status_url, resp.body, resp.headers)
+            result = extract_any(cfg.sync_result, resp.body) if cfg.sync_result and status == 200 else None
+            if result is not None:
+                return CreateOutcome(kind="synchronous", response=resp, remote_job_id=job_id, result=result)
+            if job_id:
+                return CreateOutcome(
+                    kind="confirmed", response=resp, remote_job_id=job_id, status_url=status_url
+                )
+            return CreateOutcome(
+                kind="ambiguous",
+                response=resp,
+                error_class="malformed_response",
+                detail=f"HTTP {status} without a job id at {cfg.job_id}; the job may exist",
+            )
+        if 400 <= status < 500 and status not in _AMBIGUOUS:
+            return CreateOutcome(
+                kind="rejected", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}"
+            )
+        return CreateOutcome(
+            kind="ambiguous", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}"
+        )
+
+    async def lookup(self, op: Operation, mode: ReconcileMode) -> LookupOutcome:
+        cfg = self.config
+        endpoint = cfg.lookup_status if mode is ReconcileMode.STATUS_BY_CLIENT_ID else cfg.lookup_list
+        if endpoint is None:
+            return LookupOutcome(kind="unknown", path=mode, detail=f"{mode.value} is not configured")
+        sent = await self._send(endpoint.method, self._url(endpoint.path, op), op)
+        if isinstance(sent, tuple):
+            return LookupOutcome(kind="unknown", path=mode, detail=f"{sent[0]}: {sent[1]}")
+        if mode is ReconcileMode.STATUS_BY_CLIENT_ID:
+            if sent.http_status == 404:
+                return LookupOutcome(
+                    kind="absent",
+                    path=mode,
+                    response=sent,
+                    detail="the provider has no job for our client id",
+                )
+            job_id = extract(cfg.job_id if cfg.job_id.startswith("$") else "$.id", sent.body, sent.headers)
+            if sent.http_status == 200 and job_id:
+                return LookupOutcome(kind="found", path=mode, response=sent, remote_job_ids=(job_id,))
+            return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
+        if sent.http_status != 200:
+            return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
+        items = extract_any(cfg.list_items, sent.body)
+        if not isinstance(items, list):
+            return LookupOutcome(
+                kind="unknown", path=mode, response=sent, detail=f"no list at {cfg.list_items} in the answer"
+            )
+        id_path = cfg.job_id if cfg.job_id.startswith("$") else "$.id"
+        ids = tuple(
+            job
+            for item in items
+            if extract(cfg.list_reference, item, {}) == op.idempotency_token
+            and (job := extract(id_path, item, {})) is not None
+        )
+        return LookupOutcome(kind="found" if ids else "absent", path=mode, response=sent, remote_job_ids=ids)
+
+    async def status(self, op: Operation) -> StatusOutcome:
+        cfg = self.config
+        if cfg.status is None:
+            raise ConfigError(f"provider {self.name} declares no [status] endpoint")
+        sent = await self._send(cfg.status.method, self._url(cfg.status.path, op), op)
+        if isinstance(sent, tuple):
+            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent[0])
+        raw = extract(cfg.state_path, sent.body, sent.headers)
+        progress_raw = extract(cfg.progress_path, sent.body, sent.headers)
+        try:
+            progress = float(progress_raw) if progress_raw is not None else None
+        except ValueError:
+            progress = None
+        return StatusOutcome(
+            remote_state=self.capabilities.normalise(raw) if sent.http_status == 200 else RemoteState.UNKNOWN,
+            raw_state=raw,
+            response=sent,
+            progress=progress,
+            result_ref=extract(cfg.result_ref_path, sent.body, sent.headers),
+            error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
+        )
+
+    async def cancel(self, op: Operation) -> Response:
+        cfg = self.config
+        if cfg.cancel is None:
+            raise ConfigError(f"provider {self.name} declares no [cancel] endpoint")
+        sent = await self._send(cfg.cancel.method, self._url(cfg.cancel.path, op), op)
+        return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+        cfg = self.config
+        path = result_ref or (cfg.result.path if cfg.result else None)
+        if path is None:
+            raise ConfigError(
+                f"provider {self.name} declares no [result] endpoint and gave no result reference"
+            )
+        sent = await self._send("GET", self._url(path, op), op)
+        return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})

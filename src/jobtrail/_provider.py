@@ -1,0 +1,163 @@
+"""The provider contract: what an adapter for one remote API declares and does.
+
+A provider states its guarantees as :class:`Capabilities` and performs five
+calls. Each call returns an outcome object and never raises for what the
+remote side did (time-outs, resets, odd status codes, malformed bodies): those
+are facts to record. It raises only for our own misuse or misconfiguration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any, Literal, Protocol
+
+from jobtrail._backoff import Backoff
+from jobtrail._record import Operation
+from jobtrail._states import RemoteState
+
+
+class ReconcileMode(StrEnum):
+    """How a provider lets us find out whether a create we may have sent made a job."""
+
+    #: Re-send the create with the same idempotency token; the provider answers with the original job.
+    REPLAY = "replay"
+    #: List or search jobs by a client reference we sent with the create.
+    LIST_BY_REFERENCE = "list_by_reference"
+    #: Read the job's status by a client-supplied id (our token).
+    STATUS_BY_CLIENT_ID = "status_by_client_id"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPlacement:
+    """Where the idempotency token travels on a create."""
+
+    where: Literal["header", "body", "none"]
+    name: str = ""
+    #: IETF draft: the header is an RFC 8941 sf-string, i.e. double-quoted. Stripe-style is bare.
+    quoted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """A provider's contract, as far as at-most-once creation and honest endings depend on it."""
+
+    token: TokenPlacement
+    #: How long the provider remembers a token (None: not documented).
+    token_retention: timedelta | None
+    #: Reconciliation paths, tried in order; empty means none exists.
+    reconcile: tuple[ReconcileMode, ...]
+    cancel: bool
+    cancel_idempotent: bool
+    result: Literal["safe_read", "one_time"]
+    webhook_scheme: str | None
+    states: Mapping[str, RemoteState]
+    resume: bool = False
+
+    def normalise(self, raw: str | None) -> RemoteState:
+        """Map a raw provider state; anything unmapped is ``unknown`` (never terminal)."""
+        if raw is None:
+            return RemoteState.UNKNOWN
+        return self.states.get(raw, self.states.get(raw.lower(), RemoteState.UNKNOWN))
+
+    @property
+    def at_most_once(self) -> bool:
+        """Can a doubtful create be settled without risking a second job?"""
+        return bool(self.reconcile)
+
+
+CreateKind = Literal["confirmed", "synchronous", "rejected", "ambiguous", "not_sent"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Response:
+    """What came back over the wire, before redaction (the store redacts it)."""
+
+    http_status: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+    provider_request_id: str | None = None
+    retry_after_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"http_status": self.http_status, "headers": dict(self.headers), "body": self.body}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateOutcome:
+    """The result of one create (or replay) attempt."""
+
+    kind: CreateKind
+    response: Response = field(default_factory=Response)
+    remote_job_id: str | None = None
+    status_url: str | None = None
+    result: Any = None
+    error_class: str = ""
+    detail: str = ""
+    declared_non_retryable: bool = False
+
+
+LookupKind = Literal["found", "absent", "unknown"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LookupOutcome:
+    """The result of asking, by a reconciliation path other than replay, whether our job exists."""
+
+    kind: LookupKind
+    path: ReconcileMode
+    response: Response = field(default_factory=Response)
+    #: every job the provider associates with our token (more than one breaks its contract)
+    remote_job_ids: tuple[str, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusOutcome:
+    """One status read."""
+
+    remote_state: RemoteState
+    raw_state: str | None
+    response: Response = field(default_factory=Response)
+    progress: float | None = None
+    result_ref: str | None = None
+    error_class: str = ""
+
+
+class Provider(Protocol):
+    """What an adapter implements. :class:`HttpProvider` covers most APIs from a file."""
+
+    name: str
+    #: what the jobs act on by default (an account, a project, a host)
+    target: str
+    #: the create endpoint, e.g. ``POST /v1/jobs`` (part of the request fingerprint)
+    create_endpoint: str
+    capabilities: Capabilities
+    #: when to try again after a doubtful create or a failed poll
+    backoff: Backoff
+
+    async def create(self, op: Operation) -> CreateOutcome:
+        """Send the create with ``op.idempotency_token`` and ``op.trace_id``."""
+        ...
+
+    async def lookup(self, op: Operation, mode: ReconcileMode) -> LookupOutcome:
+        """Ask whether a job exists for ``op`` by a non-replay path."""
+        ...
+
+    async def status(self, op: Operation) -> StatusOutcome:
+        """Read the remote job's state."""
+        ...
+
+    async def cancel(self, op: Operation) -> Response:
+        """Ask the provider to cancel the remote job (once)."""
+        ...
+
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+        """Fetch the finished job's result."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

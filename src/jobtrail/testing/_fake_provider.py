@@ -1,0 +1,418 @@
+"""A fault-injecting fake async-job provider: a real aiohttp server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass(slots=True)
+class Fault:
+    """What the fake does to one create request (consumed in order, one per create).
+
+    Build them with the class methods; each says whether the job is committed.
+    """
+
+    kind: str
+    commit: bool = True
+    status: int = 0
+    retry_after: str | None = None
+    delay_s: float = 0.0
+    echo_auth: bool = False
+
+    @classmethod
+    def drop(cls, *, commit: bool = True) -> Fault:
+        """Commit the job (or not), then close the connection without answering."""
+        return cls("drop", commit=commit)
+
+    @classmethod
+    def delay(cls, seconds: float, *, commit: bool = True) -> Fault:
+        """Commit the job, then answer only after ``seconds`` (past the client's time-out)."""
+        return cls("delay", commit=commit, delay_s=seconds)
+
+    @classmethod
+    def http(cls, status: int, *, retry_after: str | None = None, commit: bool = False) -> Fault:
+        """Answer ``status`` (500, 503, 429, ...), optionally after committing the job."""
+        return cls("http", commit=commit, status=status, retry_after=retry_after)
+
+    @classmethod
+    def reject(cls, status: int = 400, *, echo_auth: bool = False) -> Fault:
+        """Refuse the request (nothing committed); optionally echo the credential back, as bad APIs do."""
+        return cls("reject", commit=False, status=status, echo_auth=echo_auth)
+
+    @classmethod
+    def replay_new_id(cls) -> Fault:
+        """Break the idempotency contract: treat this request as new even if its key is known."""
+        return cls("replay_new_id")
+
+    @classmethod
+    def synchronous(cls) -> Fault:
+        """Finish at once and answer 200 with the result itself."""
+        return cls("sync")
+
+    @classmethod
+    def malformed(cls) -> Fault:
+        """Commit the job, answer 201 with a body that has no job id."""
+        return cls("malformed")
+
+
+@dataclass(slots=True)
+class FakeJob:
+    id: str
+    key: str | None
+    reference: str | None
+    body: Any
+    created: float
+    duration_s: float
+    cancel_requested_at: float | None = None
+    fail: bool = False
+
+    def state(self, now: float) -> str:
+        if self.cancel_requested_at is not None and now - self.cancel_requested_at >= 0.05:
+            return "cancelled" if now - self.created < self.duration_s else "succeeded"
+        elapsed = now - self.created
+        if elapsed >= self.duration_s:
+            return "failed" if self.fail else "succeeded"
+        if self.cancel_requested_at is not None:
+            return "cancelling"
+        return "queued" if elapsed < self.duration_s * 0.1 else "running"
+
+    def progress(self, now: float) -> float:
+        return round(min(1.0, (now - self.created) / self.duration_s), 3) if self.duration_s else 1.0
+
+    def result(self) -> dict[str, Any]:
+        return {"job_id": self.id, "output": {"echo": self.body}, "items": 3}
+
+
+@dataclass(slots=True)
+class _KeyRecord:
+    fingerprint: str
+    in_flight: bool
+    status: int = 0
+    body: Any = None
+
+
+@dataclass
+class FakeProvider:
+    """The fake. ``start()`` runs it in a thread; ``await start_async()`` in the running loop."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    job_duration_s: float = 1.0
+    #: honour Idempotency-Key (IETF semantics); False ignores keys entirely
+    idempotency: bool = True
+    #: when set, every request must carry ``Authorization: Bearer <this>``
+    require_bearer: str | None = None
+    counts: Counter[str] = field(default_factory=Counter)
+    jobs: dict[str, FakeJob] = field(default_factory=dict)
+    faults: list[Fault] = field(default_factory=list)
+    requests: list[tuple[float, str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._keys: dict[str, _KeyRecord] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.base_url = ""
+
+    # -- control -----------------------------------------------------------------------
+
+    def script(self, *faults: Fault) -> None:
+        """Queue faults for the next create requests, one each, in order."""
+        with self._lock:
+            self.faults.extend(faults)
+
+    def jobs_for(self, key: str) -> list[str]:
+        """Every job id created for this idempotency key or client reference."""
+        with self._lock:
+            return [j.id for j in self.jobs.values() if key in (j.key, j.reference)]
+
+    def provider_config(self, **overrides: Any) -> dict[str, Any]:
+        """An HttpProvider declaration that speaks to this fake (override any key)."""
+        config: dict[str, Any] = {
+            "name": "fake",
+            "base_url": self.base_url,
+            "timeout_s": 2.0,
+            "create": {
+                "path": "/v1/jobs",
+                "job_id": "$.id",
+                "status_url": "header:Location",
+                "sync_result": "$.result",
+                "token_retention_s": 86400,
+            },
+            "status": {
+                "path": "/v1/jobs/{job_id}",
+                "state": "$.status",
+                "progress": "$.progress",
+                "result_ref": "$.result_url",
+            },
+            "cancel": {"path": "/v1/jobs/{job_id}/cancel", "idempotent": True},
+            "result": {"path": "/v1/jobs/{job_id}/result"},
+            "reconcile": {"modes": ["replay"]},
+            "retry": {"initial_s": 0.05, "factor": 2, "cap_s": 0.5},
+        }
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                config[key] = {**config[key], **value}
+            elif value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        return config
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[self._count])
+        app.router.add_post("/v1/jobs", self._create)
+        app.router.add_get("/v1/jobs", self._list)
+        app.router.add_get("/v1/jobs/by-client-id/{key}", self._by_client_id)
+        app.router.add_get("/v1/jobs/{id}", self._status)
+        app.router.add_post("/v1/jobs/{id}/cancel", self._cancel)
+        app.router.add_get("/v1/jobs/{id}/result", self._result)
+        app.router.add_get("/_fake/counts", self._counts)
+        return app
+
+    async def start_async(self) -> str:
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1]
+        self.base_url = f"http://{self.host}:{self.port}"
+        return self.base_url
+
+    async def stop_async(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def start(self) -> FakeProvider:
+        """Serve from a background thread; returns once the port is bound."""
+        ready = threading.Event()
+        problem: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self.start_async())
+            except BaseException as exc:
+                problem.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.stop_async())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="fake-provider", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        if problem:
+            raise problem[0]
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._thread = None
+
+    def __enter__(self) -> FakeProvider:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        with self._lock:
+            self.requests.append((time.time(), request.method, request.path))
+        guarded = self.require_bearer is not None and not request.path.startswith("/_fake")
+        if guarded and request.headers.get("Authorization") != f"Bearer {self.require_bearer}":
+            with self._lock:
+                self.counts["unauthorized"] += 1
+            return web.json_response({"error": "unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def _new_job(self, key: str | None, reference: str | None, body: Any) -> FakeJob:
+        job = FakeJob(
+            id=f"job_{next(self._ids):05d}",
+            key=key,
+            reference=reference,
+            body=body,
+            created=time.monotonic(),
+            duration_s=self.job_duration_s,
+            fail=isinstance(body, dict) and body.get("fail") is True,
+        )
+        self.jobs[job.id] = job
+        self.counts["jobs_created"] += 1
+        return job
+
+    def _job_doc(self, job: FakeJob) -> dict[str, Any]:
+        now = time.monotonic()
+        state = job.state(now)
+        doc: dict[str, Any] = {
+            "id": job.id,
+            "status": state,
+            "progress": job.progress(now),
+            "client_reference": job.reference,
+        }
+        if state == "succeeded":
+            doc["result_url"] = f"/v1/jobs/{job.id}/result"
+        return doc
+
+    async def _create(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            return web.json_response(
+                {"type": "about:blank", "title": "invalid JSON", "status": 400}, status=400
+            )
+        key_header = request.headers.get("Idempotency-Key")
+        key = key_header.strip('"') if key_header else None
+        reference = body.get("client_reference") if isinstance(body, dict) else None
+        fingerprint = hashlib.sha256(raw).hexdigest()
+        with self._lock:
+            self.counts["creates_received"] += 1
+            fault = self.faults.pop(0) if self.faults else None
+            if key and self.idempotency and (fault is None or fault.kind != "replay_new_id"):
+                known = self._keys.get(key)
+                if known is not None:
+                    if known.fingerprint != fingerprint:
+                        self.counts["key_mismatch"] += 1
+                        return _problem(422, "Idempotency-Key reused with a different request")
+                    if known.in_flight:
+                        self.counts["key_in_flight"] += 1
+                        return _problem(409, "a request with this Idempotency-Key is in flight")
+                    self.counts["replayed"] += 1
+                    return web.json_response(
+                        known.body, status=known.status, headers={"Idempotent-Replayed": "true"}
+                    )
+            if fault is not None and fault.kind == "reject":
+                detail: dict[str, Any] = {"type": "about:blank", "title": "rejected", "status": fault.status}
+                headers = {}
+                if fault.echo_auth:
+                    auth = request.headers.get("Authorization", "")
+                    detail["detail"] = f"rejected credential {auth}"
+                    detail["received_authorization"] = auth
+                    headers["X-Debug-Authorization"] = auth
+                return web.json_response(
+                    detail, status=fault.status, headers=headers, content_type="application/problem+json"
+                )
+            if fault is not None and fault.kind == "http" and not fault.commit:
+                return _http_fault(fault)
+            job = self._new_job(key, reference or key, body)
+            if fault is not None and fault.kind == "sync":
+                job.duration_s = 0
+                status, doc = 200, {"id": job.id, "status": "succeeded", "result": job.result()}
+            elif fault is not None and fault.kind == "malformed":
+                status, doc = 201, {"status": "queued"}
+            else:
+                status, doc = 201, self._job_doc(job)
+            if key and self.idempotency:
+                self._keys[key] = _KeyRecord(
+                    fingerprint,
+                    in_flight=fault is not None and fault.kind == "delay",
+                    status=status,
+                    body=doc,
+                )
+        if fault is not None and fault.kind == "drop":
+            assert request.transport is not None
+            request.transport.abort()
+            raise asyncio.CancelledError
+        if fault is not None and fault.kind == "http":
+            return _http_fault(fault)
+        if fault is not None and fault.kind == "delay":
+            await asyncio.sleep(fault.delay_s)
+            with self._lock:
+                if key and key in self._keys:
+                    self._keys[key].in_flight = False
+        return web.json_response(
+            doc, status=status, headers={"Location": f"/v1/jobs/{job.id}", "X-Request-Id": f"req_{job.id}"}
+        )
+
+    async def _status(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.counts["status"] += 1
+            job = self.jobs.get(request.match_info["id"])
+            if job is None:
+                return _problem(404, "no such job")
+            return web.json_response(self._job_doc(job))
+
+    async def _cancel(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.counts["cancels"] += 1
+            job = self.jobs.get(request.match_info["id"])
+            if job is None:
+                return _problem(404, "no such job")
+            if job.cancel_requested_at is None:
+                job.cancel_requested_at = time.monotonic()
+            return web.json_response(self._job_doc(job), status=202)
+
+    async def _result(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.counts["results"] += 1
+            job = self.jobs.get(request.match_info["id"])
+            if job is None or job.state(time.monotonic()) != "succeeded":
+                return _problem(404, "no result")
+            return web.json_response(job.result())
+
+    async def _list(self, request: web.Request) -> web.StreamResponse:
+        reference = request.query.get("client_reference")
+        with self._lock:
+            self.counts["lists"] += 1
+            data = [
+                self._job_doc(j) for j in self.jobs.values() if reference is None or j.reference == reference
+            ]
+        return web.json_response({"data": data})
+
+    async def _by_client_id(self, request: web.Request) -> web.StreamResponse:
+        key = request.match_info["key"]
+        with self._lock:
+            self.counts["lookups"] += 1
+            for job in self.jobs.values():
+                if key in (job.key, job.reference):
+                    return web.json_response(self._job_doc(job))
+        return _problem(404, "no job for this client id")
+
+    async def _counts(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            return web.json_response(dict(self.counts))
+
+
+def _problem(status: int, title: str) -> web.Response:
+    return web.json_response(
+        {"type": "about:blank", "title": title, "status": status},
+        status=status,
+        content_type="application/problem+json",
+    )
+
+
+def _http_fault(fault: Fault) -> web.Response:
+    headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+    return web.json_response(
+        {"type": "about:blank", "title": f"fault {fault.status}", "status": fault.status},
+        status=fault.status,
+        headers=headers,
+        content_type="application/problem+json",
+    )
