@@ -79,7 +79,7 @@ def valid_evidence(frm: State, to: State, op: Operation) -> Evidence:
         if frm is S.RECONCILIATION:
             return CannotTell(reason="no_reconciliation_path")
         return ConflictingJobIds(first_job_id="job-1", second_job_id="job-2")
-    if to is S.RESULT_COLLECTING and frm is S.CREATE_PENDING:
+    if to is S.RESULT_COLLECTING and frm in (S.CREATE_PENDING, S.RECONCILIATION):
         return SynchronousResult(http_status=200)
     if to is S.RESULT_COLLECTING:
         return obs(RemoteState.SUCCEEDED)
