@@ -96,3 +96,28 @@ def store(open_store: Callable[..., Store]) -> Store:
 @pytest.fixture
 def engine_name(db_url: str) -> str:
     return "postgresql" if db_url.startswith("postgresql") else "sqlite"
+
+
+class FakeClock:
+    """A controllable clock in microseconds (for Retry-After and deadlines, no sleeping)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.now_us = time.time_ns() // 1000
+
+    def __call__(self) -> int:
+        return self.now_us
+
+    def advance(self, seconds: float) -> None:
+        self.now_us += int(seconds * 1_000_000)
+
+
+@pytest.fixture
+def fake() -> Iterator[object]:
+    """The fake provider, a real HTTP server on 127.0.0.1, per test."""
+    from jobtrail.testing import FakeProvider
+
+    provider = FakeProvider(job_duration_s=0.3).start()
+    yield provider
+    provider.stop()

@@ -116,6 +116,8 @@ class FakeProvider:
     jobs: dict[str, FakeJob] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     requests: list[tuple[float, str, str]] = field(default_factory=list)
+    #: headers of every create request received, in order
+    create_headers: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._keys: dict[str, _KeyRecord] = {}
@@ -294,6 +296,7 @@ class FakeProvider:
         fingerprint = hashlib.sha256(raw).hexdigest()
         with self._lock:
             self.counts["creates_received"] += 1
+            self.create_headers.append(dict(request.headers))
             fault = self.faults.pop(0) if self.faults else None
             if key and self.idempotency and (fault is None or fault.kind != "replay_new_id"):
                 known = self._keys.get(key)
@@ -321,7 +324,15 @@ class FakeProvider:
                 )
             if fault is not None and fault.kind == "http" and not fault.commit:
                 return _http_fault(fault)
-            job = self._new_job(key, reference or key, body)
+            drop_now = fault is not None and fault.kind in ("drop", "delay") and not fault.commit
+            if not drop_now:
+                job = self._new_job(key, reference or key, body)
+        if drop_now:
+            # the request arrived and was not processed: the connection just ends
+            assert request.transport is not None
+            request.transport.abort()
+            raise asyncio.CancelledError
+        with self._lock:
             if fault is not None and fault.kind == "sync":
                 job.duration_s = 0
                 status, doc = 200, {"id": job.id, "status": "succeeded", "result": job.result()}
