@@ -7,9 +7,11 @@ operation failed); 2 usage, configuration or storage error (cannot answer);
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -20,6 +22,7 @@ from rich.table import Column, Table
 from jobtrail._audit import load_anchor, make_anchor, verify
 from jobtrail._canonical import rfc3339
 from jobtrail._errors import ConfigError, JobtrailError, OperationalError, OperationNotFound
+from jobtrail._record import Operation
 from jobtrail._redact import Secret, install_log_redaction
 from jobtrail._states import State
 from jobtrail._store import Store
@@ -165,6 +168,186 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
             str(e.seq), rfc3339(e.at_us), e.actor, e.from_state or "-", e.to_state, e.cause, e.entry_hash[:12]
         )
     console.print(table)
+
+
+# -- submit and providers -------------------------------------------------------------
+
+_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(value: str | None, option: str) -> timedelta | None:
+    if value is None:
+        return None
+    text = value.strip().lower()
+    unit = text[-1] if text and text[-1] in _DURATION else "s"
+    number = text[:-1] if text and text[-1] in _DURATION else text
+    try:
+        seconds = float(number) * _DURATION[unit]
+    except ValueError:
+        raise ConfigError(f"{option} {value!r}: use a duration like 90s, 15m, 2h or 1d") from None
+    if seconds <= 0:
+        raise ConfigError(f"{option} {value!r}: a deadline must be in the future")
+    return timedelta(seconds=seconds)
+
+
+def _request(value: str) -> Any:
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"--request {value}: cannot read the file ({exc.strerror})") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(
+            f"--request is not valid JSON ({exc}); pass JSON text or @path/to/file.json"
+        ) from None
+
+
+_EXIT_FOR_STATE = {State.FAILED: EXIT_NEGATIVE, State.NEEDS_ATTENTION: EXIT_NEEDS_PERSON}
+
+
+@cli.command()
+@click.option(
+    "--provider",
+    "provider_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Provider file (TOML).",
+)
+@click.option("--request", "request_text", required=True, metavar="JSON|@FILE", help="The request body.")
+@click.option("--key", help="Operation key: the same key and request return the existing operation.")
+@click.option("--target", help="What the job acts on (default: the provider's target).")
+@click.option("--caller", default=lambda: os.environ.get("USER", "cli"), help="Who asks (default: $USER).")
+@click.option("--approved-by", help="Who approved this operation.")
+@click.option("--create-deadline", default="1h", show_default=True, help="e.g. 90s, 15m, 2h.")
+@click.option("--result-deadline", default="24h", show_default=True)
+@click.option("--cancel-deadline", default="30m", show_default=True)
+@click.option("--no-send", is_flag=True, help="Only record the operation; a worker sends it later.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="JSON lines: {event: submitted, ...} first, then {event: create_finished, ...}.",
+)
+@click.pass_context
+def submit(
+    ctx: click.Context,
+    provider_file: str,
+    request_text: str,
+    key: str | None,
+    target: str | None,
+    caller: str,
+    approved_by: str | None,
+    create_deadline: str,
+    result_deadline: str,
+    cancel_deadline: str,
+    no_send: bool,
+    as_json: bool,
+) -> None:
+    """Record an operation (durable before anything is sent), print its id, then drive its create.
+
+    Exit 0 accepted (or result ready), 1 rejected, 3 a person must decide.
+
+    \b
+    Example:
+      jobtrail submit --provider examples/fake.toml --request '{"prompt": "hi"}' --key demo-1
+    """
+    from jobtrail._client import AsyncJobtrail
+
+    body = _request(request_text)
+    jt = AsyncJobtrail(store=_store(ctx), providers=[provider_file], actor=f"cli:{caller}")
+    provider = next(iter(jt.providers))
+
+    async def run() -> Operation:
+        try:
+            op = await jt.submit(
+                provider,
+                body,
+                key=key,
+                target=target,
+                caller=caller,
+                approved_by=approved_by,
+                create_deadline=_duration(create_deadline, "--create-deadline"),
+                result_deadline=_duration(result_deadline, "--result-deadline"),
+                cancel_deadline=_duration(cancel_deadline, "--cancel-deadline"),
+            )
+            if as_json:
+                click.echo(
+                    json.dumps(
+                        {"event": "submitted", "operation_id": op.operation_id, "state": op.state.value}
+                    )
+                )
+            else:
+                click.echo(op.operation_id)
+            sys.stdout.flush()
+            if not no_send:
+                op = await jt.drive_create(op.operation_id)
+            return op
+        finally:
+            for adapter in jt.providers.values():
+                await adapter.aclose()
+
+    op = asyncio.run(run())
+    if as_json:
+        click.echo(json.dumps({"event": "create_finished", **op.to_json()}, sort_keys=True))
+    elif not no_send:
+        line = f"{op.state.value}"
+        if op.remote_job_id:
+            line += f" remote job {op.remote_job_id}"
+        if op.state_reason:
+            line += f": {op.state_reason}"
+        click.echo(line)
+    sys.exit(_EXIT_FOR_STATE.get(op.state, EXIT_OK))
+
+
+@cli.group()
+def providers() -> None:
+    """Inspect provider files."""
+
+
+@providers.command("check")
+@click.argument("provider_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the guarantees as an object.")
+def providers_check(provider_file: str, as_json: bool) -> None:
+    """Read a provider file and state which guarantees it allows.
+
+    \b
+    Example:
+      jobtrail providers check examples/fake.toml --json
+    """
+    from jobtrail._http_provider import load_provider
+    from jobtrail._provider import guarantees
+
+    report = guarantees(load_provider(provider_file))
+    if as_json:
+        _emit_json(report)
+        return
+    table = Table("guarantee", "verdict", "why")
+    for name, item in report["guarantees"].items():
+        table.add_row(name, item["verdict"], item["why"])
+    console.print(f"provider {report['provider']} ({report['base_url']})")
+    console.print(table)
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+@cli.command()
+@click.pass_context
+def demo(ctx: click.Context) -> None:
+    """Run the classic create failures against a bundled fake provider; no configuration needed.
+
+    The ledger goes to ./jobtrail-demo.db unless --db or JOBTRAIL_DB names one.
+
+    \b
+    Example:
+      jobtrail demo && jobtrail --db jobtrail-demo.db ops list
+    """
+    from jobtrail._demo import run_demo
+
+    ok = run_demo(ctx.ensure_object(dict).get("db"), console)
+    sys.exit(EXIT_OK if ok else EXIT_NEGATIVE)
 
 
 # -- audit -------------------------------------------------------------------------

@@ -161,3 +161,64 @@ class Provider(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
         ...
+
+
+def guarantees(provider: Provider) -> dict[str, Any]:
+    """What a provider's declared contract lets jobtrail promise (``jobtrail providers check``)."""
+    from jobtrail._record import DEFAULT_CREATE_DEADLINE
+
+    caps = provider.capabilities
+    token = caps.token
+    if token.where == "none":
+        token_text = "no idempotency token is sent"  # noqa: S105 - not a password
+    else:
+        token_text = f"token in {token.where} {token.name!r}" + (
+            " (quoted sf-string)" if token.quoted else ""
+        )
+    if caps.at_most_once:
+        modes = ", ".join(m.value for m in caps.reconcile)
+        once = {"verdict": "yes", "why": f"{token_text}; a doubtful create is reconciled by {modes}"}
+    else:
+        once = {
+            "verdict": "no",
+            "why": f"{token_text} and no reconciliation path: after a lost response "
+            "jobtrail stops at needs_attention and a person must check the provider for a job",
+        }
+    if caps.cancel:
+        cancel = {
+            "verdict": "yes",
+            "why": "cancel endpoint declared"
+            + (", idempotent" if caps.cancel_idempotent else ", not idempotent: sent at most once"),
+        }
+    else:
+        cancel = {"verdict": "no", "why": "no cancel endpoint: a cancel request can only be recorded"}
+    result = {
+        "verdict": caps.result,
+        "why": "safe to fetch again"
+        if caps.result == "safe_read"
+        else "a one-time artifact: stored before it is acknowledged, never fetched twice",
+    }
+    warnings = []
+    retention = caps.token_retention
+    if token.where != "none" and retention is None:
+        warnings.append(
+            "the provider's token retention is not declared (create.token_retention_s); "
+            "jobtrail cannot tell how long a replay is safe"
+        )
+    elif retention is not None and retention < DEFAULT_CREATE_DEADLINE:
+        warnings.append(
+            f"tokens are kept for {retention}, less than the default create deadline "
+            f"({DEFAULT_CREATE_DEADLINE}): submit with --create-deadline below {retention}"
+        )
+    config = getattr(provider, "config", None)
+    credential = getattr(config, "credential", None)
+    return {
+        "provider": provider.name,
+        "base_url": getattr(config, "base_url", None),
+        "at_most_once": caps.at_most_once,
+        "credential": None if credential is None else credential.describe(),
+        "guarantees": {"at-most-once creation": once, "cancel": cancel, "result": result},
+        "reconcile": [m.value for m in caps.reconcile],
+        "token_retention_s": None if retention is None else retention.total_seconds(),
+        "warnings": warnings,
+    }
