@@ -384,3 +384,25 @@ def test_expired_token_is_not_replayed(make_client: Callable[..., AsyncJobtrail]
     op = run(go())
     assert op.state is S.NEEDS_ATTENTION and "expired" in (op.state_reason or "")
     assert fake.counts["creates_received"] == 1
+
+
+def test_bare_token_header_for_stripe_style_providers(
+    make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
+) -> None:
+    jt = make_client(fake, create={"token": {"in": "header", "name": "Idempotency-Key", "quoted": False}})
+    op = submit_and_drive(jt)
+    assert fake.create_headers[0]["Idempotency-Key"] == op.idempotency_token
+
+
+def test_sync_facade_for_scripts(db_url: str, fake: FakeProvider) -> None:
+    """Jobtrail wraps the async core for scripts: submit, drive, read back."""
+    from jobtrail import Jobtrail
+
+    fake.script(Fault.drop())
+    with Jobtrail(db_url, providers=[fake.provider_config()]) as jt:
+        op = jt.submit("fake", {"script": True}, key="nightly")
+        assert jt.get(op.operation_id).state is S.CREATE_PENDING
+        done = jt.drive_create(op.operation_id)
+        assert done.state is S.ACCEPTED
+        assert jt.submit("fake", {"script": True}, key="nightly").operation_id == op.operation_id
+    assert fake.counts["jobs_created"] == 1

@@ -107,6 +107,42 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # userinfo in any URL inside text
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@"), r"\1" + "REDACTED:REDACTED@"),
 )
+#: a string that contains none of these cannot match any of _PATTERNS
+_STRONG_HINTS = (
+    "-----begin",
+    "eyj",
+    "bearer",
+    "basic",
+    "token",
+    "digest",
+    "akia",
+    "asia",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "github_pat_",
+    "xox",
+    "_live_",
+    "_test_",
+    "sk-",
+    "whsec_",
+    "://",
+)
+#: nor these any of _KV_PATTERNS
+_KV_HINTS = (
+    "passw",
+    "pwd",
+    "secret",
+    "token",
+    "key",
+    "sig",
+    "auth",
+    "credential",
+    "cookie",
+    "session",
+)
 
 #: ``key=value`` / ``"key": "value"`` where the key names a secret. Used to redact,
 #: not to refuse request bodies: it would also match harmless prose.
@@ -215,8 +251,9 @@ class Redactor:
 
     def text(self, value: str) -> str:
         value = self._strong(value)
-        for pattern, replacement in _KV_PATTERNS:
-            value = pattern.sub(replacement, value)
+        if ("=" in value or ":" in value) and any(hint in value.lower() for hint in _KV_HINTS):
+            for pattern, replacement in _KV_PATTERNS:
+                value = pattern.sub(replacement, value)
         return value
 
     def _strong(self, value: str) -> str:
@@ -224,8 +261,11 @@ class Redactor:
         for secret in self._ordered:
             if secret in value:
                 value = value.replace(secret, REDACTED)
-        for pattern, replacement in _PATTERNS:
-            value = pattern.sub(replacement, value)
+        # the patterns are costly; most stored strings (states, causes, ids) contain no hint at all
+        lowered = value.lower()
+        if any(hint in lowered for hint in _STRONG_HINTS):
+            for pattern, replacement in _PATTERNS:
+                value = pattern.sub(replacement, value)
         return value
 
     def url(self, value: str) -> str:
