@@ -270,22 +270,17 @@ class Store:
         Refused transitions raise :class:`TransitionRefused` and write nothing.
         A record changed since ``op`` was read raises :class:`StaleRecord`.
         """
-        result = self.apply(
-            [
-                Change(
-                    op=op,
-                    to=to,
-                    evidence=evidence,
-                    actor=actor,
-                    changes=changes or {},
-                    epoch=epoch,
-                    request_ids=request_ids,
-                )
-            ]
-        )[0]
-        if isinstance(result, StaleRecord):
-            raise result
-        return result
+        return self._apply_one(
+            Change(
+                op=op,
+                to=to,
+                evidence=evidence,
+                actor=actor,
+                changes=changes or {},
+                epoch=epoch,
+                request_ids=request_ids,
+            )
+        )
 
     def record(
         self,
@@ -298,18 +293,19 @@ class Store:
         request_ids: Sequence[str] = (),
     ) -> Operation:
         """Append a history entry without changing state (a create attempt, a poll)."""
-        result = self.apply(
-            [
-                Change(
-                    op=op,
-                    evidence=evidence,
-                    actor=actor,
-                    changes=changes or {},
-                    epoch=epoch,
-                    request_ids=request_ids,
-                )
-            ]
-        )[0]
+        return self._apply_one(
+            Change(
+                op=op,
+                evidence=evidence,
+                actor=actor,
+                changes=changes or {},
+                epoch=epoch,
+                request_ids=request_ids,
+            )
+        )
+
+    def _apply_one(self, change: Change) -> Operation:
+        result = self.apply([change])[0]
         if isinstance(result, StaleRecord):
             raise result
         return result
