@@ -3,36 +3,47 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import sqlalchemy as sa
 
-from jobtrail import Store
+from jobtrail import RemoteState, Store
 from jobtrail._audit import verify
 from jobtrail._migrate import current_revision, head_revision
 
-from helpers import S, op_in
+from helpers import S, obs, op_in
+
+DATA = Path(__file__).parent / "data" / "ledger_0001.sql"
 
 
 def test_upgrade_from_the_first_schema_keeps_every_record(open_store: Callable[..., Store]) -> None:
-    """A database made by revision 0001 upgrades to head with records and chains intact."""
+    """Rows written by the store at revision 0001 survive the upgrade to head, chains intact."""
     old = open_store(migrate=False)
     old.migrate("0001")
-    with old.engine.connect() as conn:
+    rows = [line for line in DATA.read_text().splitlines() if line.startswith("INSERT")]
+    with old.engine.begin() as conn:
         assert current_revision(conn) == "0001"
         assert not sa.inspect(conn).has_table("observations")
-    made = [
-        op_in(old, state, body={"i": i}) for i, state in enumerate((S.CREATE_PENDING, S.OBSERVING, S.FAILED))
-    ]
+        for statement in rows:
+            conn.exec_driver_sql(statement)
+        made = [dict(r) for r in conn.execute(sa.text("SELECT * FROM operations")).mappings()]
     old.close()
+    assert len(made) == 4
 
     new = open_store()  # opening upgrades
     with new.engine.connect() as conn:
         assert current_revision(conn) == head_revision()
-    for op in made:
-        assert new.get(op.operation_id) == op
+    kept = ("state", "version", "history_head", "idempotency_token", "remote_job_id", "operation_key")
+    for row in made:
+        op = new.get(row["operation_id"])
+        assert {k: getattr(op, k) for k in kept} == {k: row[k] for k in kept}
+        assert op.polls == 0
         assert len(new.history(op.operation_id)) == op.version
     assert verify(new).ok
-    assert new.add_observation(made[1].operation_id, kind="status_poll", raw={"status": "running"}) > 0
+    observing = next(r["operation_id"] for r in made if r["state"] == "observing")
+    assert new.add_observation(observing, kind="status_poll", raw={"status": "running"}) > 0
+    moved = new.transition(new.get(observing), S.FAILED, obs(RemoteState.FAILED), actor="after-upgrade")
+    assert moved.state is S.FAILED and verify(new).ok
 
 
 def test_opening_twice_is_harmless(open_store: Callable[..., Store]) -> None:

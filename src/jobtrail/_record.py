@@ -75,6 +75,8 @@ class Operation:
     lease_owner: str | None
     lease_expires_at_us: int | None
     lease_epoch: int
+    #: status polls so far (drives the back-off between polls)
+    polls: int = 0
 
     @property
     def create_deadline(self) -> datetime | None:
@@ -124,6 +126,7 @@ class Operation:
                 "expires_at": rfc3339(self.lease_expires_at_us),
                 "epoch": self.lease_epoch,
             },
+            "polls": self.polls,
         }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Column,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -49,9 +50,11 @@ operations = Table(
     Column("lease_owner", Text),
     Column("lease_expires_at_us", BigInteger),
     Column("lease_epoch", BigInteger, nullable=False),
+    Column("polls", Integer, nullable=False, server_default="0"),
     UniqueConstraint("provider", "operation_key", name="uq_operations_provider_key"),
     Index("ix_operations_due", "state", "next_action_at_us"),
     Index("ix_operations_remote_job", "provider", "remote_job_id"),
+    Index("ix_operations_next_action", "next_action_at_us"),
 )
 
 history = Table(
@@ -90,5 +93,9 @@ observations = Table(
     Column("remote_state", String(40)),
     Column("raw_state", Text),
     Column("raw", Text, nullable=False),
+    Column("worker", Text),
+    Column("lease_epoch", BigInteger),
+    Column("progress", Float),
+    Column("next_action_at_us", BigInteger),
     Index("ix_observations_operation", "operation_id", "observation_id"),
 )

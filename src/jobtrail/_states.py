@@ -54,6 +54,21 @@ FINAL_STATES = frozenset(
 )
 
 
+#: States whose next action a worker takes without a person; the rest wait (next_action_at is null).
+AUTOMATIC_STATES = frozenset(
+    {
+        State.CREATE_PENDING,
+        State.CREATE_UNKNOWN,
+        State.RECONCILIATION,
+        State.ACCEPTED,
+        State.OBSERVING,
+        State.RESULT_COLLECTING,
+        State.CANCEL_REQUESTED,
+        State.CANCELLING,
+    }
+)
+
+
 class RemoteState(StrEnum):
     """A provider's job state, normalised. Unknown raw states are kept raw elsewhere."""
 

@@ -10,6 +10,7 @@ chain; writers of different operations never wait for each other.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ from jobtrail._ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail._machine import check_transition
 from jobtrail._record import HistoryEntry, Operation, OperationSpec
 from jobtrail._redact import Redactor, default_redactor
-from jobtrail._states import State
+from jobtrail._states import AUTOMATIC_STATES, State
 
 log = logging.getLogger("jobtrail")
 
@@ -49,7 +50,7 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 
 #: Columns a change may set besides the state (the state itself only via the machine).
 MUTABLE_COLUMNS = frozenset(
-    {"remote_job_id", "remote_state", "state_reason", "attempts", "next_action_at_us"}
+    {"remote_job_id", "remote_state", "state_reason", "attempts", "next_action_at_us", "polls"}
 )
 
 
@@ -95,6 +96,44 @@ class Change:
     changes: dict[str, Any] = field(default_factory=dict)
     epoch: int | None = None
     request_ids: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reschedule:
+    """Update the schedule fields of ``op`` (no state change, no history entry): a poll's outcome."""
+
+    op: Operation
+    changes: dict[str, Any] = field(default_factory=dict)
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observe:
+    """One outside fact to store (redacted) as an observation."""
+
+    operation_id: str
+    kind: str
+    raw: Any
+    http_status: int | None = None
+    provider_request_id: str | None = None
+    remote_state: str | None = None
+    raw_state: str | None = None
+    provider_time: str | None = None
+    worker: str | None = None
+    lease_epoch: int | None = None
+    progress: float | None = None
+    next_action_at_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """Give up the lease on an operation (only if the lease is still ours: same epoch)."""
+
+    operation_id: str
+    epoch: int
+
+
+Write = Change | Reschedule | Observe | Release
 
 
 class Store:
@@ -308,74 +347,99 @@ class Store:
         result = self.apply([change])[0]
         if isinstance(result, StaleRecord):
             raise result
+        assert isinstance(result, Operation)
         return result
 
-    def apply(self, batch: Sequence[Change]) -> list[Operation | StaleRecord]:
-        """Apply many changes in one transaction (one commit, one fsync).
+    def apply(self, batch: Sequence[Write]) -> list[Any]:
+        """Apply many writes, of many operations, in one transaction (one commit, one fsync).
 
-        Each change is checked by the state machine before anything is written;
-        a refused change raises and nothing of the batch is written. A change
-        whose record moved on is returned as :class:`StaleRecord` and the
-        others still land.
+        Each :class:`Change` is checked by the state machine before anything is
+        written; a refused change raises and nothing of the batch is written. A
+        change or reschedule whose record moved on (version, or lease epoch) is
+        returned as :class:`StaleRecord` and the others still land. Results come
+        back in order: the new :class:`Operation` for a change or reschedule,
+        the observation id for an :class:`Observe`, None for a :class:`Release`.
         """
-        prepared: list[tuple[Change, dict[str, Any], dict[str, Any]]] = []
         now = self.clock()
-        for change in batch:
-            bad = set(change.changes) - MUTABLE_COLUMNS
-            if bad:
-                raise UsageError(f"cannot change {', '.join(sorted(bad))} through a transition")
-            op = change.op
-            if change.to is not None:
-                check_transition(op, change.to, change.evidence)
-            to = change.to or op.state
-            values: dict[str, Any] = {
-                "remote_job_id": op.remote_job_id,
-                "remote_state": op.remote_state,
-                "state_reason": op.state_reason if change.to is None else None,
-                "attempts": op.attempts,
-                "next_action_at_us": op.next_action_at_us,
-            }
-            values.update(change.changes)
-            if values["state_reason"] is not None:
-                values["state_reason"] = self.redactor.text(str(values["state_reason"]))
-            entry = self._entry(
-                operation_id=op.operation_id,
-                seq=op.version + 1,
-                at_us=now,
-                actor=change.actor,
-                from_state=op.state,
-                to_state=to,
-                evidence=change.evidence,
-                remote_job_id=values["remote_job_id"],
-                trace_id=op.trace_id,
-                request_ids=change.request_ids,
-                fingerprint=op.request_fingerprint,
-                prev_hash=op.history_head,
-            )
-            update = {
-                **values,
-                "b_operation_id": op.operation_id,
-                "b_version": op.version,
-                "b_epoch": change.epoch,
-                "state": to.value,
-                "updated_at_us": now,
-                "version": op.version + 1,
-                "history_head": entry["entry_hash"],
-            }
-            prepared.append((change, update, entry))
-
-        results: list[Operation | StaleRecord] = []
+        prepared = [self._prepare(item, now) for item in batch]
+        results: list[Any] = []
         with self._errors("recording a transition"), self.engine.begin() as conn:
-            for change, update, entry in prepared:
-                stmt = _UPDATE_FENCED if change.epoch is not None else _UPDATE
-                if conn.execute(stmt, update).rowcount != 1:
-                    results.append(self._stale(conn, change))
-                    continue
-                conn.execute(_INSERT_HISTORY, entry)
-                results.append(_advanced(change.op, update))
+            for item, update, entry in prepared:
+                if isinstance(item, Observe):
+                    key = conn.execute(_INSERT_OBSERVATION, update).inserted_primary_key
+                    results.append(int(key[0]) if key is not None else 0)
+                elif isinstance(item, Release):
+                    conn.execute(_RELEASE, update)
+                    results.append(None)
+                elif conn.execute(_update_statement(update["b_epoch"] is not None), update).rowcount != 1:
+                    results.append(self._stale(conn, item))
+                else:
+                    if entry is not None:
+                        conn.execute(_INSERT_HISTORY, entry)
+                    results.append(_advanced(item.op, update))
         return results
 
-    def _stale(self, conn: Connection, change: Change) -> StaleRecord:
+    def _prepare(self, item: Write, now: int) -> tuple[Write, dict[str, Any], dict[str, Any] | None]:
+        if isinstance(item, Observe):
+            return item, self._observation_row(item, now), None
+        if isinstance(item, Release):
+            return item, {"b_operation_id": item.operation_id, "b_epoch": item.epoch}, None
+        bad = set(item.changes) - MUTABLE_COLUMNS
+        if bad:
+            raise UsageError(f"cannot change {', '.join(sorted(bad))} through a transition")
+        op = item.op
+        to = op.state
+        if isinstance(item, Change) and item.to is not None:
+            check_transition(op, item.to, item.evidence)
+            to = item.to
+        values: dict[str, Any] = {
+            "remote_job_id": op.remote_job_id,
+            "remote_state": op.remote_state,
+            "state_reason": None if to is not op.state else op.state_reason,
+            "attempts": op.attempts,
+            "next_action_at_us": op.next_action_at_us,
+            "polls": op.polls,
+        }
+        if to is not op.state:
+            # entering a state decides whether anything happens automatically next
+            values["next_action_at_us"] = now if to in AUTOMATIC_STATES else None
+        values.update(item.changes)
+        if to not in AUTOMATIC_STATES:
+            values["next_action_at_us"] = None
+        if values["state_reason"] is not None:
+            values["state_reason"] = self.redactor.text(str(values["state_reason"]))
+        epoch = item.epoch if item.epoch is not None else (op.lease_epoch if op.lease_owner else None)
+        update = {
+            **values,
+            "b_operation_id": op.operation_id,
+            "b_version": op.version,
+            "b_epoch": epoch,
+            "state": to.value,
+            "updated_at_us": now,
+            "version": op.version,
+            "history_head": op.history_head,
+        }
+        if isinstance(item, Reschedule):
+            return item, update, None
+        entry = self._entry(
+            operation_id=op.operation_id,
+            seq=op.version + 1,
+            at_us=now,
+            actor=item.actor,
+            from_state=op.state,
+            to_state=to,
+            evidence=item.evidence,
+            remote_job_id=values["remote_job_id"],
+            trace_id=op.trace_id,
+            request_ids=item.request_ids,
+            fingerprint=op.request_fingerprint,
+            prev_hash=op.history_head,
+        )
+        update["version"] = op.version + 1
+        update["history_head"] = entry["entry_hash"]
+        return item, update, entry
+
+    def _stale(self, conn: Connection, change: Change | Reschedule) -> StaleRecord:
         current = conn.execute(
             sa.select(t.operations.c.version, t.operations.c.lease_epoch).where(
                 t.operations.c.operation_id == change.op.operation_id
@@ -384,13 +448,18 @@ class Store:
         op_id = change.op.operation_id
         if current is None:
             return StaleRecord(f"operation {op_id} no longer exists", operation_id=op_id)
-        if change.epoch is not None and current.lease_epoch != change.epoch:
+        epoch = (
+            change.epoch
+            if change.epoch is not None
+            else (change.op.lease_epoch if change.op.lease_owner else None)
+        )
+        if epoch is not None and current.lease_epoch != epoch:
             return StaleRecord(
-                f"operation {op_id}: lease epoch {change.epoch} is no longer current "
+                f"operation {op_id}: lease epoch {epoch} is no longer current "
                 f"(now {current.lease_epoch}); another worker claimed it, so this write was "
                 "refused: drop the operation and let the lease owner act",
                 operation_id=op_id,
-                epoch=change.epoch,
+                epoch=epoch,
             )
         return StaleRecord(
             f"operation {op_id} changed since it was read (version {change.op.version}, "
@@ -437,35 +506,30 @@ class Store:
 
     # -- observations -------------------------------------------------------------
 
-    def add_observation(
-        self,
-        operation_id: str,
-        *,
-        kind: str,
-        raw: Any,
-        http_status: int | None = None,
-        provider_request_id: str | None = None,
-        remote_state: str | None = None,
-        raw_state: str | None = None,
-        provider_time: str | None = None,
-    ) -> int:
+    def add_observation(self, operation_id: str, *, kind: str, raw: Any, **fields: Any) -> int:
         """Store one outside fact with its redacted raw response; returns its id."""
+        result: int = self.apply([Observe(operation_id=operation_id, kind=kind, raw=raw, **fields)])[0]
+        return result
+
+    def _observation_row(self, item: Observe, now: int) -> dict[str, Any]:
         redact = self.redactor
-        row = {
-            "operation_id": operation_id,
-            "kind": kind,
-            "fetched_at_us": self.clock(),
-            "provider_time": provider_time,
-            "http_status": http_status,
-            "provider_request_id": None if provider_request_id is None else redact.text(provider_request_id),
-            "remote_state": remote_state,
-            "raw_state": None if raw_state is None else redact.text(raw_state),
-            "raw": canonical_json(redact.value(raw)),
+        return {
+            "operation_id": item.operation_id,
+            "kind": item.kind,
+            "fetched_at_us": now,
+            "provider_time": item.provider_time,
+            "http_status": item.http_status,
+            "provider_request_id": None
+            if item.provider_request_id is None
+            else redact.text(item.provider_request_id),
+            "remote_state": item.remote_state,
+            "raw_state": None if item.raw_state is None else redact.text(item.raw_state),
+            "raw": canonical_json(redact.value(item.raw)),
+            "worker": item.worker,
+            "lease_epoch": item.lease_epoch,
+            "progress": item.progress,
+            "next_action_at_us": item.next_action_at_us,
         }
-        with self._errors("storing an observation"), self.engine.begin() as conn:
-            result = conn.execute(sa.insert(t.observations), row)
-            key = result.inserted_primary_key
-            return int(key[0]) if key is not None else 0
 
     def observations(self, operation_id: str) -> list[dict[str, Any]]:
         with self._read() as conn:
@@ -531,6 +595,45 @@ class Store:
             ).mappings()
             return [HistoryEntry(**row) for row in rows]
 
+    def claim(self, worker: str, *, limit: int, lease_s: float) -> list[Operation]:
+        """Lease up to ``limit`` due operations (next action due, lease free or expired).
+
+        Each claim raises the operation's fencing epoch, so writes made under an
+        older lease are refused. PostgreSQL skips rows other workers are claiming.
+        """
+        now = self.clock()
+        ops = t.operations
+        due = (
+            sa.select(ops.c.operation_id)
+            .where(
+                ops.c.next_action_at_us <= now,
+                sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
+            )
+            .order_by(ops.c.next_action_at_us)
+            .limit(limit)
+        )
+        if self.dialect == "postgresql":
+            due = due.with_for_update(skip_locked=True)
+        stmt = (
+            sa.update(ops)
+            .where(ops.c.operation_id.in_(due.scalar_subquery()))
+            .values(
+                lease_owner=worker,
+                lease_expires_at_us=now + int(lease_s * 1_000_000),
+                lease_epoch=ops.c.lease_epoch + 1,
+            )
+            .returning(*ops.c)
+        )
+        with self._errors("claiming operations"), self.engine.begin() as conn:
+            rows = conn.execute(stmt).mappings().all()
+        return [_operation(row) for row in rows]
+
+    def next_due_us(self) -> int | None:
+        """When the earliest automatic action is due (None: nothing will happen without a person)."""
+        with self._read() as conn:
+            value = conn.execute(sa.select(sa.func.min(t.operations.c.next_action_at_us))).scalar()
+        return None if value is None else int(value)
+
     def last_entry(self, operation_id: str) -> HistoryEntry | None:
         with self._read() as conn:
             row = (
@@ -558,7 +661,7 @@ def _operation(row: Any) -> Operation:
 
 
 def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
-    data = {f: getattr(op, f) for f in Operation.__slots__}
+    data = {f: getattr(op, f) for f in Operation.__dataclass_fields__}
     for key in (*MUTABLE_COLUMNS, "updated_at_us", "version", "history_head"):
         data[key] = update[key]
     data["state"] = State(update["state"])
@@ -567,20 +670,32 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
 
 _INSERT_OPERATION = sa.insert(t.operations)
 _INSERT_HISTORY = sa.insert(t.history)
-_UPDATE = (
+_INSERT_OBSERVATION = sa.insert(t.observations)
+_UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head")
+_RELEASE = (
     sa.update(t.operations)
     .where(
         t.operations.c.operation_id == sa.bindparam("b_operation_id"),
-        t.operations.c.version == sa.bindparam("b_version"),
+        t.operations.c.lease_epoch == sa.bindparam("b_epoch"),
     )
-    .values(
-        {
-            name: sa.bindparam(name)
-            for name in (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head")
-        }
-    )
+    .values(lease_owner=None, lease_expires_at_us=None)
 )
-_UPDATE_FENCED = _UPDATE.where(t.operations.c.lease_epoch == sa.bindparam("b_epoch"))
+
+
+@functools.cache
+def _update_statement(fenced: bool) -> sa.Update:
+    """The conditional UPDATE of one record: on its version and, under a lease, its epoch."""
+    stmt = (
+        sa.update(t.operations)
+        .where(
+            t.operations.c.operation_id == sa.bindparam("b_operation_id"),
+            t.operations.c.version == sa.bindparam("b_version"),
+        )
+        .values({name: sa.bindparam(name) for name in _UPDATE_VALUES})
+    )
+    if fenced:
+        stmt = stmt.where(t.operations.c.lease_epoch == sa.bindparam("b_epoch"))
+    return stmt
 
 
 def _make_engine(url: str) -> Engine:
