@@ -36,6 +36,7 @@ from jobtrail._provider import CreateOutcome, LookupOutcome, Provider, Reconcile
 from jobtrail._record import Operation
 from jobtrail._states import State
 from jobtrail._store import Store
+from jobtrail._writer import Writer
 
 log = logging.getLogger("jobtrail")
 
@@ -46,8 +47,16 @@ _US = 1_000_000
 class CreateFlow:
     """Drives operations of one store through the create phase with their provider."""
 
-    def __init__(self, store: Store, *, actor: str = "jobtrail", rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        writer: Writer | None = None,
+        actor: str = "jobtrail",
+        rng: random.Random | None = None,
+    ) -> None:
         self.store = store
+        self.writer = writer or Writer(store)
         self.actor = actor
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
 
@@ -66,7 +75,7 @@ class CreateFlow:
         if op.state is State.CREATE_UNKNOWN:
             modes = provider.capabilities.reconcile
             path = modes[0].value if modes else "none"
-            return self.store.transition(
+            return await self.writer.transition(
                 op,
                 State.RECONCILIATION,
                 ReconciliationStarted(path=path),
@@ -75,12 +84,12 @@ class CreateFlow:
             )
         deadline = op.create_deadline_us
         if deadline is not None and now >= deadline:
-            return self._deadline_passed(op, now)
+            return await self._deadline_passed(op, now)
         if op.state is State.CREATE_PENDING:
             last = self.store.last_entry(op.operation_id)
             if op.attempts > 0 and last is not None and last.cause == CreateAttempt.kind:
                 # the process that sent attempt N died before recording its outcome
-                return self.store.transition(
+                return await self.writer.transition(
                     op,
                     State.CREATE_UNKNOWN,
                     AmbiguousCreate(
@@ -98,7 +107,7 @@ class CreateFlow:
             return await self._send(op, provider, reason="send")
         return await self._reconcile(op, provider, now)
 
-    def _deadline_passed(self, op: Operation, now: int) -> Operation:
+    async def _deadline_passed(self, op: Operation, now: int) -> Operation:
         if op.attempts == 0:
             reason = "create deadline passed before any create was sent; no remote job exists"
         else:
@@ -107,7 +116,7 @@ class CreateFlow:
                 "a confirmed job id; a person must check the provider for a job with trace id "
                 f"{op.trace_id} before deciding"
             )
-        return self.store.transition(
+        return await self.writer.transition(
             op,
             State.NEEDS_ATTENTION,
             DeadlinePassed(deadline="create", observed_at_us=now),
@@ -118,7 +127,7 @@ class CreateFlow:
     async def _reconcile(self, op: Operation, provider: Provider, now: int) -> Operation:
         caps = provider.capabilities
         if not caps.reconcile:
-            return self.store.transition(
+            return await self.writer.transition(
                 op,
                 State.NEEDS_ATTENTION,
                 CannotTell(
@@ -141,7 +150,7 @@ class CreateFlow:
         if mode is ReconcileMode.REPLAY:
             retention = caps.token_retention
             if retention is not None and now > op.created_at_us + int(retention.total_seconds() * _US):
-                return self.store.transition(
+                return await self.writer.transition(
                     op,
                     State.NEEDS_ATTENTION,
                     CannotTell(
@@ -160,7 +169,7 @@ class CreateFlow:
 
     async def _lookup(self, op: Operation, provider: Provider, mode: ReconcileMode) -> Operation:
         found = await provider.lookup(op, mode)
-        self._observe(
+        await self._observe(
             op,
             "reconcile_lookup",
             found.response.to_json() | {"kind": found.kind, "path": mode.value},
@@ -168,11 +177,11 @@ class CreateFlow:
             found.response.provider_request_id,
         )
         if found.kind == "found":
-            return self._confirm_or_conflict(
+            return await self._confirm_or_conflict(
                 op, found.remote_job_ids[0], found, via=mode.value, others=found.remote_job_ids[1:]
             )
         if found.kind == "absent":
-            return self.store.transition(
+            return await self.writer.transition(
                 op,
                 State.CREATE_PENDING,
                 ProvedAbsent(
@@ -187,7 +196,7 @@ class CreateFlow:
                     "state_reason": f"{mode.value}: no job exists; re-sending with the same token",
                 },
             )
-        return self._wait(
+        return await self._wait(
             op,
             provider,
             f"{mode.value} could not tell ({found.detail})",
@@ -204,7 +213,7 @@ class CreateFlow:
 
     async def _send(self, op: Operation, provider: Provider, *, reason: str) -> Operation:
         attempt = op.attempts + 1
-        op = self.store.record(
+        op = await self.writer.record(
             op,
             CreateAttempt(attempt=attempt, reason=reason),
             actor=self.actor,
@@ -216,7 +225,7 @@ class CreateFlow:
         failpoint("create.after_attempt")
         outcome = await provider.create(op)
         failpoint("create.after_response")
-        obs_id = self._observe(
+        obs_id = await self._observe(
             op,
             "create_response",
             outcome.response.to_json()
@@ -238,11 +247,11 @@ class CreateFlow:
             others: tuple[str, ...] = ()
             if reason == "replay":
                 others = await self._cross_check(op, provider, outcome.remote_job_id)
-            return self._confirm_or_conflict(
+            return await self._confirm_or_conflict(
                 op, outcome.remote_job_id, outcome, via=reason, others=others, status_url=outcome.status_url
             )
         if outcome.kind == "synchronous":
-            result_obs = self._observe(
+            result_obs = await self._observe(
                 op,
                 "synchronous_result",
                 {"result": outcome.result},
@@ -255,7 +264,7 @@ class CreateFlow:
             }
             if outcome.remote_job_id:
                 changes["remote_job_id"] = outcome.remote_job_id
-            return self.store.transition(
+            return await self.writer.transition(
                 op,
                 State.RESULT_COLLECTING,
                 SynchronousResult(
@@ -273,7 +282,7 @@ class CreateFlow:
             problem = resp.body if isinstance(resp.body, dict) else {"body": resp.body}
             if op.state is State.RECONCILIATION:
                 # IETF semantics replay the stored outcome, errors included: the original was refused too
-                return self.store.transition(
+                return await self.writer.transition(
                     op,
                     State.CREATE_PENDING,
                     ProvedAbsent(
@@ -287,7 +296,7 @@ class CreateFlow:
                     changes={"next_action_at_us": self._now()},
                     request_ids=_ids(resp.provider_request_id),
                 )
-            return self.store.transition(
+            return await self.writer.transition(
                 op,
                 State.FAILED,
                 DefinitiveRejection(
@@ -306,7 +315,7 @@ class CreateFlow:
                 request_ids=_ids(resp.provider_request_id),
             )
         if outcome.kind == "not_sent":
-            return self._wait(
+            return await self._wait(
                 op,
                 provider,
                 f"attempt {attempt} never left: {outcome.error_class}",
@@ -317,7 +326,7 @@ class CreateFlow:
             )
         if op.state is State.RECONCILIATION and outcome.error_class == "malformed_response":
             # the replay repeats the same unreadable answer: waiting cannot settle it
-            return self.store.transition(
+            return await self.writer.transition(
                 op,
                 State.NEEDS_ATTENTION,
                 CannotTell(
@@ -342,7 +351,7 @@ class CreateFlow:
             retry_after_s=resp.retry_after_s,
             provider_request_id=resp.provider_request_id,
         )
-        return self._wait(
+        return await self._wait(
             op, provider, f"attempt {attempt} ambiguous: {outcome.error_class}", resp.retry_after_s, evidence
         )
 
@@ -352,7 +361,7 @@ class CreateFlow:
             if mode is ReconcileMode.REPLAY:
                 continue
             found = await provider.lookup(op, mode)
-            self._observe(
+            await self._observe(
                 op,
                 "reconcile_lookup",
                 found.response.to_json() | {"kind": found.kind, "path": mode.value},
@@ -363,7 +372,7 @@ class CreateFlow:
                 return tuple(j for j in found.remote_job_ids if j != job_id)
         return ()
 
-    def _confirm_or_conflict(
+    async def _confirm_or_conflict(
         self,
         op: Operation,
         job_id: str,
@@ -377,7 +386,7 @@ class CreateFlow:
         earlier = [j for j in self._earlier_job_ids(op) if j != job_id]
         conflicting = (*others, *earlier)
         if conflicting:
-            return self.store.transition(
+            return await self.writer.transition(
                 op,
                 State.NEEDS_ATTENTION,
                 ConflictingJobIds(
@@ -400,7 +409,7 @@ class CreateFlow:
                 },
                 request_ids=_ids(resp.provider_request_id),
             )
-        op = self.store.transition(
+        op = await self.writer.transition(
             op,
             State.ACCEPTED,
             ConfirmedCreate(
@@ -426,7 +435,7 @@ class CreateFlow:
                 ids.append(raw["remote_job_id"])
         return ids[:-1]  # the newest is the answer being confirmed now
 
-    def _wait(
+    async def _wait(
         self,
         op: Operation,
         provider: Provider,
@@ -442,7 +451,7 @@ class CreateFlow:
         at = self._now() + int(delay * _US)
         changes = {"next_action_at_us": at, "state_reason": f"{why}; next try at {rfc3339(at)}"}
         if not_sent is not None:
-            return self.store.record(
+            return await self.writer.record(
                 op,
                 CreateNotSent(
                     error_class=not_sent.error_class,
@@ -456,7 +465,7 @@ class CreateFlow:
         assert evidence is not None
         stamped = dataclasses.replace(evidence, retry_at=rfc3339(at))
         if op.state is State.CREATE_PENDING:
-            return self.store.transition(
+            return await self.writer.transition(
                 op,
                 State.CREATE_UNKNOWN,
                 stamped,
@@ -464,14 +473,14 @@ class CreateFlow:
                 changes=changes,
                 request_ids=_ids(evidence.provider_request_id),
             )
-        return self.store.record(
+        return await self.writer.record(
             op, stamped, actor=self.actor, changes=changes, request_ids=_ids(evidence.provider_request_id)
         )
 
-    def _observe(
+    async def _observe(
         self, op: Operation, kind: str, raw: dict[str, Any], status: int | None, request_id: str | None
     ) -> int:
-        return self.store.add_observation(
+        return await self.writer.observe(
             op.operation_id, kind=kind, raw=raw, http_status=status, provider_request_id=request_id
         )
 

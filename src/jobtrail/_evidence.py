@@ -164,6 +164,7 @@ class StatusObservation(Evidence):
     observed_at: str | None = None
     provider_time: str | None = None
     progress: float | None = None
+    result_ref: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -199,6 +199,7 @@ class HttpProviderConfig:
     list_items: str
     list_reference: str
     backoff: Backoff
+    poll_backoff: Backoff
     webhook_scheme: str | None
     resume: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -352,16 +353,8 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
             list(modes),
         )
 
-    retry_s = top.table("retry")
-    backoff = Backoff()
-    if retry_s is not None:
-        backoff = Backoff(
-            initial_s=retry_s.number("initial_s", "seconds", 0.5, minimum=0.001),
-            factor=retry_s.number("factor", "a number >= 1", 2.0, minimum=1),
-            cap_s=retry_s.number("cap_s", "seconds", 60.0, minimum=0.001),
-            max_retry_after_s=retry_s.number("max_retry_after_s", "seconds", 3600.0),
-        )
-        retry_s.done()
+    backoff = _backoff(top.table("retry"), Backoff())
+    poll_backoff = _backoff(top.table("poll"), Backoff(initial_s=1.0, factor=1.5, cap_s=60.0))
     top.done()
     return HttpProviderConfig(
         name=name,
@@ -395,9 +388,23 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         list_items=list_items,
         list_reference=list_reference,
         backoff=backoff,
+        poll_backoff=poll_backoff,
         webhook_scheme=target_kind,
         resume=resume,
     )
+
+
+def _backoff(section: Section | None, default: Backoff) -> Backoff:
+    if section is None:
+        return default
+    backoff = Backoff(
+        initial_s=section.number("initial_s", "seconds", default.initial_s, minimum=0.001),
+        factor=section.number("factor", "a number >= 1", default.factor, minimum=1),
+        cap_s=section.number("cap_s", "seconds", default.cap_s, minimum=0.001),
+        max_retry_after_s=section.number("max_retry_after_s", "seconds", default.max_retry_after_s),
+    )
+    section.done()
+    return backoff
 
 
 def _check_path(section: Section, key: str, value: str) -> None:
@@ -451,6 +458,7 @@ class HttpProvider:
             resume=config.resume,
         )
         self.backoff = config.backoff
+        self.poll_backoff = config.poll_backoff
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -489,6 +497,9 @@ class HttpProvider:
     def _headers(self, op: Operation) -> dict[str, str]:
         headers = dict(self.config.headers)
         headers["traceparent"] = traceparent(op.trace_id)
+        if op.lease_owner:
+            # lets a provider (and our fake) see which lease a request was made under
+            headers["X-Jobtrail-Lease"] = f"{op.lease_owner}/{op.lease_epoch}"
         if self.config.trace_header:
             headers[self.config.trace_header] = op.trace_id
         if self.config.credential is not None:

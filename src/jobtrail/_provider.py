@@ -135,8 +135,10 @@ class Provider(Protocol):
     #: the create endpoint, e.g. ``POST /v1/jobs`` (part of the request fingerprint)
     create_endpoint: str
     capabilities: Capabilities
-    #: when to try again after a doubtful create or a failed poll
+    #: when to try again after a doubtful create
     backoff: Backoff
+    #: how often to poll a running job (Retry-After, when the provider sends it, wins)
+    poll_backoff: Backoff
 
     async def create(self, op: Operation) -> CreateOutcome:
         """Send the create with ``op.idempotency_token`` and ``op.trace_id``."""

@@ -595,7 +595,15 @@ class Store:
             ).mappings()
             return [HistoryEntry(**row) for row in rows]
 
-    def claim(self, worker: str, *, limit: int, lease_s: float) -> list[Operation]:
+    def claim(
+        self,
+        worker: str,
+        *,
+        limit: int,
+        lease_s: float,
+        providers: Sequence[str] | None = None,
+        states: Sequence[State] | None = None,
+    ) -> list[Operation]:
         """Lease up to ``limit`` due operations (next action due, lease free or expired).
 
         Each claim raises the operation's fencing epoch, so writes made under an
@@ -608,6 +616,7 @@ class Store:
             .where(
                 ops.c.next_action_at_us <= now,
                 sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
+                *_filters(providers, states),
             )
             .order_by(ops.c.next_action_at_us)
             .limit(limit)
@@ -628,10 +637,13 @@ class Store:
             rows = conn.execute(stmt).mappings().all()
         return [_operation(row) for row in rows]
 
-    def next_due_us(self) -> int | None:
+    def next_due_us(
+        self, *, providers: Sequence[str] | None = None, states: Sequence[State] | None = None
+    ) -> int | None:
         """When the earliest automatic action is due (None: nothing will happen without a person)."""
+        query = sa.select(sa.func.min(t.operations.c.next_action_at_us)).where(*_filters(providers, states))
         with self._read() as conn:
-            value = conn.execute(sa.select(sa.func.min(t.operations.c.next_action_at_us))).scalar()
+            value = conn.execute(query).scalar()
         return None if value is None else int(value)
 
     def last_entry(self, operation_id: str) -> HistoryEntry | None:
@@ -651,6 +663,15 @@ class Store:
     def count(self) -> int:
         with self._read() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(t.operations)).scalar_one())
+
+
+def _filters(providers: Sequence[str] | None, states: Sequence[State] | None) -> list[Any]:
+    out: list[Any] = []
+    if providers is not None:
+        out.append(t.operations.c.provider.in_(list(providers)))
+    if states is not None:
+        out.append(t.operations.c.state.in_([State(s).value for s in states]))
+    return out
 
 
 def _operation(row: Any) -> Operation:

@@ -118,6 +118,8 @@ class FakeProvider:
     requests: list[tuple[float, str, str]] = field(default_factory=list)
     #: headers of every create request received, in order
     create_headers: list[dict[str, str]] = field(default_factory=list)
+    #: (job id, X-Jobtrail-Lease header, time) of every status poll
+    status_leases: list[tuple[str, str | None, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._keys: dict[str, _KeyRecord] = {}
@@ -163,6 +165,7 @@ class FakeProvider:
             "result": {"path": "/v1/jobs/{job_id}/result"},
             "reconcile": {"modes": ["replay"]},
             "retry": {"initial_s": 0.05, "factor": 2, "cap_s": 0.5},
+            "poll": {"initial_s": 0.1, "factor": 1.5, "cap_s": 0.5},
         }
         for key, value in overrides.items():
             if isinstance(value, dict) and isinstance(config.get(key), dict):
@@ -365,6 +368,9 @@ class FakeProvider:
     async def _status(self, request: web.Request) -> web.StreamResponse:
         with self._lock:
             self.counts["status"] += 1
+            self.status_leases.append(
+                (request.match_info["id"], request.headers.get("X-Jobtrail-Lease"), time.monotonic())
+            )
             job = self.jobs.get(request.match_info["id"])
             if job is None:
                 return _problem(404, "no such job")

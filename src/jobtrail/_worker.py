@@ -1,0 +1,198 @@
+"""``jobtrail worker``: claims due operations under a lease and does each one's next action.
+
+One loop per process. It claims due operations in batches (next action due,
+lease free or expired; the claim raises each one's fencing epoch), runs their
+next actions concurrently, and writes through a group-committing
+:class:`BatchWriter`. Every write is conditional on the epoch of the claim,
+so a worker that lost its lease (paused, partitioned, slow) has its write
+refused and drops the operation. Nothing is kept in memory between actions:
+the next action and its time are on the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from jobtrail._canonical import rfc3339
+from jobtrail._create import CREATE_PHASE, CreateFlow
+from jobtrail._errors import JobtrailError, StaleRecord
+from jobtrail._observe import CollectFlow, ObserveFlow
+from jobtrail._provider import Provider
+from jobtrail._record import Operation
+from jobtrail._states import State
+from jobtrail._store import Store
+from jobtrail._writer import BatchWriter
+
+log = logging.getLogger("jobtrail")
+_US = 1_000_000
+#: states this worker acts on (cancellation has its own issue and is not claimed yet)
+WORKED_STATES = (*CREATE_PHASE, State.ACCEPTED, State.OBSERVING, State.RESULT_COLLECTING)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    claimed: int = 0
+    actions: int = 0
+    stale: int = 0
+    errors: int = 0
+    transactions: int = 0
+    writes: int = 0
+    settled: bool = False
+    by_state: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """The reference loop of DESIGN.md.
+
+    Args:
+        store: the ledger.
+        providers: adapters by name; only their operations are claimed.
+        worker_id: recorded on every lease and observation (default host:pid).
+        concurrency: operations in flight at once.
+        lease_s: how long a claim lasts; must exceed the slowest provider call.
+        batch: most operations claimed per query.
+        idle_s: longest sleep when nothing is due.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        providers: Mapping[str, Provider],
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 1000,
+        lease_s: float = 60.0,
+        batch: int = 200,
+        idle_s: float = 0.5,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.providers = dict(providers)
+        self.worker_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        self.lease_s = lease_s
+        self.batch = batch
+        self.idle_s = idle_s
+        self.writer = BatchWriter(store)
+        rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
+        actor = f"worker:{self.worker_id}"
+        self.create = CreateFlow(store, writer=self.writer, actor=actor, rng=rng)
+        self.observe = ObserveFlow(store, self.writer, actor=actor, rng=rng)
+        self.collect = CollectFlow(store, self.writer, actor=actor, rng=rng)
+        self.stats = WorkerStats()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight actions finish and release their leases."""
+        self._stopping.set()
+
+    async def run(self, *, until_settled: bool = False, timeout: float | None = None) -> WorkerStats:
+        """Work until stopped, or (``until_settled``) until no operation needs an automatic action."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while not self._stopping.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                capacity = self.concurrency - len(inflight)
+                claimed = self._claim(capacity) if capacity > 0 else []
+                for op in claimed:
+                    task = asyncio.create_task(self._handle(op))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+                if claimed:
+                    await asyncio.sleep(0)
+                    continue
+                if until_settled and not inflight and self._settled():
+                    self.stats.settled = True
+                    break
+                await self._idle(bool(inflight))
+        finally:
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+            self.stats.transactions = self.writer.transactions
+            self.stats.writes = self.writer.writes
+            for provider in self.providers.values():
+                await provider.aclose()
+        return self.stats
+
+    def _claim(self, capacity: int) -> list[Operation]:
+        try:
+            claimed = self.store.claim(
+                self.worker_id,
+                limit=min(self.batch, capacity),
+                lease_s=self.lease_s,
+                providers=tuple(self.providers),
+                states=WORKED_STATES,
+            )
+        except JobtrailError as exc:
+            log.warning("worker %s could not claim: %s", self.worker_id, exc)
+            return []
+        self.stats.claimed += len(claimed)
+        return claimed
+
+    def _settled(self) -> bool:
+        return self.store.next_due_us(providers=tuple(self.providers), states=WORKED_STATES) is None
+
+    async def _idle(self, busy: bool) -> None:
+        wait = self.idle_s
+        if busy:
+            wait = 0.005
+        else:
+            due = self.store.next_due_us(providers=tuple(self.providers), states=WORKED_STATES)
+            if due is not None:
+                wait = min(wait, max(0.001, (due - self.store.clock()) / _US))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=wait)
+
+    async def _handle(self, op: Operation) -> None:
+        provider = self.providers[op.provider]
+        try:
+            if op.state in CREATE_PHASE:
+                new = await self.create.advance(op, provider)
+            elif op.state in (State.ACCEPTED, State.OBSERVING):
+                new = await self.observe.advance(op, provider)
+            else:
+                new = await self.collect.advance(op, provider)
+            self.stats.actions += 1
+            self.stats.by_state[new.state.value] = self.stats.by_state.get(new.state.value, 0) + 1
+            await self.writer.release(new)
+        except StaleRecord as exc:
+            # our lease was taken over, or someone changed the record: the new owner acts
+            self.stats.stale += 1
+            log.info("worker %s dropped %s: %s", self.worker_id, op.operation_id, exc)
+        except Exception as exc:
+            self.stats.errors += 1
+            log.error("worker %s: %s failed in %s: %s", self.worker_id, op.operation_id, op.state.value, exc)
+            await self._back_off(op, exc)
+
+    async def _back_off(self, op: Operation, exc: Exception) -> None:
+        """An unexpected error: keep the record as it is, try again later, say why on the record."""
+        try:
+            current = self.store.get(op.operation_id)
+            if current.lease_epoch != op.lease_epoch or current.state in (State.NEEDS_ATTENTION,):
+                return
+            delay = self.providers[op.provider].backoff.after(None, max(current.attempts, 1))
+            at = self.store.clock() + int(max(delay, 1.0) * _US)
+            current = await self.writer.reschedule(
+                current,
+                {
+                    "next_action_at_us": at,
+                    "state_reason": f"{type(exc).__name__}: {exc}; retrying at {rfc3339(at)}",
+                },
+            )
+            await self.writer.release(current)
+        except Exception as again:  # the database itself may be the problem; the lease will expire
+            log.error("worker %s could not reschedule %s: %s", self.worker_id, op.operation_id, again)
