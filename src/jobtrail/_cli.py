@@ -24,7 +24,7 @@ from jobtrail._canonical import rfc3339
 from jobtrail._errors import ConfigError, JobtrailError, OperationalError, OperationNotFound
 from jobtrail._record import Operation
 from jobtrail._redact import Secret, install_log_redaction
-from jobtrail._states import State
+from jobtrail._states import FINAL_STATES, State
 from jobtrail._store import Store
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
@@ -109,15 +109,14 @@ def ops_list(ctx: click.Context, state: str | None, provider: str | None, limit:
     if as_json:
         _emit_json([op.to_json() for op in operations])
         return
-    table = Table(Column("operation", no_wrap=True), "provider", "state", "remote job", "attempts", "updated")
+    table = Table(Column("operation", no_wrap=True), "provider", "state", "remote job", "next action at")
     for op in operations:
         table.add_row(
             op.operation_id,
             op.provider,
             op.state.value,
             op.remote_job_id or "-",
-            str(op.attempts),
-            rfc3339(op.updated_at_us),
+            "-" if op.state in FINAL_STATES else rfc3339(op.next_action_at_us) or "waits for a person",
         )
     console.print(table)
     if not operations:
@@ -331,6 +330,93 @@ def providers_check(provider_file: str, as_json: bool) -> None:
     console.print(table)
     for warning in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+@cli.command()
+@click.option(
+    "--provider",
+    "provider_files",
+    multiple=True,
+    envvar="JOBTRAIL_PROVIDERS",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Provider file (repeatable; or $JOBTRAIL_PROVIDERS).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1),
+    default=1000,
+    show_default=True,
+    help="Operations in flight at once.",
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds a claim lasts; must exceed the slowest provider call.",
+)
+@click.option("--until-settled", is_flag=True, help="Exit when no operation needs an automatic action.")
+@click.option("--timeout", type=click.FloatRange(min=0), help="Exit after this many seconds.")
+@click.option("--id", "worker_id", help="Worker identity on leases and observations (default host:pid).")
+@click.option("--json", "as_json", is_flag=True, help="Print the run's statistics as an object at exit.")
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    provider_files: tuple[str, ...],
+    concurrency: int,
+    lease_s: float,
+    until_settled: bool,
+    timeout: float | None,
+    worker_id: str | None,
+    as_json: bool,
+) -> None:
+    """Claim due operations under a lease and do each one's next action.
+
+    SIGTERM or SIGINT: stop claiming, finish in-flight actions, release leases, exit 0.
+
+    \b
+    Example:
+      jobtrail --db postgresql://jobs@db/jobs worker --provider openai.toml --concurrency 2000
+    """
+    import signal
+
+    from jobtrail._http_provider import load_provider
+    from jobtrail._worker import Worker
+
+    adapters = {}
+    for path in provider_files:
+        adapter = load_provider(path)
+        adapters[adapter.name] = adapter
+        slowest = adapter.config.timeout_s + adapter.config.connect_timeout_s
+        if lease_s <= slowest:
+            raise ConfigError(
+                f"--lease {lease_s:g} must exceed provider {adapter.name}'s slowest call "
+                f"({slowest:g} s: timeout_s + connect_timeout_s)"
+            )
+    runner = Worker(_store(ctx), adapters, worker_id=worker_id, concurrency=concurrency, lease_s=lease_s)
+
+    async def run() -> Any:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runner.stop)
+        return await runner.run(until_settled=until_settled, timeout=timeout)
+
+    stats = asyncio.run(run())
+    if as_json:
+        _emit_json(
+            {
+                "worker": runner.worker_id,
+                "claimed": stats.claimed,
+                "actions": stats.actions,
+                "stale": stats.stale,
+                "errors": stats.errors,
+                "transactions": stats.transactions,
+                "writes": stats.writes,
+                "settled": stats.settled,
+            }
+        )
 
 
 @cli.command()

@@ -1,0 +1,311 @@
+"""The worker: lease-owned actions, a persisted schedule, and several real processes on one database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FakeClock
+
+from jobtrail import AsyncJobtrail, State, Store
+from jobtrail._audit import verify
+from jobtrail._http_provider import load_provider
+from jobtrail._worker import Worker
+from jobtrail.testing import FakeProvider
+
+S = State
+
+
+def write_provider(path: Path, fake: FakeProvider, **overrides: Any) -> Path:
+    config = fake.provider_config(connect_timeout_s=1.0, **overrides)
+    lines = []
+    for key, value in config.items():
+        if not isinstance(value, dict):
+            lines.append(f"{key} = {json.dumps(value)}")
+    for key, value in config.items():
+        if isinstance(value, dict):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def submit_many(db_url: str, fake: FakeProvider, n: int) -> list[str]:
+    store = Store.open(db_url)
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+
+    async def go() -> list[str]:
+        return [(await jt.submit("fake", {"i": i})).operation_id for i in range(n)]
+
+    ids = asyncio.run(go())
+    store.close()
+    return ids
+
+
+def start_worker(
+    db_url: str, provider: Path, name: str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobtrail",
+            "--db",
+            db_url,
+            "worker",
+            "--provider",
+            str(provider),
+            "--id",
+            name,
+            "--json",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def assert_one_worker_per_lease(fake: FakeProvider) -> None:
+    """Every status poll of a job names its lease; one epoch never belongs to two workers, and
+    epochs never interleave in time."""
+    by_job: dict[str, list[tuple[float, str, int]]] = defaultdict(list)
+    for job, lease, at in fake.status_leases:
+        assert lease is not None, "a status poll was made without a lease"
+        owner, epoch = lease.rsplit("/", 1)
+        by_job[job].append((at, owner, int(epoch)))
+    for job, polls in by_job.items():
+        owners: dict[int, str] = {}
+        for _, owner, epoch in polls:
+            assert owners.setdefault(epoch, owner) == owner, f"{job}: epoch {epoch} polled by two workers"
+        epochs = [epoch for _, _, epoch in sorted(polls)]
+        assert epochs == sorted(epochs), f"{job}: polls under an older lease after a newer one"
+
+
+def test_three_worker_processes_finish_500_operations(db_url: str, tmp_path: Path) -> None:
+    """Every operation succeeds, the provider saw exactly one create each, leases never overlap."""
+    fake = FakeProvider(job_duration_s=0.5).start()
+    try:
+        ids = submit_many(db_url, fake, 500)
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        workers = [
+            start_worker(db_url, provider, f"w{i}", "--until-settled", "--timeout", "150", "--lease", "20")
+            for i in range(3)
+        ]
+        results = [finish(p) for p in workers]
+        for code, _out, err in results:
+            assert code == 0, err
+        stats = [json.loads(out) for _, out, _ in results]
+        assert sum(s["actions"] for s in stats) >= 1500
+        assert sum(1 for s in stats if s["actions"] > 0) >= 2, "the work was not shared"
+        with Store.open(db_url) as store:
+            states = {store.get(i).state for i in ids}
+            assert states == {S.SUCCEEDED}
+            assert verify(store).ok
+        assert fake.counts["creates_received"] == 500 and fake.counts["jobs_created"] == 500
+        assert fake.counts["results"] == 500
+        assert_one_worker_per_lease(fake)
+    finally:
+        fake.stop()
+
+
+def test_a_killed_worker_s_operations_are_finished_after_its_leases_expire(
+    db_url: str, tmp_path: Path
+) -> None:
+    """kill -9 in the middle of the run; another worker finishes everything, one job per operation."""
+    fake = FakeProvider(job_duration_s=2.0).start()
+    try:
+        ids = submit_many(db_url, fake, 100)
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        doomed = start_worker(db_url, provider, "doomed", "--lease", "4")
+        deadline = time.monotonic() + 60
+        while fake.counts["status"] < 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        doomed.send_signal(signal.SIGKILL)
+        doomed.communicate(timeout=30)
+        assert doomed.returncode == -signal.SIGKILL
+        survivor = start_worker(
+            db_url, provider, "survivor", "--until-settled", "--timeout", "120", "--lease", "4"
+        )
+        code, _out, err = finish(survivor)
+        assert code == 0, err
+        with Store.open(db_url) as store:
+            assert {store.get(i).state for i in ids} == {S.SUCCEEDED}
+            assert verify(store).ok
+            for op_id in ids:
+                op = store.get(op_id)
+                assert fake.jobs_for(op.idempotency_token) == [op.remote_job_id]
+        assert fake.counts["jobs_created"] == 100
+        assert_one_worker_per_lease(fake)
+    finally:
+        fake.stop()
+
+
+def test_a_worker_dying_between_attempt_and_send_leaves_nothing_duplicated(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Leases held by a dead worker expire; the next worker reconciles the unrecorded attempts."""
+    fake = FakeProvider(job_duration_s=0.2).start()
+    try:
+        ids = submit_many(db_url, fake, 30)
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        died = start_worker(
+            db_url, provider, "dies", "--lease", "4", env={"JOBTRAIL_FAILPOINTS": "create.after_attempt=exit"}
+        )
+        assert finish(died)[0] == 137
+        with Store.open(db_url) as store:
+            held = [store.get(i) for i in ids if store.get(i).lease_owner == "dies"]
+            assert held and all(op.attempts == 1 for op in held)
+        code, _out, err = finish(
+            start_worker(db_url, provider, "next", "--until-settled", "--timeout", "60", "--lease", "4")
+        )
+        assert code == 0, err
+        with Store.open(db_url) as store:
+            for op_id in ids:
+                op = store.get(op_id)
+                assert op.state is S.SUCCEEDED
+                assert fake.jobs_for(op.idempotency_token) == [op.remote_job_id]
+            for op in held:
+                causes = [e.cause for e in store.history(op.operation_id)]
+                assert "ambiguous_create" in causes  # the unsent attempt was doubted, not assumed
+        assert fake.counts["jobs_created"] == 30
+    finally:
+        fake.stop()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    provider = FakeProvider(job_duration_s=0.3).start()
+    yield provider
+    provider.stop()
+
+
+def test_a_worker_whose_lease_expired_cannot_write(db_url: str, fake: FakeProvider) -> None:
+    clock = FakeClock()
+    store = Store.open(db_url, clock=clock)
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+    op = asyncio.run(jt.submit("fake", {"x": 1}))
+    asyncio.run(jt.providers["fake"].aclose())
+    slow = Worker(store, {"fake": load_provider(fake.provider_config())}, worker_id="slow", lease_s=10)
+    claimed = store.claim("slow", limit=10, lease_s=10)
+    assert [c.operation_id for c in claimed] == [op.operation_id]
+    clock.advance(11)  # the slow worker was paused past its lease
+    taken = store.claim("fast", limit=10, lease_s=10)
+    assert taken[0].lease_epoch == claimed[0].lease_epoch + 1
+
+    async def late() -> None:
+        await slow._handle(claimed[0])
+        await slow.providers["fake"].aclose()
+
+    asyncio.run(late())
+    assert slow.stats.stale == 1
+    current = store.get(op.operation_id)
+    assert current.lease_owner == "fast" and current.state is S.CREATE_PENDING and current.attempts == 0
+    assert fake.counts["creates_received"] == 0  # the attempt write was refused, so nothing was sent
+    store.close()
+
+
+def test_a_restarted_worker_resumes_the_stored_schedule(db_url: str, fake: FakeProvider) -> None:
+    """The next poll time is on the record; a new worker waits for it, with a controllable clock."""
+    clock = FakeClock()
+    store = Store.open(db_url, clock=clock)
+    config = fake.provider_config(poll={"initial_s": 30, "factor": 1, "cap_s": 30})
+    jt = AsyncJobtrail(store=store, providers=[config])
+
+    async def create() -> Any:
+        op = await jt.drive_create((await jt.submit("fake", {"x": 2})).operation_id)
+        await jt.providers["fake"].aclose()
+        return op
+
+    op = asyncio.run(create())
+    assert op.state is S.ACCEPTED
+
+    def one_pass(name: str) -> Worker:
+        worker = Worker(store, {"fake": load_provider(config)}, worker_id=name, idle_s=0.01)
+        asyncio.run(worker.run(timeout=0.5))
+        return worker
+
+    one_pass("first")  # polls once: running, next poll within 30 s
+    after_first = store.get(op.operation_id)
+    assert after_first.state is S.OBSERVING and after_first.polls == 1
+    due = after_first.next_action_at_us
+    assert due is not None and clock.now_us < due <= clock.now_us + 30_000_000
+    polls = fake.counts["status"]
+
+    one_pass("restarted")  # same instant: nothing is due, nothing is sent
+    assert fake.counts["status"] == polls and store.get(op.operation_id).polls == 1
+    clock.now_us = due
+    one_pass("restarted")
+    assert fake.counts["status"] == polls + 1
+    observations = [o for o in store.observations(op.operation_id) if o["kind"] == "status_poll"]
+    assert observations[-1]["worker"] == "restarted" and observations[0]["worker"] == "first"
+    store.close()
+
+
+def test_after_a_mass_restart_the_polls_are_spread(db_url: str) -> None:
+    """Full jitter: 100 operations polled at once get 100 different next poll times."""
+    fake = FakeProvider(job_duration_s=120).start()
+    clock = FakeClock()
+    store = Store.open(db_url, clock=clock)
+    config = fake.provider_config(poll={"initial_s": 10, "factor": 1, "cap_s": 10})
+    jt = AsyncJobtrail(store=store, providers=[config])
+
+    async def go() -> None:
+        for i in range(100):
+            await jt.drive_create((await jt.submit("fake", {"i": i})).operation_id)
+        await jt.providers["fake"].aclose()
+
+    asyncio.run(go())
+    worker = Worker(store, {"fake": load_provider(config)}, worker_id="w", idle_s=0.01)
+    asyncio.run(worker.run(timeout=1.0))
+    due = sorted(op.next_action_at_us for op in store.list_operations(limit=None))
+    assert len(set(due)) == 100
+    spread_s = (due[-1] - due[0]) / 1e6
+    assert spread_s > 5, f"polls bunched within {spread_s:.2f} s"
+    store.close()
+    fake.stop()
+
+
+def test_sigterm_finishes_in_flight_work_and_releases_leases(db_url: str, tmp_path: Path) -> None:
+    fake = FakeProvider(job_duration_s=5.0).start()
+    try:
+        ids = submit_many(db_url, fake, 50)
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        proc = start_worker(db_url, provider, "polite", "--lease", "30")
+        deadline = time.monotonic() + 30
+        while fake.counts["jobs_created"] < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, timeout=30)
+        assert code == 0, err
+        assert json.loads(out)["worker"] == "polite"
+        with Store.open(db_url) as store:
+            assert all(store.get(i).lease_owner is None for i in ids)
+            assert verify(store).ok
+    finally:
+        fake.stop()
+
+
+def test_worker_refuses_a_lease_shorter_than_a_provider_call(
+    db_url: str, tmp_path: Path, fake: FakeProvider
+) -> None:
+    provider = write_provider(tmp_path / "fake.toml", fake)
+    proc = start_worker(db_url, provider, "x", "--lease", "2")
+    code, _out, err = finish(proc, timeout=30)
+    assert code == 2 and "must exceed provider fake's slowest call" in err
