@@ -241,6 +241,8 @@ def test_a_restarted_worker_resumes_the_stored_schedule(db_url: str, fake: FakeP
         asyncio.run(worker.run(timeout=0.5))
         return worker
 
+    assert op.next_action_at_us is not None and op.next_action_at_us > clock.now_us  # first poll waits
+    clock.now_us = op.next_action_at_us
     one_pass("first")  # polls once: running, next poll within 30 s
     after_first = store.get(op.operation_id)
     assert after_first.state is S.OBSERVING and after_first.polls == 1
@@ -272,8 +274,10 @@ def test_after_a_mass_restart_the_polls_are_spread(db_url: str) -> None:
         await jt.providers["fake"].aclose()
 
     asyncio.run(go())
+    clock.advance(10)  # every operation's first poll is due
     worker = Worker(store, {"fake": load_provider(config)}, worker_id="w", idle_s=0.01)
     asyncio.run(worker.run(timeout=1.0))
+    assert all(op.polls == 1 for op in store.list_operations(limit=None))
     due = sorted(op.next_action_at_us for op in store.list_operations(limit=None))
     assert len(set(due)) == 100
     spread_s = (due[-1] - due[0]) / 1e6

@@ -17,11 +17,13 @@ class Backoff:
     cap_s: float = 60.0
     #: the longest Retry-After we honour; a larger one is clamped to this
     max_retry_after_s: float = 3600.0
+    #: the random share of each delay: 1.0 is full jitter (0..ceiling), 0.1 waits 90-100 % of it
+    jitter: float = 1.0
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before attempt ``attempt + 1`` (``attempt`` >= 1)."""
         ceiling = min(self.cap_s, self.initial_s * self.factor ** min(max(attempt - 1, 0), 64))
-        return (rng or random).uniform(0, ceiling)
+        return ceiling * (1 - self.jitter * (rng or random).random())
 
     def after(self, retry_after_s: float | None, attempt: int, rng: random.Random | None = None) -> float:
         if retry_after_s is not None:

@@ -178,7 +178,7 @@ class CreateFlow:
         )
         if found.kind == "found":
             return await self._confirm_or_conflict(
-                op, found.remote_job_ids[0], found, via=mode.value, others=found.remote_job_ids[1:]
+                op, provider, found.remote_job_ids[0], found, via=mode.value, others=found.remote_job_ids[1:]
             )
         if found.kind == "absent":
             return await self.writer.transition(
@@ -248,7 +248,13 @@ class CreateFlow:
             if reason == "replay":
                 others = await self._cross_check(op, provider, outcome.remote_job_id)
             return await self._confirm_or_conflict(
-                op, outcome.remote_job_id, outcome, via=reason, others=others, status_url=outcome.status_url
+                op,
+                provider,
+                outcome.remote_job_id,
+                outcome,
+                via=reason,
+                others=others,
+                status_url=outcome.status_url,
             )
         if outcome.kind == "synchronous":
             result_obs = await self._observe(
@@ -375,6 +381,7 @@ class CreateFlow:
     async def _confirm_or_conflict(
         self,
         op: Operation,
+        provider: Provider,
         job_id: str,
         outcome: CreateOutcome | LookupOutcome,
         *,
@@ -420,7 +427,12 @@ class CreateFlow:
                 via=via,
             ),
             actor=self.actor,
-            changes={"remote_job_id": job_id, "next_action_at_us": self._now(), "state_reason": None},
+            # the first status read waits one poll interval: the job was created a moment ago
+            changes={
+                "remote_job_id": job_id,
+                "state_reason": None,
+                "next_action_at_us": self._now() + int(provider.poll_backoff.delay(1, self.rng) * _US),
+            },
             request_ids=_ids(resp.provider_request_id),
         )
         failpoint("create.after_job_id")

@@ -402,7 +402,10 @@ def _backoff(section: Section | None, default: Backoff) -> Backoff:
         factor=section.number("factor", "a number >= 1", default.factor, minimum=1),
         cap_s=section.number("cap_s", "seconds", default.cap_s, minimum=0.001),
         max_retry_after_s=section.number("max_retry_after_s", "seconds", default.max_retry_after_s),
+        jitter=section.number("jitter", "a share between 0 and 1 (1 = full jitter)", default.jitter),
     )
+    if backoff.jitter > 1:
+        section.fail("jitter", "a share between 0 and 1 (1 = full jitter)", backoff.jitter)
     section.done()
     return backoff
 
