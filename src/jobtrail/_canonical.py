@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from json.encoder import encode_basestring
 from typing import Any
 
 from jobtrail._errors import UsageError
@@ -38,11 +39,21 @@ def canonical_bytes(value: Any) -> bytes:
     return canonical_json(value).encode("utf-8")
 
 
+def compact_json(value: Any) -> str:
+    """Deterministic compact JSON for storage (sorted keys, no whitespace, UTF-8, no NaN).
+
+    For values made only of strings, integers, booleans, null, lists and objects
+    this is byte-for-byte :func:`canonical_json`, at C speed; floats are written
+    as Python writes them, which is why fingerprints use :func:`canonical_json`.
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _write(value: Any, out: list[str]) -> None:
     if value is None or value is True or value is False:
         out.append(json.dumps(value))
     elif isinstance(value, str):
-        out.append(json.dumps(value, ensure_ascii=False))
+        out.append(encode_basestring(value))
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, float):
@@ -56,7 +67,7 @@ def _write(value: Any, out: list[str]) -> None:
                 )
             if i:
                 out.append(",")
-            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(encode_basestring(key))
             out.append(":")
             _write(value[key], out)
         out.append("}")

@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jobtrail._canonical import canonical_bytes, rfc3339
+from jobtrail._canonical import canonical_bytes, compact_json, rfc3339
 
 HASH_VERSION = 1
 GENESIS = "0" * 64
@@ -45,7 +45,8 @@ def entry_hash(row: Mapping[str, Any]) -> str:
     doc["at"] = rfc3339(doc.pop("at_us"))
     if doc["hash_version"] != HASH_VERSION:
         raise ValueError(f"unknown history hash version {doc['hash_version']}")
-    return hashlib.sha256(_PREFIX + canonical_bytes(doc)).hexdigest()
+    # every value here is a string, an integer or null, so compact_json is the canonical encoding
+    return hashlib.sha256(_PREFIX + compact_json(doc).encode("utf-8")).hexdigest()
 
 
 def leaf_bytes(operation_id: str, seq: int, head: str) -> bytes:

@@ -86,8 +86,8 @@ class CreateFlow:
         if deadline is not None and now >= deadline:
             return await self._deadline_passed(op, now)
         if op.state is State.CREATE_PENDING:
-            last = self.store.last_entry(op.operation_id)
-            if op.attempts > 0 and last is not None and last.cause == CreateAttempt.kind:
+            last = self.store.last_entry(op.operation_id) if op.attempts > 0 else None
+            if last is not None and last.cause == CreateAttempt.kind:
                 # the process that sent attempt N died before recording its outcome
                 return await self.writer.transition(
                     op,
@@ -390,7 +390,8 @@ class CreateFlow:
         status_url: str | None = None,
     ) -> Operation:
         resp = outcome.response
-        earlier = [j for j in self._earlier_job_ids(op) if j != job_id]
+        # answers to earlier attempts of this token (only possible after more than one attempt)
+        earlier = [j for j in self._earlier_job_ids(op) if j != job_id] if op.attempts > 1 else []
         conflicting = (*others, *earlier)
         if conflicting:
             return await self.writer.transition(

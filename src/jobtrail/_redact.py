@@ -15,6 +15,7 @@ Four passes, in this order:
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import re
 import threading
@@ -144,6 +145,10 @@ _KV_HINTS = (
     "session",
 )
 
+_STRONG_HINT = re.compile("|".join(re.escape(h) for h in _STRONG_HINTS), re.IGNORECASE)
+_KV_HINT = re.compile("|".join(re.escape(h) for h in _KV_HINTS), re.IGNORECASE)
+_NON_ALNUM = re.compile(r"[^a-z0-9]")
+
 #: ``key=value`` / ``"key": "value"`` where the key names a secret. Used to redact,
 #: not to refuse request bodies: it would also match harmless prose.
 _KV_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -162,10 +167,12 @@ _KV_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def _norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+    return _NON_ALNUM.sub("", name.lower())
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """Does a header, field or parameter name say its value is a credential?"""
     n = _norm(name)
@@ -251,7 +258,7 @@ class Redactor:
 
     def text(self, value: str) -> str:
         value = self._strong(value)
-        if ("=" in value or ":" in value) and any(hint in value.lower() for hint in _KV_HINTS):
+        if ("=" in value or ":" in value) and _KV_HINT.search(value):
             for pattern, replacement in _KV_PATTERNS:
                 value = pattern.sub(replacement, value)
         return value
@@ -262,8 +269,7 @@ class Redactor:
             if secret in value:
                 value = value.replace(secret, REDACTED)
         # the patterns are costly; most stored strings (states, causes, ids) contain no hint at all
-        lowered = value.lower()
-        if any(hint in lowered for hint in _STRONG_HINTS):
+        if _STRONG_HINT.search(value):
             for pattern, replacement in _PATTERNS:
                 value = pattern.sub(replacement, value)
         return value

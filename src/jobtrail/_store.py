@@ -25,7 +25,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from jobtrail import _schema as t
-from jobtrail._canonical import canonical_json, request_fingerprint, to_us
+from jobtrail._canonical import compact_json, request_fingerprint, to_us
 from jobtrail._chain import GENESIS, HASH_VERSION, entry_hash
 from jobtrail._errors import (
     ConfigError,
@@ -215,7 +215,7 @@ class Store:
                 "(referenced by name, injected at send time) and remove them from the body",
                 paths=secret_paths,
             )
-        body_text = canonical_json(spec.body)
+        body_text = compact_json(spec.body)
         fingerprint = request_fingerprint(spec.provider, spec.target, spec.endpoint, spec.body)
         now = self.clock()
 
@@ -362,21 +362,34 @@ class Store:
         """
         now = self.clock()
         prepared = [self._prepare(item, now) for item in batch]
-        results: list[Any] = []
+        results: list[Any] = [None] * len(prepared)
+        history_rows: list[dict[str, Any]] = []
+        observation_rows: list[dict[str, Any]] = []
+        observation_slots: list[int] = []
+        releases: list[dict[str, Any]] = []
         with self._errors("recording a transition"), self.engine.begin() as conn:
-            for item, update, entry in prepared:
+            # the conditional UPDATEs one by one (each one's rowcount says stale or not),
+            # then every INSERT of the batch in one executemany per table
+            for slot, (item, update, entry) in enumerate(prepared):
                 if isinstance(item, Observe):
-                    key = conn.execute(_INSERT_OBSERVATION, update).inserted_primary_key
-                    results.append(int(key[0]) if key is not None else 0)
+                    observation_rows.append(update)
+                    observation_slots.append(slot)
                 elif isinstance(item, Release):
-                    conn.execute(_RELEASE, update)
-                    results.append(None)
+                    releases.append(update)
                 elif conn.execute(_update_statement(update["b_epoch"] is not None), update).rowcount != 1:
-                    results.append(self._stale(conn, item))
+                    results[slot] = self._stale(conn, item)
                 else:
                     if entry is not None:
-                        conn.execute(_INSERT_HISTORY, entry)
-                    results.append(_advanced(item.op, update))
+                        history_rows.append(entry)
+                    results[slot] = _advanced(item.op, update)
+            if history_rows:
+                conn.execute(_INSERT_HISTORY, history_rows)
+            if observation_rows:
+                ids = conn.execute(_INSERT_OBSERVATION, observation_rows).scalars().all()
+                for slot, observation_id in zip(observation_slots, ids, strict=True):
+                    results[slot] = int(observation_id)
+            if releases:
+                conn.execute(_RELEASE, releases)
         return results
 
     def _prepare(self, item: Write, now: int) -> tuple[Write, dict[str, Any], dict[str, Any] | None]:
@@ -493,10 +506,10 @@ class Store:
             "from_state": None if from_state is None else from_state.value,
             "to_state": to_state.value,
             "cause": evidence.kind,
-            "evidence": canonical_json(redact.value(evidence.to_json())),
+            "evidence": compact_json(redact.value(evidence.to_json())),
             "remote_job_id": remote_job_id,
             "trace_id": trace_id,
-            "request_ids": canonical_json([redact.text(r) for r in request_ids]),
+            "request_ids": compact_json([redact.text(r) for r in request_ids]),
             "request_fingerprint": fingerprint,
             "prev_hash": prev_hash,
             "hash_version": HASH_VERSION,
@@ -524,7 +537,7 @@ class Store:
             else redact.text(item.provider_request_id),
             "remote_state": item.remote_state,
             "raw_state": None if item.raw_state is None else redact.text(item.raw_state),
-            "raw": canonical_json(redact.value(item.raw)),
+            "raw": compact_json(redact.value(item.raw)),
             "worker": item.worker,
             "lease_epoch": item.lease_epoch,
             "progress": item.progress,
@@ -691,7 +704,9 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
 
 _INSERT_OPERATION = sa.insert(t.operations)
 _INSERT_HISTORY = sa.insert(t.history)
-_INSERT_OBSERVATION = sa.insert(t.observations)
+_INSERT_OBSERVATION = sa.insert(t.observations).returning(
+    t.observations.c.observation_id, sort_by_parameter_order=True
+)
 _UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head")
 _RELEASE = (
     sa.update(t.operations)

@@ -1,0 +1,234 @@
+"""Whole life cycles: N operations (create -> polls -> result -> succeeded) against the fake provider.
+
+    python bench/lifecycle.py --n 1000
+    python bench/lifecycle.py --n 10000 --db postgresql://postgres@127.0.0.1:5432/test
+
+The fake provider runs in its own process on loopback; each job finishes 1 s
+after creation. The same run measures a plain, non-durable asyncio + aiohttp
+loop doing the same HTTP work (create with an Idempotency-Key, poll every
+0.25 s with small jitter, fetch the result, check its sha256), then jobtrail
+(submit, then one worker polling every 0.25 s with 10 % jitter), each in a
+process of its own, and prints both with jobtrail's throughput as a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import resource
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+POLL_S = 0.25
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _counts(base: str) -> dict[str, int]:
+    with urllib.request.urlopen(f"{base}/_fake/counts", timeout=10) as resp:
+        data: dict[str, int] = json.loads(resp.read())
+        return data
+
+
+def _usage() -> tuple[float, float]:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+# -- the plain loop ----------------------------------------------------------------------------
+
+
+async def _plain(base: str, n: int) -> dict[str, Any]:
+    import aiohttp
+
+    latencies: list[float] = []
+    failures = 0
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        nonlocal failures
+        started = time.monotonic()
+        key = secrets.token_hex(16)
+        async with session.post(f"{base}/v1/jobs", json={"i": i}, headers={"Idempotency-Key": f'"{key}"'}) as r:
+            job = (await r.json())["id"]
+        while True:
+            await asyncio.sleep(POLL_S * (1 - 0.1 * random.random()))  # noqa: S311
+            async with session.get(f"{base}/v1/jobs/{job}") as r:
+                if (await r.json())["status"] == "succeeded":
+                    break
+        async with session.get(f"{base}/v1/jobs/{job}/result") as r:
+            body = await r.read()
+        if not hashlib.sha256(body).hexdigest():
+            failures += 1
+        latencies.append(time.monotonic() - started)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(one(session, i) for i in range(n)))
+    return {"latencies": latencies, "failures": failures}
+
+
+def phase_plain(base: str, n: int) -> dict[str, Any]:
+    cpu0, _ = _usage()
+    t0 = time.monotonic()
+    out = asyncio.run(_plain(base, n))
+    wall = time.monotonic() - t0
+    cpu1, rss = _usage()
+    return {"wall_s": wall, "cpu_s": cpu1 - cpu0, "rss_mb": rss, "latencies": out["latencies"],
+            "succeeded": n - out["failures"]}
+
+
+# -- jobtrail ------------------------------------------------------------------------------------
+
+
+def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
+    import sqlalchemy as sa
+
+    from jobtrail import AsyncJobtrail, State, Store
+    from jobtrail._http_provider import load_provider
+    from jobtrail._worker import Worker
+
+    config = {
+        "name": "fake", "base_url": base, "timeout_s": 30, "connect_timeout_s": 10,
+        "create": {"path": "/v1/jobs", "job_id": "$.id"},
+        "status": {"path": "/v1/jobs/{job_id}", "state": "$.status", "result_ref": "$.result_url"},
+        "result": {"path": "/v1/jobs/{job_id}/result"},
+        "reconcile": {"modes": ["replay"]},
+        "poll": {"initial_s": POLL_S, "factor": 1, "cap_s": POLL_S, "jitter": 0.1},
+    }
+    store = Store.open(db)
+    statements = 0
+
+    def count(*_: Any) -> None:
+        nonlocal statements
+        statements += 1
+
+    sa.event.listen(store.engine, "before_cursor_execute", count)
+    cpu0, _ = _usage()
+    t0 = time.monotonic()
+    jt = AsyncJobtrail(store=store, providers=[config])
+
+    async def run() -> Any:
+        for i in range(n):
+            await jt.submit("fake", {"i": i})
+        worker = Worker(store, {"fake": load_provider(config)}, worker_id="bench", concurrency=n, lease_s=120,
+                        batch=1000)
+        return await worker.run(until_settled=True)
+
+    stats = asyncio.run(run())
+    wall = time.monotonic() - t0
+    cpu1, rss = _usage()
+    ops = store.list_operations(limit=None)
+    done = [op for op in ops if op.state is State.SUCCEEDED]
+    latencies = [(op.updated_at_us - op.created_at_us) / 1e6 for op in done]
+    with store.engine.connect() as conn:
+        rows = {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()  # noqa: S608
+                for t in ("operations", "history", "observations")}
+    store.close()
+    return {"wall_s": wall, "cpu_s": cpu1 - cpu0, "rss_mb": rss, "latencies": latencies, "succeeded": len(done),
+            "transactions": stats.transactions + n + stats.claimed // 1000 + 1, "worker_transactions":
+            stats.transactions, "writes": stats.writes, "rows": rows, "statements": statements,
+            "claims": stats.claimed}
+
+
+# -- driver ----------------------------------------------------------------------------------------
+
+
+def _child(phase: str, base: str, n: int, db: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--phase", phase, "--base", base, "--n", str(n), "--db", db],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{phase} phase failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _line(name: str, r: dict[str, Any], n: int, requests: int) -> str:
+    lat = r["latencies"]
+    return (f"{name:<9} {n / r['wall_s']:8.0f} ops/s  {r['cpu_s'] * 1000 / n:6.2f} CPU ms/op  "
+            f"{requests / n:5.2f} HTTP req/op  peak RSS {r['rss_mb']:6.1f} MB  "
+            f"latency p50 {statistics.median(lat):.2f} s p99 {_pct(lat, 0.99):.2f} s  "
+            f"({r['succeeded']}/{n} succeeded)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--db", default="", help="database URL (default: a temp SQLite file)")
+    parser.add_argument("--phase", choices=["plain", "jobtrail"], help=argparse.SUPPRESS)
+    parser.add_argument("--base", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase == "plain":
+        print(json.dumps(phase_plain(args.base, args.n)))
+        return
+    if args.phase == "jobtrail":
+        print(json.dumps(phase_jobtrail(args.base, args.n, args.db)))
+        return
+
+    port = _free_port()
+    fake = subprocess.Popen([sys.executable, "-m", "jobtrail.testing.provider", "--port", str(port),
+                             "--job-duration", "1.0"], stdout=subprocess.PIPE, text=True)
+    assert fake.stdout is not None
+    base = json.loads(fake.stdout.readline())["base_url"]
+    tmp = tempfile.mkdtemp()
+    db = args.db or os.path.join(tmp, "lifecycle.db")
+    if db.startswith("postgres"):
+        import sqlalchemy as sa
+
+        schema = "bench_" + secrets.token_hex(4)
+        engine = sa.create_engine(db.replace("postgresql://", "postgresql+psycopg://", 1))
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+        db_for_run = f"{db}{'&' if '?' in db else '?'}options=-csearch_path%3D{schema}"
+    else:
+        db_for_run = db
+    try:
+        before = _counts(base)
+        plain = _child("plain", base, args.n, "")
+        middle = _counts(base)
+        durable = _child("jobtrail", base, args.n, db_for_run)
+        after = _counts(base)
+    finally:
+        fake.terminate()
+        fake.wait(10)
+        if db.startswith("postgres"):
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+    req = {k: middle.get(k, 0) - before.get(k, 0) for k in ("creates_received", "status", "results")}
+    req2 = {k: after.get(k, 0) - middle.get(k, 0) for k in ("creates_received", "status", "results")}
+    n = args.n
+    engine_name = "postgresql" if db.startswith("postgres") else "sqlite"
+    print(f"N = {n}, engine {engine_name}, jobs finish 1.0 s after creation, polls every {POLL_S} s")
+    print(_line("plain", plain, n, sum(req.values())))
+    print(_line("jobtrail", durable, n, sum(req2.values())))
+    rows = durable["rows"]
+    print(f"jobtrail database: {durable['transactions'] / n:.2f} transactions/op "
+          f"({durable['worker_transactions']} group commits for {durable['writes']} writes, "
+          f"{n} submits), {durable['statements'] / n:.1f} SQL statements/op, rows/op: "
+          f"history {rows['history'] / n:.1f}, observations {rows['observations'] / n:.1f}")
+    print(f"jobtrail HTTP: {req2['creates_received'] / n:.2f} creates, {req2['status'] / n:.2f} polls, "
+          f"{req2['results'] / n:.2f} result fetches per op (plain: {req['status'] / n:.2f} polls)")
+    ratio = (n / durable["wall_s"]) / (n / plain["wall_s"])
+    print(f"ratio: {ratio:.2f}   p99 latency ratio: {_pct(durable['latencies'], 0.99) / _pct(plain['latencies'], 0.99):.2f}")
+
+
+if __name__ == "__main__":
+    main()
