@@ -262,3 +262,15 @@ def test_db_location_order(tmp_path, monkeypatch) -> None:
     assert resolve_db_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
     with pytest.raises(Exception, match="unsupported database URL scheme"):
         resolve_db_url("mysql://x")
+
+
+def test_many_records_in_one_transaction_keep_the_key_rules(store: Store) -> None:
+    """create_operations is one commit; a colliding key falls back to per-record answers."""
+    first, _ = store.create_operation(spec(operation_key="dup"))
+    made = store.create_operations([spec(body={"i": i}) for i in range(20)])
+    assert all(created for _, created in made) and store.count() == 21
+    mixed = store.create_operations([spec(body={"i": 99}), spec(operation_key="dup")])
+    assert mixed[1] == (first, False) and mixed[0][1] is True
+    with pytest.raises(OperationKeyConflict):
+        store.create_operations([spec(body={"i": 100}), spec(operation_key="dup", body={"changed": 1})])
+    assert verify(store).ok

@@ -82,22 +82,56 @@ class AsyncJobtrail:
         with a changed request it raises :class:`OperationKeyConflict`.
         """
         adapter = self.provider(provider)
-        op, _ = self.store.create_operation(
-            OperationSpec(
-                provider=provider,
-                target=target or adapter.target,
-                endpoint=adapter.create_endpoint,
-                body=request,
-                operation_key=key,
-                caller=caller,
-                approved_by=approved_by,
-                create_deadline=create_deadline,
-                result_deadline=result_deadline,
-                cancel_deadline=cancel_deadline,
-            ),
-            actor=caller,
+        spec = self._spec(
+            adapter,
+            provider,
+            request,
+            key,
+            target=target,
+            caller=caller,
+            approved_by=approved_by,
+            create_deadline=create_deadline,
+            result_deadline=result_deadline,
+            cancel_deadline=cancel_deadline,
         )
+        op, _ = self.store.create_operation(spec, actor=caller)
         return op
+
+    @staticmethod
+    def _spec(
+        adapter: Provider,
+        provider: str,
+        request: Any,
+        key: str | None,
+        *,
+        target: str | None = None,
+        caller: str = "unknown",
+        approved_by: str | None = None,
+        create_deadline: timedelta | None = DEFAULT_CREATE_DEADLINE,
+        result_deadline: timedelta | None = DEFAULT_RESULT_DEADLINE,
+        cancel_deadline: timedelta | None = DEFAULT_CANCEL_DEADLINE,
+    ) -> OperationSpec:
+        return OperationSpec(
+            provider=provider,
+            target=target or adapter.target,
+            endpoint=adapter.create_endpoint,
+            body=request,
+            operation_key=key,
+            caller=caller,
+            approved_by=approved_by,
+            create_deadline=create_deadline,
+            result_deadline=result_deadline,
+            cancel_deadline=cancel_deadline,
+        )
+
+    async def submit_many(self, provider: str, requests: Iterable[Any], **options: Any) -> list[Operation]:
+        """Submit many requests to one provider in one transaction (one commit); nothing is sent.
+
+        Takes the options of :meth:`submit` except ``key`` (use :meth:`submit` for keyed requests).
+        """
+        adapter = self.provider(provider)
+        specs = [self._spec(adapter, provider, request, None, **options) for request in requests]
+        return [op for op, _ in self.store.create_operations(specs, actor=options.get("caller", "unknown"))]
 
     async def advance_create(self, operation_id: str) -> Operation:
         """Do the operation's next create-phase action if it is due (one step)."""

@@ -162,19 +162,15 @@ class CollectFlow:
         now = self.store.clock()
         if op.next_action_at_us is not None and op.next_action_at_us > now:
             return op
-        observations = self.store.observations(op.operation_id)
-        synchronous = [o for o in observations if o["kind"] == "synchronous_result"]
-        if synchronous:
-            return await self._validated(op, synchronous[-1]["raw"].get("result"), None, "synchronous")
-        ref = next(
-            (
-                o["raw"].get("result_ref")
-                for o in reversed(observations)
-                if o["kind"] == "status_poll" and o["raw"].get("result_ref")
-            ),
-            None,
-        )
-        attempts = sum(1 for o in observations if o["kind"] == "result_fetch") + 1
+        entered = self.store.last_entry(op.operation_id)  # the evidence that the job finished
+        evidence = json.loads(entered.evidence) if entered is not None else {}
+        if evidence.get("kind") == "synchronous_result" and evidence.get("observation_id"):
+            stored = self.store.observation(int(evidence["observation_id"]))
+            return await self._validated(
+                op, stored["raw"].get("result") if stored else None, None, "synchronous"
+            )
+        ref = evidence.get("result_ref")
+        attempts = self.store.count_observations(op.operation_id, "result_fetch") + 1
         resp = await provider.fetch_result(op, ref)
         body = resp.body
         await self.writer.observe(

@@ -207,6 +207,51 @@ class Store:
         operation (``created`` is False); with a different request it raises
         :class:`OperationKeyConflict`.
         """
+        return self.create_operations([spec], actor=actor)[0]
+
+    def create_operations(
+        self, specs: Sequence[OperationSpec], *, actor: str | None = None
+    ) -> list[tuple[Operation, bool]]:
+        """Make many records durable in one transaction (one commit), as :meth:`create_operation` does.
+
+        If a key collides, each record is then made in its own transaction, so a
+        refused one raises after the records before it are durable.
+        """
+        prepared = [self._new_operation(spec, actor) for spec in specs]
+        try:
+            with self._errors("creating an operation"), self.engine.begin() as conn:
+                conn.execute(_INSERT_OPERATION, [row for _, row, _ in prepared])
+                conn.execute(_INSERT_HISTORY, [entry for _, _, entry in prepared])
+        except StorageError as exc:
+            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+            if len(prepared) > 1:  # find which one collided, and let each answer for itself
+                return [self.create_operation(spec, actor=actor) for spec in specs]
+            return [
+                (self._existing_for_key(prepared[0][0], prepared[0][1]["request_fingerprint"], exc), False)
+            ]
+        for _, row, _ in prepared:
+            log.info("operation %s created (state create_pending)", row["operation_id"])
+        return [(_operation(row), True) for _, row, _ in prepared]
+
+    def _existing_for_key(self, spec: OperationSpec, fingerprint: str, exc: StorageError) -> Operation:
+        existing = None if spec.operation_key is None else self.find_by_key(spec.provider, spec.operation_key)
+        if existing is None:
+            raise exc
+        if existing.request_fingerprint != fingerprint:
+            raise OperationKeyConflict(
+                f"operation key {spec.operation_key!r} already names {existing.operation_id} "
+                f"for provider {spec.provider!r} with a different request "
+                f"(fingerprint {existing.request_fingerprint[:12]}..., yours {fingerprint[:12]}...); "
+                "a changed request is a new operation: submit it with a new operation key",
+                operation_id=existing.operation_id,
+                operation_key=spec.operation_key,
+            ) from None
+        return existing
+
+    def _new_operation(
+        self, spec: OperationSpec, actor: str | None
+    ) -> tuple[OperationSpec, dict[str, Any], dict[str, Any]]:
         secret_paths = self.redactor.secret_paths(spec.body)
         if secret_paths:
             raise SecretInRequest(
@@ -268,28 +313,7 @@ class Store:
             "lease_expires_at_us": None,
             "lease_epoch": 0,
         }
-        try:
-            with self._errors("creating an operation"), self.engine.begin() as conn:
-                conn.execute(_INSERT_OPERATION, row)
-                conn.execute(_INSERT_HISTORY, entry)
-        except StorageError as exc:
-            if spec.operation_key is None or not isinstance(exc.__cause__, sa.exc.IntegrityError):
-                raise
-            existing = self.find_by_key(spec.provider, spec.operation_key)
-            if existing is None:
-                raise
-            if existing.request_fingerprint != fingerprint:
-                raise OperationKeyConflict(
-                    f"operation key {spec.operation_key!r} already names {existing.operation_id} "
-                    f"for provider {spec.provider!r} with a different request "
-                    f"(fingerprint {existing.request_fingerprint[:12]}..., yours {fingerprint[:12]}...); "
-                    "a changed request is a new operation: submit it with a new operation key",
-                    operation_id=existing.operation_id,
-                    operation_key=spec.operation_key,
-                ) from None
-            return existing, False
-        log.info("operation %s created (state create_pending)", op_id)
-        return _operation(row), True
+        return spec, row, entry
 
     # -- changing ---------------------------------------------------------------
 
@@ -552,6 +576,27 @@ class Store:
                 .order_by(t.observations.c.observation_id)
             ).mappings()
             return [{**row, "raw": json.loads(row["raw"])} for row in rows]
+
+    def observation(self, observation_id: int) -> dict[str, Any] | None:
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    sa.select(t.observations).where(t.observations.c.observation_id == observation_id)
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else {**row, "raw": json.loads(row["raw"])}
+
+    def count_observations(self, operation_id: str, kind: str) -> int:
+        with self._read() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(t.observations)
+                    .where(t.observations.c.operation_id == operation_id, t.observations.c.kind == kind)
+                ).scalar_one()
+            )
 
     # -- reading ------------------------------------------------------------------
 
