@@ -125,13 +125,6 @@ def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
         "poll": {"initial_s": POLL_S, "factor": 1, "cap_s": POLL_S, "jitter": 0.1},
     }
     store = Store.open(db)
-    statements = 0
-
-    def count(*_: Any) -> None:
-        nonlocal statements
-        statements += 1
-
-    sa.event.listen(store.engine, "before_cursor_execute", count)
     cpu0, _ = _usage()
     t0 = time.monotonic()
     jt = AsyncJobtrail(store=store, providers=[config])
@@ -166,7 +159,6 @@ def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
         "worker_transactions": stats.transactions,
         "writes": stats.writes,
         "rows": rows,
-        "statements": statements,
         "claims": stats.claimed,
     }
 
@@ -256,8 +248,7 @@ def main() -> None:
     print(
         f"jobtrail database: {durable['transactions'] / n:.2f} transactions/op "
         f"({durable['worker_transactions']} group commits for {durable['writes']} writes, "
-        f"submits in {(n + 499) // 500} transactions), {durable['statements'] / n:.1f} SQL statements/op, "
-        "rows/op: "
+        f"submits in {(n + 499) // 500} transactions), rows/op: "
         f"history {rows['history'] / n:.1f}, observations {rows['observations'] / n:.1f}"
     )
     print(

@@ -267,6 +267,7 @@ class CreateFlow:
             changes: dict[str, Any] = {
                 "next_action_at_us": self._now(),
                 "state_reason": f"synchronous result stored under this operation (observation {result_obs})",
+                "result_ref": f"observation:{result_obs}",
             }
             if outcome.remote_job_id:
                 changes["remote_job_id"] = outcome.remote_job_id

@@ -143,7 +143,11 @@ class ObserveFlow:
             evidence,
             actor=self.actor,
             request_ids=request_ids,
-            changes={"remote_state": status.raw_state, "polls": polls, "state_reason": reason},
+            changes={
+                "remote_state": status.raw_state,
+                "result_ref": status.result_ref,
+                "state_reason": reason,
+            },
         )
 
 
@@ -162,15 +166,13 @@ class CollectFlow:
         now = self.store.clock()
         if op.next_action_at_us is not None and op.next_action_at_us > now:
             return op
-        entered = self.store.last_entry(op.operation_id)  # the evidence that the job finished
-        evidence = json.loads(entered.evidence) if entered is not None else {}
-        if evidence.get("kind") == "synchronous_result" and evidence.get("observation_id"):
-            stored = self.store.observation(int(evidence["observation_id"]))
+        ref = op.result_ref
+        if ref is not None and ref.startswith("observation:"):  # a synchronous result, stored at create
+            stored = self.store.observation(int(ref.split(":", 1)[1]))
             return await self._validated(
                 op, stored["raw"].get("result") if stored else None, None, "synchronous"
             )
-        ref = evidence.get("result_ref")
-        attempts = self.store.count_observations(op.operation_id, "result_fetch") + 1
+        attempts = op.polls + 1
         resp = await provider.fetch_result(op, ref)
         body = resp.body
         await self.writer.observe(
@@ -206,7 +208,12 @@ class CollectFlow:
             )
         next_at = now + int(provider.backoff.after(resp.retry_after_s, attempts, self.rng) * _US)
         return await self.writer.reschedule(
-            op, {"next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"}
+            op,
+            {
+                "polls": attempts,
+                "next_action_at_us": next_at,
+                "state_reason": f"{why}; retrying at {rfc3339(next_at)}",
+            },
         )
 
     async def _validated(

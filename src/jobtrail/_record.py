@@ -75,8 +75,10 @@ class Operation:
     lease_owner: str | None
     lease_expires_at_us: int | None
     lease_epoch: int
-    #: status polls so far (drives the back-off between polls)
+    #: requests made in the current state: status polls while observing, fetches while collecting
     polls: int = 0
+    #: where the finished result lives (a URL, an id, or ``observation:N`` for a stored one)
+    result_ref: str | None = None
 
     @property
     def create_deadline(self) -> datetime | None:
@@ -127,6 +129,7 @@ class Operation:
                 "epoch": self.lease_epoch,
             },
             "polls": self.polls,
+            "result_ref": self.result_ref,
         }
 
 

@@ -51,6 +51,7 @@ operations = Table(
     Column("lease_expires_at_us", BigInteger),
     Column("lease_epoch", BigInteger, nullable=False),
     Column("polls", Integer, nullable=False, server_default="0"),
+    Column("result_ref", Text),
     UniqueConstraint("provider", "operation_key", name="uq_operations_provider_key"),
     Index("ix_operations_due", "state", "next_action_at_us"),
     Index("ix_operations_remote_job", "provider", "remote_job_id"),

@@ -14,12 +14,14 @@ import functools
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -50,7 +52,7 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 
 #: Columns a change may set besides the state (the state itself only via the machine).
 MUTABLE_COLUMNS = frozenset(
-    {"remote_job_id", "remote_state", "state_reason", "attempts", "next_action_at_us", "polls"}
+    {"remote_job_id", "remote_state", "state_reason", "attempts", "next_action_at_us", "polls", "result_ref"}
 )
 
 
@@ -190,7 +192,7 @@ class Store:
     def _errors(self, doing: str) -> Iterator[None]:
         try:
             yield
-        except sa.exc.DBAPIError as exc:
+        except (sa.exc.DBAPIError, sqlite3.Error, psycopg.Error) as exc:
             raise StorageError(_explain_db_error(self.engine, doing, exc)) from exc
 
     @contextlib.contextmanager
@@ -400,20 +402,20 @@ class Store:
                     observation_slots.append(slot)
                 elif isinstance(item, Release):
                     releases.append(update)
-                elif conn.execute(_update_statement(update["b_epoch"] is not None), update).rowcount != 1:
+                elif _update_statement(update["b_epoch"] is not None).run(conn, update) != 1:
                     results[slot] = self._stale(conn, item)
                 else:
                     if entry is not None:
                         history_rows.append(entry)
                     results[slot] = _advanced(item.op, update)
             if history_rows:
-                conn.execute(_INSERT_HISTORY, history_rows)
+                _RAW_INSERT_HISTORY.run_many(conn, history_rows)
             if observation_rows:
                 ids = conn.execute(_INSERT_OBSERVATION, observation_rows).scalars().all()
                 for slot, observation_id in zip(observation_slots, ids, strict=True):
                     results[slot] = int(observation_id)
             if releases:
-                conn.execute(_RELEASE, releases)
+                _RELEASE.run_many(conn, releases)
         return results
 
     def _prepare(self, item: Write, now: int) -> tuple[Write, dict[str, Any], dict[str, Any] | None]:
@@ -436,10 +438,13 @@ class Store:
             "attempts": op.attempts,
             "next_action_at_us": op.next_action_at_us,
             "polls": op.polls,
+            "result_ref": op.result_ref,
         }
         if to is not op.state:
-            # entering a state decides whether anything happens automatically next
+            # entering a state decides whether anything happens automatically next,
+            # and starts its request count afresh
             values["next_action_at_us"] = now if to in AUTOMATIC_STATES else None
+            values["polls"] = 0
         values.update(item.changes)
         if to not in AUTOMATIC_STATES:
             values["next_action_at_us"] = None
@@ -753,7 +758,48 @@ _INSERT_OBSERVATION = sa.insert(t.observations).returning(
     t.observations.c.observation_id, sort_by_parameter_order=True
 )
 _UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head")
-_RELEASE = (
+
+
+class _Prepared:
+    """A statement compiled once per dialect and run straight on the DBAPI cursor.
+
+    The hot writes (a record's conditional UPDATE, history INSERTs, lease
+    releases) skip SQLAlchemy's per-call work; they still run inside the
+    SQLAlchemy transaction, on its connection.
+    """
+
+    def __init__(self, statement: sa.Update | sa.Insert) -> None:
+        self.statement = statement
+        self._compiled: dict[str, Any] = {}
+
+    def _args(self, conn: Connection, params: dict[str, Any]) -> tuple[Any, str, Any]:
+        compiled = self._compiled.get(conn.dialect.name)
+        if compiled is None:
+            compiled = self._compiled[conn.dialect.name] = self.statement.compile(dialect=conn.dialect)
+        values = compiled.construct_params(params)
+        args = [values[name] for name in compiled.positiontup] if compiled.positiontup else values
+        return compiled, compiled.string, args
+
+    def run(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Execute once; returns the number of rows it touched."""
+        _, sql, args = self._args(conn, params)
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql, args)
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    def run_many(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        sql = self._args(conn, rows[0])[1]
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.executemany(sql, [self._args(conn, row)[2] for row in rows])
+        finally:
+            cursor.close()
+
+
+_RELEASE = _Prepared(
     sa.update(t.operations)
     .where(
         t.operations.c.operation_id == sa.bindparam("b_operation_id"),
@@ -761,10 +807,13 @@ _RELEASE = (
     )
     .values(lease_owner=None, lease_expires_at_us=None)
 )
+_RAW_INSERT_HISTORY = _Prepared(
+    sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c})
+)
 
 
 @functools.cache
-def _update_statement(fenced: bool) -> sa.Update:
+def _update_statement(fenced: bool) -> _Prepared:
     """The conditional UPDATE of one record: on its version and, under a lease, its epoch."""
     stmt = (
         sa.update(t.operations)
@@ -776,7 +825,7 @@ def _update_statement(fenced: bool) -> sa.Update:
     )
     if fenced:
         stmt = stmt.where(t.operations.c.lease_epoch == sa.bindparam("b_epoch"))
-    return stmt
+    return _Prepared(stmt)
 
 
 def _make_engine(url: str) -> Engine:
@@ -810,9 +859,10 @@ def _sqlite_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _explain_db_error(engine: Engine, doing: str, exc: sa.exc.DBAPIError) -> str:
+def _explain_db_error(engine: Engine, doing: str, exc: Exception) -> str:
     where = engine.url.render_as_string(hide_password=True)
-    text = str(exc.orig) if exc.orig is not None else str(exc)
+    orig = getattr(exc, "orig", None)
+    text = str(orig) if orig is not None else str(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     if "locked" in text or "busy" in text:
         hint = (
@@ -825,7 +875,7 @@ def _explain_db_error(engine: Engine, doing: str, exc: sa.exc.DBAPIError) -> str
         hint = "is the PostgreSQL server running and reachable? check --db / JOBTRAIL_DB"
     elif "append-only" in text:
         hint = "history entries can never be changed or deleted"
-    elif isinstance(exc, sa.exc.IntegrityError):
+    elif isinstance(exc, sa.exc.IntegrityError | sqlite3.IntegrityError | psycopg.IntegrityError):
         hint = "a uniqueness or reference rule refused the write; nothing was written"
     else:
         hint = "nothing was written; check the database and retry"

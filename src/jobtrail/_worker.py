@@ -35,6 +35,8 @@ log = logging.getLogger("jobtrail")
 _US = 1_000_000
 #: states this worker acts on (cancellation has its own issue and is not claimed yet)
 WORKED_STATES = (*CREATE_PHASE, State.ACCEPTED, State.OBSERVING, State.RESULT_COLLECTING)
+#: most actions one claim may chain
+_CHAIN = 4
 
 
 def default_worker_id() -> str:
@@ -160,14 +162,16 @@ class Worker:
     async def _handle(self, op: Operation) -> None:
         provider = self.providers[op.provider]
         try:
-            if op.state in CREATE_PHASE:
-                new = await self.create.advance(op, provider)
-            elif op.state in (State.ACCEPTED, State.OBSERVING):
-                new = await self.observe.advance(op, provider)
-            else:
-                new = await self.collect.advance(op, provider)
-            self.stats.actions += 1
-            self.stats.by_state[new.state.value] = self.stats.by_state.get(new.state.value, 0) + 1
+            # an action that leaves the next one due at once (accepted after a replay, the job
+            # finished at this poll) continues under the same lease instead of a new claim
+            for _ in range(_CHAIN):
+                new = await self._step(op, provider)
+                self.stats.actions += 1
+                self.stats.by_state[new.state.value] = self.stats.by_state.get(new.state.value, 0) + 1
+                due = new.next_action_at_us
+                if new is op or new.state not in WORKED_STATES or due is None or due > self.store.clock():
+                    break
+                op = new
             await self.writer.release(new)
         except StaleRecord as exc:
             # our lease was taken over, or someone changed the record: the new owner acts
@@ -177,6 +181,13 @@ class Worker:
             self.stats.errors += 1
             log.error("worker %s: %s failed in %s: %s", self.worker_id, op.operation_id, op.state.value, exc)
             await self._back_off(op, exc)
+
+    async def _step(self, op: Operation, provider: Provider) -> Operation:
+        if op.state in CREATE_PHASE:
+            return await self.create.advance(op, provider)
+        if op.state in (State.ACCEPTED, State.OBSERVING):
+            return await self.observe.advance(op, provider)
+        return await self.collect.advance(op, provider)
 
     async def _back_off(self, op: Operation, exc: Exception) -> None:
         """An unexpected error: keep the record as it is, try again later, say why on the record."""
