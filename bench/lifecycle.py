@@ -31,6 +31,8 @@ import urllib.request
 from typing import Any
 
 POLL_S = 0.25
+#: operations one jobtrail worker keeps in flight (the plain loop keeps all N in flight)
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2000"))
 
 
 def _free_port() -> int:
@@ -133,7 +135,12 @@ def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
         for start in range(0, n, 500):  # durable in batches: one commit per 500 records
             await jt.submit_many("fake", [{"i": i} for i in range(start, min(n, start + 500))])
         worker = Worker(
-            store, {"fake": load_provider(config)}, worker_id="bench", concurrency=n, lease_s=120, batch=1000
+            store,
+            {"fake": load_provider(config)},
+            worker_id="bench",
+            concurrency=CONCURRENCY,
+            lease_s=120,
+            batch=1000,
         )
         return await worker.run(until_settled=True)
 

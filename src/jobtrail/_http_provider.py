@@ -174,6 +174,7 @@ class HttpProviderConfig:
     credential: Credential | None
     timeout_s: float
     connect_timeout_s: float
+    max_connections: int
     headers: dict[str, str]
     trace_header: str | None
     create: Endpoint
@@ -253,6 +254,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     else:
         top._get("auth", None)
     timeout_s = top.number("timeout_s", "seconds (a number > 0)", 30.0, minimum=0.001)
+    max_connections = top.number("max_connections", "a number of connections >= 1", 256, minimum=1)
     connect_timeout_s = top.number("connect_timeout_s", "seconds (a number > 0)", 10.0, minimum=0.001)
     headers = top.raw_table("headers")
     for key, value in headers.items():
@@ -363,6 +365,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         credential=credential,
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
+        max_connections=int(max_connections),
         headers=headers,
         trace_header=trace_header,
         create=create,
@@ -471,7 +474,7 @@ class HttpProvider:
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(
                     total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s
                 ),
