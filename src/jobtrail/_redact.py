@@ -145,6 +145,8 @@ _KV_HINTS = (
     "session",
 )
 
+#: no pattern in _PATTERNS matches fewer characters than this
+_SHORTEST_PATTERN = 6  # "a://b@"
 _STRONG_HINT = re.compile("|".join(re.escape(h) for h in _STRONG_HINTS), re.IGNORECASE)
 _KV_HINT = re.compile("|".join(re.escape(h) for h in _KV_HINTS), re.IGNORECASE)
 _NON_ALNUM = re.compile(r"[^a-z0-9]")
@@ -268,8 +270,9 @@ class Redactor:
         for secret in self._ordered:
             if secret in value:
                 value = value.replace(secret, REDACTED)
-        # the patterns are costly; most stored strings (states, causes, ids) contain no hint at all
-        if _STRONG_HINT.search(value):
+        # the patterns are costly; most stored strings (states, causes, ids, numbers) are too short
+        # to hold any of them or contain no hint at all
+        if len(value) >= _SHORTEST_PATTERN and _STRONG_HINT.search(value):
             for pattern, replacement in _PATTERNS:
                 value = pattern.sub(replacement, value)
         return value
