@@ -313,3 +313,71 @@ def test_worker_refuses_a_lease_shorter_than_a_provider_call(
     proc = start_worker(db_url, provider, "x", "--lease", "2")
     code, _out, err = finish(proc, timeout=30)
     assert code == 2 and "must exceed provider fake's slowest call" in err
+
+
+def _run_worker(store: Store, config: dict[str, Any], seconds: float) -> Worker:
+    worker = Worker(store, {"fake": load_provider(config)}, worker_id="w", idle_s=0.01)
+    asyncio.run(worker.run(timeout=seconds))
+    return worker
+
+
+def test_an_unknown_remote_state_is_recorded_and_polling_goes_on(db_url: str) -> None:
+    """The provider says "running" but this file does not map it: unknown, never terminal."""
+    fake = FakeProvider(job_duration_s=60).start()
+    try:
+        store = Store.open(db_url)
+        config = fake.provider_config(
+            states={"running": ["in_progress"], "queued": ["pending"]},
+            poll={"initial_s": 0.05, "factor": 1, "cap_s": 0.05},
+        )
+        op_id = asyncio.run(
+            AsyncJobtrail(store=store, providers=[config]).submit("fake", {"x": 1})
+        ).operation_id
+        _run_worker(store, config, 1.5)
+        op = store.get(op_id)
+        assert op.state is S.OBSERVING and op.remote_state in ("queued", "running")
+        assert op.polls >= 3 and "unknown state, still polling" in (op.state_reason or "")
+        polls = [o for o in store.observations(op_id) if o["kind"] == "status_poll"]
+        assert {o["remote_state"] for o in polls} == {"unknown"}
+        assert {o["raw_state"] for o in polls} <= {"queued", "running"}
+        assert all(o["provider_time"] and o["progress"] is not None and o["next_action_at_us"] for o in polls)
+        store.close()
+    finally:
+        fake.stop()
+
+
+def test_the_result_deadline_times_out_without_assuming_the_job_stopped(db_url: str) -> None:
+    from datetime import timedelta
+
+    fake = FakeProvider(job_duration_s=60).start()
+    try:
+        store = Store.open(db_url)
+        config = fake.provider_config(poll={"initial_s": 0.05, "factor": 1, "cap_s": 0.05})
+        jt = AsyncJobtrail(store=store, providers=[config])
+        op_id = asyncio.run(jt.submit("fake", {"x": 2}, result_deadline=timedelta(seconds=0.6))).operation_id
+        _run_worker(store, config, 2.0)
+        op = store.get(op_id)
+        assert op.state is S.RESULT_TIMED_OUT and op.next_action_at_us is None
+        assert "NOT assumed stopped" in (op.state_reason or "")
+        assert store.history(op_id)[-1].to_json()["evidence"]["deadline"] == "result"
+        assert fake.counts["cancels"] == 0
+        assert any(o["kind"] == "status_poll" for o in store.observations(op_id))
+        store.close()
+    finally:
+        fake.stop()
+
+
+def test_ops_list_shows_the_next_action_and_when(db_url: str, fake: FakeProvider) -> None:
+    store = Store.open(db_url)
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+    op = asyncio.run(jt.submit("fake", {"x": 3}))
+    store.close()
+    out = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "ops", "show", op.operation_id, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    shown = json.loads(out.stdout)
+    assert shown["next_action"] == "send the create with the stored token"
+    assert shown["next_action_at"] is not None

@@ -22,6 +22,7 @@ from rich.table import Column, Table
 from jobtrail._audit import load_anchor, make_anchor, verify
 from jobtrail._canonical import rfc3339
 from jobtrail._errors import ConfigError, JobtrailError, OperationalError, OperationNotFound
+from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import Secret, install_log_redaction
 from jobtrail._states import FINAL_STATES, State
@@ -109,13 +110,13 @@ def ops_list(ctx: click.Context, state: str | None, provider: str | None, limit:
     if as_json:
         _emit_json([op.to_json() for op in operations])
         return
-    table = Table(Column("operation", no_wrap=True), "provider", "state", "remote job", "next action at")
+    table = Table(Column("operation", no_wrap=True), "state", "remote job", "next action", "at")
     for op in operations:
         table.add_row(
             op.operation_id,
-            op.provider,
             op.state.value,
             op.remote_job_id or "-",
+            next_action(op),
             "-" if op.state in FINAL_STATES else rfc3339(op.next_action_at_us) or "waits for a person",
         )
     console.print(table)

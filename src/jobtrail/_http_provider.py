@@ -189,6 +189,7 @@ class HttpProviderConfig:
     state_path: str
     progress_path: str | None
     result_ref_path: str | None
+    time_path: str | None
     states: dict[str, RemoteState]
     cancel: Endpoint | None
     cancel_idempotent: bool
@@ -291,11 +292,12 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
 
     status_s = top.table("status")
     status = _endpoint(status_s, "GET")
-    state_path, progress_path, result_ref = "$.status", None, None
+    state_path, progress_path, result_ref, time_path = "$.status", None, None, None
     if status_s is not None:
         state_path = status_s.text("state", "a JSON path to the job's state", "$.status")
         progress_path = status_s.text("progress", "a JSON path to progress (0..1 or 0..100)", None)
         result_ref = status_s.text("result_ref", "a JSON path to the result's URL or id", None)
+        time_path = status_s.text("time", "a JSON path to the provider's timestamp of this status", None)
         status_s.done()
 
     states_s = top.table("states")
@@ -380,6 +382,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         state_path=state_path,
         progress_path=progress_path,
         result_ref_path=result_ref,
+        time_path=time_path,
         states=states,
         cancel=cancel,
         cancel_idempotent=cancel_idempotent,
@@ -680,6 +683,7 @@ class HttpProvider:
             response=sent,
             progress=progress,
             result_ref=extract(cfg.result_ref_path, sent.body, sent.headers),
+            provider_time=extract(cfg.time_path, sent.body, sent.headers),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
         )
 

@@ -77,6 +77,7 @@ class ObserveFlow:
             worker=op.lease_owner,
             lease_epoch=op.lease_epoch if op.lease_owner else None,
             progress=status.progress,
+            provider_time=status.provider_time,
             next_action_at_us=next_at,
         )
         if status.error_class:
@@ -97,6 +98,7 @@ class ObserveFlow:
             provider_request_id=resp.provider_request_id,
             remote_job_id=op.remote_job_id,
             observed_at=rfc3339(now),
+            provider_time=status.provider_time,
             progress=status.progress,
             result_ref=status.result_ref,
         )

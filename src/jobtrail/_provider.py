@@ -123,6 +123,7 @@ class StatusOutcome:
     response: Response = field(default_factory=Response)
     progress: float | None = None
     result_ref: str | None = None
+    provider_time: str | None = None
     error_class: str = ""
 
 

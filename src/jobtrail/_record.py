@@ -101,6 +101,8 @@ class Operation:
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON shape of ``jobtrail ops show --json`` (the token is never shown)."""
+        from jobtrail._explain import next_action
+
         return {
             "operation_id": self.operation_id,
             "provider": self.provider,
@@ -130,6 +132,7 @@ class Operation:
             },
             "polls": self.polls,
             "result_ref": self.result_ref,
+            "next_action": next_action(self),
         }
 
 

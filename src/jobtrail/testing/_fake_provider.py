@@ -158,6 +158,7 @@ class FakeProvider:
             "status": {
                 "path": "/v1/jobs/{job_id}",
                 "state": "$.status",
+                "time": "$.updated_at",
                 "progress": "$.progress",
                 "result_ref": "$.result_url",
             },
@@ -278,6 +279,7 @@ class FakeProvider:
         doc: dict[str, Any] = {
             "id": job.id,
             "status": state,
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "progress": job.progress(now),
             "client_reference": job.reference,
         }
