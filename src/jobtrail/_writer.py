@@ -31,25 +31,18 @@ class Writer:
     async def transition(
         self,
         op: Operation,
-        to: State,
+        to: State | None,
         evidence: Evidence,
         *,
         actor: str,
         changes: dict[str, Any] | None = None,
         request_ids: Sequence[str] = (),
     ) -> Operation:
-        return _operation(
-            await self.apply(
-                Change(
-                    op=op,
-                    to=to,
-                    evidence=evidence,
-                    actor=actor,
-                    changes=changes or {},
-                    request_ids=request_ids,
-                )
-            )
+        """Move ``op`` to ``to`` (None: stay, and only append the history entry)."""
+        change = Change(
+            op=op, to=to, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids
         )
+        return _operation(await self.apply(change))
 
     async def record(
         self,
@@ -60,10 +53,8 @@ class Writer:
         changes: dict[str, Any] | None = None,
         request_ids: Sequence[str] = (),
     ) -> Operation:
-        return _operation(
-            await self.apply(
-                Change(op=op, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids)
-            )
+        return await self.transition(
+            op, None, evidence, actor=actor, changes=changes, request_ids=request_ids
         )
 
     async def reschedule(self, op: Operation, changes: dict[str, Any]) -> Operation:
