@@ -162,11 +162,12 @@ def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
         "rss_mb": rss,
         "latencies": latencies,
         "succeeded": len(done),
-        "transactions": stats.transactions + (n + 499) // 500 + stats.claimed // 1000 + 1,
+        "transactions": stats.transactions + (n + 499) // 500 + stats.claims,
         "worker_transactions": stats.transactions,
         "writes": stats.writes,
         "rows": rows,
         "claims": stats.claimed,
+        "claim_queries": stats.claims,
     }
 
 
@@ -255,6 +256,7 @@ def main() -> None:
     print(
         f"jobtrail database: {durable['transactions'] / n:.2f} transactions/op "
         f"({durable['worker_transactions']} group commits for {durable['writes']} writes, "
+        f"{durable['claim_queries']} claim queries, "
         f"submits in {(n + 499) // 500} transactions), rows/op: "
         f"history {rows['history'] / n:.1f}, observations {rows['observations'] / n:.1f}"
     )

@@ -46,6 +46,8 @@ def default_worker_id() -> str:
 @dataclass(slots=True)
 class WorkerStats:
     claimed: int = 0
+    #: claim queries run (each one short transaction)
+    claims: int = 0
     actions: int = 0
     stale: int = 0
     errors: int = 0
@@ -142,6 +144,7 @@ class Worker:
         except JobtrailError as exc:
             log.warning("worker %s could not claim: %s", self.worker_id, exc)
             return []
+        self.stats.claims += 1
         self.stats.claimed += len(claimed)
         return claimed
 
