@@ -46,9 +46,7 @@ class Counter:
 
 def make_ops(store: Store, n: int) -> list:
     return [
-        store.create_operation(
-            OperationSpec(provider="bench", target="t", endpoint="POST /x", body={"i": i})
-        )[0]
+        store.create_operation(OperationSpec(provider="bench", target="t", endpoint="POST /x", body={"i": i}))[0]
         for i in range(n)
     ]
 

@@ -70,9 +70,7 @@ async def _plain(base: str, n: int) -> dict[str, Any]:
         nonlocal failures
         started = time.monotonic()
         key = secrets.token_hex(16)
-        async with session.post(
-            f"{base}/v1/jobs", json={"i": i}, headers={"Idempotency-Key": f'"{key}"'}
-        ) as r:
+        async with session.post(f"{base}/v1/jobs", json={"i": i}, headers={"Idempotency-Key": f'"{key}"'}) as r:
             job = (await r.json())["id"]
         while True:
             await asyncio.sleep(POLL_S * (1 - 0.1 * random.random()))
@@ -198,9 +196,7 @@ def _line(name: str, r: dict[str, Any], n: int, requests: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--db", default="", help="database URL (default: a temp SQLite file)")
     parser.add_argument("--phase", choices=["plain", "jobtrail"], help=argparse.SUPPRESS)

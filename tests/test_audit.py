@@ -92,9 +92,7 @@ def test_edited_entry(store: Store, victim: Operation) -> None:
 
 
 def test_edited_evidence(store: Store, victim: Operation) -> None:
-    sql(
-        store, "UPDATE history SET evidence = '{}' WHERE operation_id = :i AND seq = 5", i=victim.operation_id
-    )
+    sql(store, "UPDATE history SET evidence = '{}' WHERE operation_id = :i AND seq = 5", i=victim.operation_id)
     assert first_bad(store) == ("edited", 5)
 
 
@@ -204,9 +202,7 @@ def test_keyed_anchor_detects_its_own_alteration(store: Store, victim: Operation
         verify(store, anchor=anchor)
 
 
-def test_anchor_without_the_key_that_made_it_cannot_be_rewritten_silently(
-    store: Store, victim: Operation
-) -> None:
+def test_anchor_without_the_key_that_made_it_cannot_be_rewritten_silently(store: Store, victim: Operation) -> None:
     anchor = make_anchor(store)
     anchor["root"] = "0" * 64
     assert first_bad(store, anchor=anchor)[0] == "anchor_mismatch"

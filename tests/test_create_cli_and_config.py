@@ -43,9 +43,7 @@ def toml(config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def jobtrail(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
+def jobtrail(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "jobtrail", *args],
         capture_output=True,
@@ -86,9 +84,7 @@ def jobtrail(
         ),
     ],
 )
-def test_bad_provider_files_name_file_key_and_expectation(
-    tmp_path: Path, change: dict[str, Any], message: str
-) -> None:
+def test_bad_provider_files_name_file_key_and_expectation(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     config: dict[str, Any] = {
         "name": "p",
         "base_url": "https://api.example.com",
@@ -295,9 +291,7 @@ def provider_file(tmp_path: Path, fake: FakeProvider) -> Path:
     return path
 
 
-def test_submit_prints_the_id_first_then_the_outcome(
-    db_url: str, fake: FakeProvider, provider_file: Path
-) -> None:
+def test_submit_prints_the_id_first_then_the_outcome(db_url: str, fake: FakeProvider, provider_file: Path) -> None:
     out = jobtrail(
         "--db",
         db_url,
@@ -368,9 +362,7 @@ def test_submit_exit_codes_and_bad_input(db_url: str, fake: FakeProvider, provid
     assert deadline.returncode == 2 and "use a duration like 90s" in deadline.stderr
 
 
-@pytest.mark.parametrize(
-    "point", ["create.after_attempt", "create.after_response", "create.after_observation"]
-)
+@pytest.mark.parametrize("point", ["create.after_attempt", "create.after_response", "create.after_observation"])
 def test_a_process_killed_mid_create_is_finished_by_the_next_one(
     db_url: str, fake: FakeProvider, provider_file: Path, point: str
 ) -> None:

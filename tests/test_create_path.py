@@ -117,9 +117,9 @@ def test_ambiguous_creates_are_reconciled_to_exactly_one_job(
     history = jt.store.history(op.operation_id)
     unknown = next(e for e in history if e.to_state == "create_unknown")
     assert unknown.to_json()["evidence"]["error_class"] == ambiguity
-    assert [e.to_state for e in history][-2:] == ["reconciliation", "accepted"] or history[-1].to_json()[
-        "evidence"
-    ]["via"] == "replay"
+    assert [e.to_state for e in history][-2:] == ["reconciliation", "accepted"] or history[-1].to_json()["evidence"][
+        "via"
+    ] == "replay"
     # every re-send carried the same token
     assert {h["Idempotency-Key"] for h in fake.create_headers} == {f'"{op.idempotency_token}"'}
     assert verify(jt.store).ok
@@ -151,9 +151,7 @@ def test_retry_after_seconds_is_honoured_on_a_controllable_clock(
     run(go())
 
 
-def test_retry_after_http_date_is_honoured(
-    make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
-) -> None:
+def test_retry_after_http_date_is_honoured(make_client: Callable[..., AsyncJobtrail], fake: FakeProvider) -> None:
     import time
     from datetime import UTC, datetime
 
@@ -315,9 +313,7 @@ def test_status_by_client_id_reconciles_both_ways(
     make_client: Callable[..., AsyncJobtrail], fake: FakeProvider, commit: bool
 ) -> None:
     fake.script(Fault.drop(commit=commit))
-    jt = make_client(
-        fake, reconcile={"modes": ["status_by_client_id"], "status_path": "/v1/jobs/by-client-id/{token}"}
-    )
+    jt = make_client(fake, reconcile={"modes": ["status_by_client_id"], "status_path": "/v1/jobs/by-client-id/{token}"})
     op = submit_and_drive(jt)
     assert op.state is S.ACCEPTED
     assert fake.jobs_for(op.idempotency_token) == [op.remote_job_id]
@@ -340,9 +336,7 @@ def test_list_by_reference_with_the_token_in_the_body(
     )
     op = submit_and_drive(jt, {"prompt": "body token"})
     assert op.state is S.ACCEPTED and fake.counts["jobs_created"] == 1 and fake.counts["lists"] == 1
-    assert op.request_body == {
-        "prompt": "body token"
-    }  # the token is added on the wire, not stored in the body
+    assert op.request_body == {"prompt": "body token"}  # the token is added on the wire, not stored in the body
 
 
 def test_malformed_success_is_never_taken_for_a_job(
@@ -355,9 +349,7 @@ def test_malformed_success_is_never_taken_for_a_job(
     assert fake.counts["jobs_created"] == 1
 
 
-def test_operation_key_guards_the_fingerprint(
-    make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
-) -> None:
+def test_operation_key_guards_the_fingerprint(make_client: Callable[..., AsyncJobtrail], fake: FakeProvider) -> None:
     jt = make_client(fake)
     first = submit_and_drive(jt, {"report": "2026-11"}, key="monthly-report")
     again = submit_and_drive(jt, {"report": "2026-11"}, key="monthly-report")

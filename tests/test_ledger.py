@@ -129,9 +129,7 @@ def test_a_write_under_an_old_lease_epoch_is_refused(store: Store, engine_name: 
     """A worker whose lease was taken over cannot overwrite its successor."""
     op = op_in(store, S.ACCEPTED)
     with store.engine.begin() as conn:  # a newer claim bumps the epoch
-        conn.execute(
-            sa.text("UPDATE operations SET lease_epoch = 7 WHERE operation_id = :i"), {"i": op.operation_id}
-        )
+        conn.execute(sa.text("UPDATE operations SET lease_epoch = 7 WHERE operation_id = :i"), {"i": op.operation_id})
     fresh = store.get(op.operation_id)
     with pytest.raises(StaleRecord, match="lease epoch 6 is no longer current"):
         store.transition(fresh, S.OBSERVING, obs(RemoteState.RUNNING), actor="old", epoch=6)

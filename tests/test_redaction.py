@@ -143,9 +143,7 @@ def _plant_and_run(store: Store, log_file: Path) -> list[str]:
                 "X-Api-Key": c["apikey"],
             },
             "url": f"https://svc:{c['userinfo']}@api.example.com/jobs?token={c['query']}&page=2",
-            "body": {
-                "error": {"message": f"invalid credential {injected.reveal()}", "client_secret": c["errbody"]}
-            },
+            "body": {"error": {"message": f"invalid credential {injected.reveal()}", "client_secret": c["errbody"]}},
         }
         store.add_observation(op.operation_id, kind="create_response", raw=response, http_status=409)
         try:

@@ -125,9 +125,7 @@ def test_three_worker_processes_finish_500_operations(db_url: str, tmp_path: Pat
         fake.stop()
 
 
-def test_a_killed_worker_s_operations_are_finished_after_its_leases_expire(
-    db_url: str, tmp_path: Path
-) -> None:
+def test_a_killed_worker_s_operations_are_finished_after_its_leases_expire(db_url: str, tmp_path: Path) -> None:
     """kill -9 in the middle of the run; another worker finishes everything, one job per operation."""
     fake = FakeProvider(job_duration_s=2.0).start()
     try:
@@ -140,9 +138,7 @@ def test_a_killed_worker_s_operations_are_finished_after_its_leases_expire(
         doomed.send_signal(signal.SIGKILL)
         doomed.communicate(timeout=30)
         assert doomed.returncode == -signal.SIGKILL
-        survivor = start_worker(
-            db_url, provider, "survivor", "--until-settled", "--timeout", "120", "--lease", "4"
-        )
+        survivor = start_worker(db_url, provider, "survivor", "--until-settled", "--timeout", "120", "--lease", "4")
         code, _out, err = finish(survivor)
         assert code == 0, err
         with Store.open(db_url) as store:
@@ -157,9 +153,7 @@ def test_a_killed_worker_s_operations_are_finished_after_its_leases_expire(
         fake.stop()
 
 
-def test_a_worker_dying_between_attempt_and_send_leaves_nothing_duplicated(
-    db_url: str, tmp_path: Path
-) -> None:
+def test_a_worker_dying_between_attempt_and_send_leaves_nothing_duplicated(db_url: str, tmp_path: Path) -> None:
     """Leases held by a dead worker expire; the next worker reconciles the unrecorded attempts."""
     fake = FakeProvider(job_duration_s=0.2).start()
     try:
@@ -306,9 +300,7 @@ def test_sigterm_finishes_in_flight_work_and_releases_leases(db_url: str, tmp_pa
         fake.stop()
 
 
-def test_worker_refuses_a_lease_shorter_than_a_provider_call(
-    db_url: str, tmp_path: Path, fake: FakeProvider
-) -> None:
+def test_worker_refuses_a_lease_shorter_than_a_provider_call(db_url: str, tmp_path: Path, fake: FakeProvider) -> None:
     provider = write_provider(tmp_path / "fake.toml", fake)
     proc = start_worker(db_url, provider, "x", "--lease", "2")
     code, _out, err = finish(proc, timeout=30)
@@ -330,9 +322,7 @@ def test_an_unknown_remote_state_is_recorded_and_polling_goes_on(db_url: str) ->
             states={"running": ["in_progress"], "queued": ["pending"]},
             poll={"initial_s": 0.05, "factor": 1, "cap_s": 0.05},
         )
-        op_id = asyncio.run(
-            AsyncJobtrail(store=store, providers=[config]).submit("fake", {"x": 1})
-        ).operation_id
+        op_id = asyncio.run(AsyncJobtrail(store=store, providers=[config]).submit("fake", {"x": 1})).operation_id
         _run_worker(store, config, 1.5)
         op = store.get(op_id)
         assert op.state is S.OBSERVING and op.remote_state in ("queued", "running")
@@ -357,7 +347,8 @@ def test_the_result_deadline_times_out_without_assuming_the_job_stopped(db_url: 
         op_id = asyncio.run(jt.submit("fake", {"x": 2}, result_deadline=timedelta(seconds=0.6))).operation_id
         _run_worker(store, config, 2.0)
         op = store.get(op_id)
-        assert op.state is S.RESULT_TIMED_OUT and op.next_action_at_us is None
+        assert op.state is S.RESULT_TIMED_OUT
+        assert op.next_action_at_us is not None  # still watched, at the slow pace: a later finish is collected
         assert "NOT assumed stopped" in (op.state_reason or "")
         assert store.history(op_id)[-1].to_json()["evidence"]["deadline"] == "result"
         assert fake.counts["cancels"] == 0

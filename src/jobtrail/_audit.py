@@ -223,20 +223,14 @@ def _check_anchor(
         if key is None:
             raise ConfigError("the anchor is HMAC-keyed; pass the key's name with --key-env NAME")
         if not hmac.compare_digest(anchor["hmac"], _anchor_mac(anchor, key)):
-            return [
-                Finding(
-                    "*", 0, "anchor_mismatch", "the anchor's HMAC does not match: the anchor file was altered"
-                )
-            ]
+            return [Finding("*", 0, "anchor_mismatch", "the anchor's HMAC does not match: the anchor file was altered")]
     anchored_leaves = [leaf_bytes(h[0], h[1], h[2]) for h in anchor["heads"]]
     if merkle_root(anchored_leaves) != anchor.get("root"):
         findings.append(Finding("*", 0, "anchor_mismatch", "the anchor's heads do not hash to its root"))
     for op_id, seq, head in anchor["heads"]:
         current = heads.get(op_id)
         if current is None:
-            findings.append(
-                Finding(op_id, seq, "deleted", "the anchor knows this operation; the database does not")
-            )
+            findings.append(Finding(op_id, seq, "deleted", "the anchor knows this operation; the database does not"))
             continue
         cur_seq, _cur_head, entries = current
         if cur_seq < seq:
@@ -265,9 +259,7 @@ def make_anchor(store: Store, *, key: Secret | None = None, key_name: str | None
     heads: list[list[Any]] = []
     ops = t.operations.c
     with store._read() as conn:
-        for row in conn.execute(
-            sa.select(ops.operation_id, ops.version, ops.history_head).order_by(ops.operation_id)
-        ):
+        for row in conn.execute(sa.select(ops.operation_id, ops.version, ops.history_head).order_by(ops.operation_id)):
             heads.append([row.operation_id, row.version, row.history_head])
     anchor: dict[str, Any] = {
         "format": ANCHOR_FORMAT,

@@ -62,9 +62,7 @@ def _write(value: Any, out: list[str]) -> None:
         out.append("{")
         for i, key in enumerate(sorted(value)):
             if not isinstance(key, str):
-                raise UsageError(
-                    f"JSON object keys must be strings, got {key!r}; convert the key to a string"
-                )
+                raise UsageError(f"JSON object keys must be strings, got {key!r}; convert the key to a string")
             if i:
                 out.append(",")
             out.append(encode_basestring(key))

@@ -69,8 +69,7 @@ def _store(ctx: click.Context) -> Store:
     "--db",
     envvar="JOBTRAIL_DB",
     metavar="PATH|URL",
-    help="SQLite file or postgresql:// URL (default: $JOBTRAIL_DB, else "
-    "~/.local/share/jobtrail/jobtrail.db).",
+    help="SQLite file or postgresql:// URL (default: $JOBTRAIL_DB, else ~/.local/share/jobtrail/jobtrail.db).",
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
@@ -200,9 +199,7 @@ def _request(value: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise ConfigError(
-            f"--request is not valid JSON ({exc}); pass JSON text or @path/to/file.json"
-        ) from None
+        raise ConfigError(f"--request is not valid JSON ({exc}); pass JSON text or @path/to/file.json") from None
 
 
 _EXIT_FOR_STATE = {State.FAILED: EXIT_NEGATIVE, State.NEEDS_ATTENTION: EXIT_NEEDS_PERSON}
@@ -274,11 +271,7 @@ def submit(
                 cancel_deadline=_duration(cancel_deadline, "--cancel-deadline"),
             )
             if as_json:
-                click.echo(
-                    json.dumps(
-                        {"event": "submitted", "operation_id": op.operation_id, "state": op.state.value}
-                    )
-                )
+                click.echo(json.dumps({"event": "submitted", "operation_id": op.operation_id, "state": op.state.value}))
             else:
                 click.echo(op.operation_id)
             sys.stdout.flush()
@@ -455,9 +448,7 @@ def _key_from_env(name: str | None) -> Secret | None:
 
 
 @audit.command("verify")
-@click.option(
-    "--anchor", "anchor_path", type=click.Path(dir_okay=False), help="Anchor file to check against."
-)
+@click.option("--anchor", "anchor_path", type=click.Path(dir_okay=False), help="Anchor file to check against.")
 @click.option("--key-env", metavar="NAME", help="Environment variable holding the anchor's HMAC key.")
 @click.option("--json", "as_json", is_flag=True, help="Print {ok, checked, head, first_bad, findings}.")
 @click.pass_context

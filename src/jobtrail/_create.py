@@ -155,8 +155,7 @@ class CreateFlow:
                     State.NEEDS_ATTENTION,
                     CannotTell(
                         reason="token_expired",
-                        detail=f"the provider keeps tokens for {retention}; "
-                        "a replay now could create a second job",
+                        detail=f"the provider keeps tokens for {retention}; a replay now could create a second job",
                     ),
                     actor=self.actor,
                     changes={

@@ -68,9 +68,7 @@ async def _run(db: str, console: Console) -> bool:
         )
     )
     fakes = {"fake": good, "fake-no-idempotency": careless}
-    table = Table(
-        "#", "scenario", "state", "job", "sent", "jobs", title="creates sent / jobs the provider made"
-    )
+    table = Table("#", "scenario", "state", "job", "sent", "jobs", title="creates sent / jobs the provider made")
     reasons: list[str] = []
     all_as_expected = True
     try:

@@ -178,6 +178,14 @@ class CancelIntent(Evidence):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CancelAttempt(Evidence):
+    """The cancel is about to be sent; durable before the bytes leave."""
+
+    kind: ClassVar[str] = "cancel_attempt"
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CancelAcknowledged(Evidence):
     """The provider accepted the cancel request (which is not a cancellation)."""
 

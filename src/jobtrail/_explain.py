@@ -22,11 +22,14 @@ def next_action(op: Operation) -> str:
     if s is State.RESULT_COLLECTING:
         return "fetch, check and store the result"
     if s is State.CANCEL_REQUESTED:
-        return "send the cancel, once"
+        return "send the cancel, once" if op.polls == 0 else "poll until the job ends (the cancel was sent)"
     if s is State.CANCELLING:
         return "poll until the provider confirms the cancel"
     if s in (State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT):
-        return "a person decides: escalate with the escalation bundle (the remote job is not assumed stopped)"
+        return (
+            "escalate to a person with `jobtrail ops escalation`; the worker keeps polling slowly "
+            "(the remote job is not assumed stopped)"
+        )
     if s is State.NEEDS_ATTENTION:
         return "a person decides (resolve); nothing automatic happens"
     return "nothing: this is an ending"

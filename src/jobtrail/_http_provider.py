@@ -28,6 +28,7 @@ from jobtrail._backoff import Backoff, parse_retry_after
 from jobtrail._config import Section
 from jobtrail._errors import ConfigError
 from jobtrail._ids import traceparent
+from jobtrail._jsonpath import extract, extract_any
 from jobtrail._provider import (
     Capabilities,
     CreateOutcome,
@@ -39,6 +40,7 @@ from jobtrail._provider import (
 )
 from jobtrail._record import Operation
 from jobtrail._redact import Secret, default_redactor, is_secret_name
+from jobtrail._results import BatchFormat, ResultSpec
 from jobtrail._states import RemoteState
 
 _AMBIGUOUS = frozenset({408, 409, 425, 429})
@@ -54,53 +56,6 @@ DEFAULT_STATES: dict[str, list[str]] = {
     "cancelled": ["cancelled", "canceled"],
     "expired": ["expired"],
 }
-
-
-def extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
-    """Read a value by ``$.a.b[0]`` (JSON) or ``header:Name``; None when absent."""
-    if not path:
-        return None
-    if path.startswith("header:"):
-        name = path[len("header:") :].lower()
-        for key, value in headers.items():
-            if key.lower() == name:
-                return value
-        return None
-    found = extract_any(path, body)
-    if found is None or isinstance(found, dict | list):
-        return None
-    if isinstance(found, bool):
-        return str(found).lower()
-    return str(found)
-
-
-def extract_any(path: str | None, body: Any) -> Any:
-    """Like :func:`extract`, but returns lists and objects too (JSON paths only)."""
-    if not path:
-        return None
-    value: Any = body
-    for part in _path_parts(path):
-        if isinstance(part, int):
-            value = value[part] if isinstance(value, list) and part < len(value) else None
-        else:
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is None:
-            return None
-    return value
-
-
-def _path_parts(path: str) -> list[str | int]:
-    if not path.startswith("$"):
-        raise ConfigError(f"JSON path {path!r} must start with '$' (for example $.id or $.data[0].id)")
-    parts: list[str | int] = []
-    for chunk in path[1:].replace("[", ".[").split("."):
-        if not chunk:
-            continue
-        if chunk.startswith("[") and chunk.endswith("]") and chunk[1:-1].isdigit():
-            parts.append(int(chunk[1:-1]))
-        else:
-            parts.append(chunk)
-    return parts
 
 
 # -- credentials ------------------------------------------------------------------------------
@@ -190,11 +145,13 @@ class HttpProviderConfig:
     progress_path: str | None
     result_ref_path: str | None
     time_path: str | None
+    effects_path: str | None
     states: dict[str, RemoteState]
     cancel: Endpoint | None
     cancel_idempotent: bool
     result: Endpoint | None
     result_kind: str
+    result_spec: ResultSpec
     reconcile: tuple[ReconcileMode, ...]
     lookup_status: Endpoint | None
     lookup_list: Endpoint | None
@@ -282,9 +239,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     retention = create_s.number("token_retention_s", "seconds the provider keeps tokens", None)
     job_id = create_s.text("job_id", "where the job id is: a JSON path like $.id, or header:Location", "$.id")
     _check_path(create_s, "job_id", job_id)
-    status_url = create_s.text(
-        "status_url", "header:Location, header:Operation-Location or a JSON path", None
-    )
+    status_url = create_s.text("status_url", "header:Location, header:Operation-Location or a JSON path", None)
     sync_result = create_s.text("sync_result", "a JSON path to a result returned with HTTP 200", None)
     error_code = create_s.text("error_code", "a JSON path to the provider's error code", None)
     non_retryable = frozenset(create_s.strings("non_retryable", "a list of error codes", []))
@@ -292,12 +247,13 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
 
     status_s = top.table("status")
     status = _endpoint(status_s, "GET")
-    state_path, progress_path, result_ref, time_path = "$.status", None, None, None
+    state_path, progress_path, result_ref, time_path, effects_path = "$.status", None, None, None, None
     if status_s is not None:
         state_path = status_s.text("state", "a JSON path to the job's state", "$.status")
         progress_path = status_s.text("progress", "a JSON path to progress (0..1 or 0..100)", None)
         result_ref = status_s.text("result_ref", "a JSON path to the result's URL or id", None)
         time_path = status_s.text("time", "a JSON path to the provider's timestamp of this status", None)
+        effects_path = status_s.text("effects", "a JSON path to the partial effects the provider reports", None)
         status_s.done()
 
     states_s = top.table("states")
@@ -322,10 +278,12 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     result_s = top.table("result")
     result = _endpoint(result_s, "GET") if result_s is not None and "path" in result_s.data else None
     result_kind = "safe_read"
+    result_spec = ResultSpec()
     if result_s is not None:
         result_kind = result_s.choice("kind", ("safe_read", "one_time"), "safe_read")
         if result is None:
             result_s._get("method", None)
+        result_spec = _result_spec(result_s, source)
         result_s.done()
 
     rec_s = top.table("reconcile")
@@ -383,11 +341,13 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         progress_path=progress_path,
         result_ref_path=result_ref,
         time_path=time_path,
+        effects_path=effects_path,
         states=states,
         cancel=cancel,
         cancel_idempotent=cancel_idempotent,
         result=result,
         result_kind=result_kind,
+        result_spec=result_spec,
         reconcile=modes,
         lookup_status=lookup_status,
         lookup_list=lookup_list,
@@ -397,6 +357,41 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         poll_backoff=poll_backoff,
         webhook_scheme=target_kind,
         resume=resume,
+    )
+
+
+def _result_spec(section: Section, source: str) -> ResultSpec:
+    checksum = section.text("checksum", "header:<Name> of a response header carrying the sha256", None)
+    if checksum is not None and not checksum.startswith("header:"):
+        section.fail("checksum", "header:<Name> of a response header carrying the sha256", checksum)
+    schema: Any = section._get("schema", None)
+    if isinstance(schema, str):
+        path = Path(schema) if Path(schema).is_absolute() else Path(source).parent / schema
+        try:
+            schema = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            section.fail("schema", f"a JSON Schema file ({exc})", schema)
+    elif schema is not None and not isinstance(schema, Mapping):
+        section.fail("schema", "a JSON Schema as a table, or the path of a .json file", schema)
+    batch_s = section.table("batch")
+    batch = None
+    if batch_s is not None:
+        batch_s.choice("format", ("jsonl",), "jsonl")
+        batch = BatchFormat(
+            id_path=batch_s.text("id", "a JSON path to each item's id", "$.custom_id"),
+            error_path=batch_s.text("error", "a JSON path that is set on failed items", "$.error"),
+        )
+        batch_s.done()
+    min_records = section.number("min_records", "a count >= 0", None)
+    return ResultSpec(
+        content_type=section.text("content_type", "a media type such as application/json", None),
+        max_bytes=int(section.number("max_bytes", "bytes (a number > 0)", 256 * 1024 * 1024, minimum=1)),
+        checksum_header=None if checksum is None else checksum[len("header:") :],
+        schema=schema,
+        records_path=section.text("records", "a JSON path to the list of records", None),
+        min_records=None if min_records is None else int(min_records),
+        batch=batch,
+        check=section.text("check", "a named check package.module:function", None),
     )
 
 
@@ -467,6 +462,7 @@ class HttpProvider:
             resume=config.resume,
         )
         self.backoff = config.backoff
+        self.result_spec = config.result_spec
         self.poll_backoff = config.poll_backoff
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -478,9 +474,7 @@ class HttpProvider:
         if self._session is None or self._loop is not loop or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.config.max_connections, ttl_dns_cache=300),
-                timeout=aiohttp.ClientTimeout(
-                    total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s
-                ),
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
                 headers={"User-Agent": _USER_AGENT},
             )
             self._loop = loop
@@ -516,7 +510,15 @@ class HttpProvider:
         return headers
 
     async def _send(
-        self, method: str, url: str, op: Operation, *, body: Any = None, extra_headers: Mapping[str, str] = {}
+        self,
+        method: str,
+        url: str,
+        op: Operation,
+        *,
+        body: Any = None,
+        extra_headers: Mapping[str, str] = {},
+        max_bytes: int = _MAX_BODY,
+        keep_raw: bool = False,
     ) -> Response | tuple[str, str]:
         """One request. Returns the response, or (error_class, detail) with error_class
         ``not_sent`` when the request provably never left (connection refused/failed)."""
@@ -528,10 +530,8 @@ class HttpProvider:
             )
         headers = {**self._headers(op), **extra_headers}
         try:
-            async with self._client().request(
-                method, url, headers=headers, json=body, allow_redirects=False
-            ) as resp:
-                raw = await resp.content.read(_MAX_BODY + 1)
+            async with self._client().request(method, url, headers=headers, json=body, allow_redirects=False) as resp:
+                raw = await resp.content.read(max_bytes + 1)
                 resp_headers = {k: v for k, v in resp.headers.items()}
                 status = resp.status
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
@@ -545,17 +545,17 @@ class HttpProvider:
         except aiohttp.ClientError as exc:
             return ("client_error", f"{type(exc).__name__}: {exc}")
         body_value: Any
-        if len(raw) > _MAX_BODY:
-            body_value = {"_jobtrail": f"body larger than {_MAX_BODY} bytes, not kept"}
+        if keep_raw:
+            body_value = None
+        elif len(raw) > max_bytes:
+            body_value = {"_jobtrail": f"body larger than {max_bytes} bytes, not kept"}
         else:
             text = raw.decode("utf-8", errors="replace")
             try:
                 body_value = json.loads(text) if text.strip() else None
             except ValueError:
                 body_value = {"_jobtrail_unparsed": text[:2000]}
-        request_id = next(
-            (v for k, v in resp_headers.items() if k.lower() in ("x-request-id", "request-id")), None
-        )
+        request_id = next((v for k, v in resp_headers.items() if k.lower() in ("x-request-id", "request-id")), None)
         return Response(
             http_status=status,
             headers=resp_headers,
@@ -564,6 +564,7 @@ class HttpProvider:
             retry_after_s=parse_retry_after(
                 next((v for k, v in resp_headers.items() if k.lower() == "retry-after"), None), time.time()
             ),
+            raw=raw if keep_raw and len(raw) <= max_bytes else None,
         )
 
     # -- the contract --------------------------------------------------------------------------
@@ -582,9 +583,7 @@ class HttpProvider:
                     f"{cfg.token.name!r}, so the request body must be a JSON object"
                 )
             body = {**body, cfg.token.name: op.idempotency_token}
-        sent = await self._send(
-            cfg.create.method, self._url(cfg.create.path, op), op, body=body, extra_headers=headers
-        )
+        sent = await self._send(cfg.create.method, self._url(cfg.create.path, op), op, body=body, extra_headers=headers)
         if isinstance(sent, tuple):
             if sent[0] == "not_sent":
                 return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
@@ -611,9 +610,7 @@ class HttpProvider:
             if result is not None:
                 return CreateOutcome(kind="synchronous", response=resp, remote_job_id=job_id, result=result)
             if job_id:
-                return CreateOutcome(
-                    kind="confirmed", response=resp, remote_job_id=job_id, status_url=status_url
-                )
+                return CreateOutcome(kind="confirmed", response=resp, remote_job_id=job_id, status_url=status_url)
             return CreateOutcome(
                 kind="ambiguous",
                 response=resp,
@@ -621,12 +618,8 @@ class HttpProvider:
                 detail=f"HTTP {status} without a job id at {cfg.job_id}; the job may exist",
             )
         if 400 <= status < 500 and status not in _AMBIGUOUS:
-            return CreateOutcome(
-                kind="rejected", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}"
-            )
-        return CreateOutcome(
-            kind="ambiguous", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}"
-        )
+            return CreateOutcome(kind="rejected", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}")
+        return CreateOutcome(kind="ambiguous", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}")
 
     async def lookup(self, op: Operation, mode: ReconcileMode) -> LookupOutcome:
         cfg = self.config
@@ -684,6 +677,7 @@ class HttpProvider:
             progress=progress,
             result_ref=extract(cfg.result_ref_path, sent.body, sent.headers),
             provider_time=extract(cfg.time_path, sent.body, sent.headers),
+            effects=extract_any(cfg.effects_path, sent.body),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
         )
 
@@ -698,8 +692,6 @@ class HttpProvider:
         cfg = self.config
         path = result_ref or (cfg.result.path if cfg.result else None)
         if path is None:
-            raise ConfigError(
-                f"provider {self.name} declares no [result] endpoint and gave no result reference"
-            )
-        sent = await self._send("GET", self._url(path, op), op)
+            raise ConfigError(f"provider {self.name} declares no [result] endpoint and gave no result reference")
+        sent = await self._send("GET", self._url(path, op), op, keep_raw=True, max_bytes=cfg.result_spec.max_bytes)
         return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})

@@ -56,10 +56,7 @@ def _remote(*states: RemoteState) -> Check:
             wanted = " or ".join(s.value for s in states)
             return f"the observed remote state is {ev.remote_state.value}, not {wanted}"
         if ev.remote_job_id and op.remote_job_id and ev.remote_job_id != op.remote_job_id:
-            return (
-                f"the observation is of job {ev.remote_job_id}, "
-                f"but this operation's job is {op.remote_job_id}"
-            )
+            return f"the observation is of job {ev.remote_job_id}, but this operation's job is {op.remote_job_id}"
         return None
 
     return check
@@ -142,17 +139,13 @@ def _decision_with_job(ev: Evidence, op: Operation) -> str | None:
     return None
 
 
-_settle_success = Rule(
-    (StatusObservation,), "a status observation: succeeded", _remote(RemoteState.SUCCEEDED)
-)
+_settle_success = Rule((StatusObservation,), "a status observation: succeeded", _remote(RemoteState.SUCCEEDED))
 _settle_failed = Rule(
     (StatusObservation,),
     "a status observation: failed or expired",
     _remote(RemoteState.FAILED, RemoteState.EXPIRED),
 )
-_settle_cancelled = Rule(
-    (StatusObservation,), "a status observation: cancelled", _remote(RemoteState.CANCELLED)
-)
+_settle_cancelled = Rule((StatusObservation,), "a status observation: cancelled", _remote(RemoteState.CANCELLED))
 _human = Rule((HumanDecision,), "a person's decision")
 
 RULES: dict[tuple[State, State], Rule] = {
@@ -183,14 +176,14 @@ RULES: dict[tuple[State, State], Rule] = {
     (S.OBSERVING, S.FAILED): _settle_failed,
     (S.ACCEPTED, S.CANCELLED): _settle_cancelled,
     (S.OBSERVING, S.CANCELLED): _settle_cancelled,
-    (S.OBSERVING, S.RESULT_TIMED_OUT): Rule(
-        (DeadlinePassed,), "the result deadline passed", _deadline("result")
-    ),
+    (S.OBSERVING, S.RESULT_TIMED_OUT): Rule((DeadlinePassed,), "the result deadline passed", _deadline("result")),
     # cancel
     (S.ACCEPTED, S.CANCEL_REQUESTED): Rule((CancelIntent,), "a recorded cancel intent"),
     (S.OBSERVING, S.CANCEL_REQUESTED): Rule((CancelIntent,), "a recorded cancel intent"),
     (S.CANCEL_REQUESTED, S.CANCELLING): Rule((CancelAcknowledged,), "the provider acknowledging the cancel"),
     (S.CANCELLING, S.CANCELLED): _settle_cancelled,
+    # the cancel's answer was lost, but a later status shows it took effect
+    (S.CANCEL_REQUESTED, S.CANCELLED): _settle_cancelled,
     (S.CANCEL_REQUESTED, S.RESULT_COLLECTING): _settle_success,
     (S.CANCELLING, S.RESULT_COLLECTING): _settle_success,
     (S.CANCEL_REQUESTED, S.FAILED): _settle_failed,
@@ -203,14 +196,10 @@ RULES: dict[tuple[State, State], Rule] = {
     ),
     # collect
     (S.RESULT_COLLECTING, S.SUCCEEDED): Rule((ValidatedResult,), "a validated, stored result"),
-    (S.RESULT_COLLECTING, S.RESULT_UNAVAILABLE): Rule(
-        (ResultUnavailable,), "why the result cannot be fetched"
-    ),
+    (S.RESULT_COLLECTING, S.RESULT_UNAVAILABLE): Rule((ResultUnavailable,), "why the result cannot be fetched"),
     (S.RESULT_COLLECTING, S.RESULT_VALIDATION_FAILED): Rule((ValidationFailure,), "the failed check"),
     # resume
-    (S.FAILED, S.OBSERVING): Rule(
-        (ResumeRequested,), "a recorded resume on a provider that supports it", _resume
-    ),
+    (S.FAILED, S.OBSERVING): Rule((ResumeRequested,), "a recorded resume on a provider that supports it", _resume),
     # a later observation can still settle an unconfirmed ending (never assumed)
     (S.CANCELLATION_UNCONFIRMED, S.CANCELLED): _settle_cancelled,
     (S.CANCELLATION_UNCONFIRMED, S.RESULT_COLLECTING): _settle_success,
@@ -246,8 +235,7 @@ def check_transition(op: Operation, to: State, evidence: Evidence) -> None:
         )
     if not isinstance(evidence, rule.evidence):
         raise TransitionRefused(
-            f"{op.operation_id}: {op.state.value} -> {to.value} needs {rule.needs}, "
-            f"got {evidence.describe()}",
+            f"{op.operation_id}: {op.state.value} -> {to.value} needs {rule.needs}, got {evidence.describe()}",
             operation_id=op.operation_id,
             from_state=op.state.value,
             to_state=to.value,

@@ -9,15 +9,21 @@ moves the state, and only with that observation as evidence.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-from typing import Any
+from collections.abc import Mapping
 
 from jobtrail._canonical import canonical_bytes, rfc3339
-from jobtrail._evidence import DeadlinePassed, ResultUnavailable, StatusObservation, ValidatedResult
+from jobtrail._evidence import (
+    CancelIntent,
+    DeadlinePassed,
+    ResultUnavailable,
+    StatusObservation,
+    ValidatedResult,
+    ValidationFailure,
+)
 from jobtrail._provider import Provider
 from jobtrail._record import Operation
+from jobtrail._results import Check, load_check, save_result, validate
 from jobtrail._states import RemoteState, State
 from jobtrail._store import Store
 from jobtrail._writer import Writer
@@ -34,8 +40,24 @@ _ENDINGS = {
 }
 
 
+#: states in which the worker polls the remote job
+WATCHED_STATES = frozenset(
+    {
+        State.ACCEPTED,
+        State.OBSERVING,
+        State.CANCEL_REQUESTED,
+        State.CANCELLING,
+        State.CANCELLATION_UNCONFIRMED,
+        State.RESULT_TIMED_OUT,
+    }
+)
+_CANCEL_STATES = frozenset({State.CANCEL_REQUESTED, State.CANCELLING, State.CANCELLATION_UNCONFIRMED})
+#: states a person has been told about: polled at the back-off's cap, not faster
+_SLOW_STATES = frozenset({State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT})
+
+
 class ObserveFlow:
-    """Polls accepted and observing operations."""
+    """Polls a remote job; applies the result and cancel deadlines; starts a deferred cancel."""
 
     def __init__(self, store: Store, writer: Writer, *, actor: str, rng: random.Random | None = None) -> None:
         self.store = store
@@ -44,11 +66,14 @@ class ObserveFlow:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
 
     async def advance(self, op: Operation, provider: Provider) -> Operation:
-        if op.state not in (State.ACCEPTED, State.OBSERVING):
+        if op.state not in WATCHED_STATES:
             return op
         now = self.store.clock()
         if op.next_action_at_us is not None and op.next_action_at_us > now:
             return op
+        slow = now + int(provider.poll_backoff.cap_s * _US)
+        if op.state in (State.ACCEPTED, State.OBSERVING) and op.cancel_requested_by:
+            return await self._deferred_cancel(op, now)
         if op.state is State.OBSERVING and op.result_deadline_us is not None and now >= op.result_deadline_us:
             return await self.writer.transition(
                 op,
@@ -56,16 +81,37 @@ class ObserveFlow:
                 DeadlinePassed(deadline="result", observed_at_us=now),
                 actor=self.actor,
                 changes={
+                    "next_action_at_us": slow,
                     "state_reason": (
                         f"result deadline passed at {rfc3339(op.result_deadline_us)} with the job "
                         f"{op.remote_state or 'in an unknown state'}; the remote job is NOT assumed stopped"
-                    )
+                    ),
+                },
+            )
+        if (
+            op.state in (State.CANCEL_REQUESTED, State.CANCELLING)
+            and op.cancel_deadline_us is not None
+            and now >= op.cancel_deadline_us
+        ):
+            return await self.writer.transition(
+                op,
+                State.CANCELLATION_UNCONFIRMED,
+                DeadlinePassed(deadline="cancel", observed_at_us=now),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": slow,
+                    "state_reason": (
+                        f"cancel deadline passed at {rfc3339(op.cancel_deadline_us)} without the provider confirming "
+                        f"the cancel (last seen: {op.remote_state or 'unknown'}); see `jobtrail ops escalation "
+                        f"{op.operation_id}`"
+                    ),
                 },
             )
         status = await provider.status(op)
         resp = status.response
         polls = op.polls + 1
-        next_at = now + int(provider.poll_backoff.after(resp.retry_after_s, polls, self.rng) * _US)
+        delay = provider.poll_backoff.after(resp.retry_after_s, polls, self.rng)
+        next_at = slow if op.state in _SLOW_STATES else now + int(delay * _US)
         await self.writer.observe(
             op.operation_id,
             kind="status_poll",
@@ -80,15 +126,15 @@ class ObserveFlow:
             provider_time=status.provider_time,
             next_action_at_us=next_at,
         )
+        effects = {"partial_effects": status.effects} if status.effects is not None else {}
         if status.error_class:
             return await self.writer.reschedule(
                 op,
                 {
                     "polls": polls,
                     "next_action_at_us": next_at,
-                    "state_reason": (
-                        f"status poll failed ({status.error_class}); next poll at {rfc3339(next_at)}"
-                    ),
+                    **effects,
+                    "state_reason": f"status poll failed ({status.error_class}); next poll at {rfc3339(next_at)}",
                 },
             )
         evidence = StatusObservation(
@@ -114,6 +160,7 @@ class ObserveFlow:
                 changes={
                     "remote_state": status.raw_state,
                     "polls": polls,
+                    **effects,
                     "next_action_at_us": now if ending else next_at,
                 },
             )
@@ -123,22 +170,20 @@ class ObserveFlow:
             waiting = (
                 "unknown state, still polling"
                 if status.remote_state is RemoteState.UNKNOWN
-                else (status.remote_state.value)
+                else status.remote_state.value
             )
+            if op.state in _CANCEL_STATES:
+                waiting = f"cancel not confirmed yet (job {waiting})"
             return await self.writer.reschedule(
                 op,
                 {
                     "remote_state": status.raw_state,
                     "polls": polls,
                     "next_action_at_us": next_at,
+                    **effects,
                     "state_reason": f"{waiting}; next poll at {rfc3339(next_at)}",
                 },
             )
-        reason = {
-            State.RESULT_COLLECTING: "the provider reports the job finished; collecting the result",
-            State.FAILED: f"the provider reports the job {status.raw_state}",
-            State.CANCELLED: "the provider reports the job cancelled (not by us)",
-        }[ending]
         return await self.writer.transition(
             op,
             ending,
@@ -148,19 +193,71 @@ class ObserveFlow:
             changes={
                 "remote_state": status.raw_state,
                 "result_ref": status.result_ref,
-                "state_reason": reason,
+                **effects,
+                "state_reason": _ending_reason(op, ending, status.raw_state),
+            },
+        )
+
+    async def _deferred_cancel(self, op: Operation, now: int) -> Operation:
+        """The cancel asked for before the job id was known: its time has come."""
+        window = op.cancel_deadline_us - op.created_at_us if op.cancel_deadline_us is not None else None
+        intent = CancelIntent(
+            requested_by=op.cancel_requested_by or "unknown",
+            reason="cancel requested before the create was confirmed",
+            expected_effect="the job is stopped as soon as its id is known",
+        )
+        return await self.writer.transition(
+            op,
+            State.CANCEL_REQUESTED,
+            intent,
+            actor=self.actor,
+            changes={
+                "cancel_requested_by": None,
+                "cancel_deadline_us": None if window is None else now + window,
+                "state_reason": f"carrying out the cancel {op.cancel_requested_by} asked for before the job id "
+                "was known",
             },
         )
 
 
-class CollectFlow:
-    """Fetches and checks a finished job's result (or the one a synchronous create returned)."""
+def _ending_reason(op: Operation, ending: State, raw_state: str | None) -> str:
+    after_cancel = op.state in _CANCEL_STATES
+    if ending is State.RESULT_COLLECTING:
+        if after_cancel:
+            return "the job finished before the cancel took effect; collecting its result"
+        return "the provider reports the job finished; collecting the result"
+    if ending is State.FAILED:
+        return f"the provider reports the job {raw_state}" + (
+            " (after the cancel was requested)" if after_cancel else ""
+        )
+    if after_cancel:
+        return "cancelled: the provider reports the job cancelled"
+    return "the provider reports the job cancelled (not by us)"
 
-    def __init__(self, store: Store, writer: Writer, *, actor: str, rng: random.Random | None = None) -> None:
+
+class CollectFlow:
+    """Fetches, checks and stores a finished job's result: its own recorded action."""
+
+    def __init__(
+        self,
+        store: Store,
+        writer: Writer,
+        *,
+        actor: str,
+        rng: random.Random | None = None,
+        checks: Mapping[str, Check] | None = None,
+    ) -> None:
         self.store = store
         self.writer = writer
         self.actor = actor
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
+        self.checks = dict(checks or {})
+
+    def _check_for(self, provider: Provider) -> Check | None:
+        if provider.name in self.checks:
+            return self.checks[provider.name]
+        named = provider.result_spec.check
+        return load_check(named) if named else None
 
     async def advance(self, op: Operation, provider: Provider) -> Operation:
         if op.state is not State.RESULT_COLLECTING:
@@ -171,12 +268,21 @@ class CollectFlow:
         ref = op.result_ref
         if ref is not None and ref.startswith("observation:"):  # a synchronous result, stored at create
             stored = self.store.observation(int(ref.split(":", 1)[1]))
-            return await self._validated(
-                op, stored["raw"].get("result") if stored else None, None, "synchronous"
-            )
+            result = stored["raw"].get("result") if stored else None
+            return await self._finish(op, provider, canonical_bytes(result), "application/json", {}, "synchronous")
         attempts = op.polls + 1
+        one_time = provider.capabilities.result == "one_time"
+        if one_time and op.polls > 0:
+            return await self._unavailable(
+                op,
+                f"the one-time result was fetched (attempt {op.polls}) but storing it "
+                "was never recorded, and the provider does not allow fetching it "
+                "again: it may be lost",
+                None,
+            )
+        if one_time:  # durable before the fetch: a crash between fetch and store is then visible as such
+            op = await self.writer.reschedule(op, {"polls": attempts, "state_reason": "fetching the one-time result"})
         resp = await provider.fetch_result(op, ref)
-        body = resp.body
         await self.writer.observe(
             op.operation_id,
             kind="result_fetch",
@@ -184,54 +290,75 @@ class CollectFlow:
                 "http_status": resp.http_status,
                 "headers": dict(resp.headers),
                 "attempt": attempts,
-                "size": len(json.dumps(body)) if body is not None else 0,
+                "size": None if resp.raw is None else len(resp.raw),
+                "error": resp.body,
             },
             http_status=resp.http_status,
             provider_request_id=resp.provider_request_id,
         )
-        if (
-            resp.http_status == 200
-            and body is not None
-            and not (isinstance(body, dict) and "_jobtrail_unparsed" in body)
-        ):
-            return await self._validated(
-                op, body, resp.headers.get("Content-Type"), f"fetched {ref or 'result'}"
-            )
+        if resp.http_status == 200 and resp.raw is not None:
+            content_type = next((v for k, v in resp.headers.items() if k.lower() == "content-type"), None)
+            return await self._finish(op, provider, resp.raw, content_type, resp.headers, f"fetched {ref or 'result'}")
         why = f"result fetch {attempts} failed (HTTP {resp.http_status or 'no answer'})"
-        if attempts >= MAX_RESULT_ATTEMPTS:
-            return await self.writer.transition(
-                op,
-                State.RESULT_UNAVAILABLE,
-                ResultUnavailable(
-                    reason=f"{why}; gave up after {attempts} attempts", http_status=resp.http_status
-                ),
-                actor=self.actor,
-                changes={"state_reason": f"{why}; gave up after {attempts} attempts"},
-            )
+        if one_time or attempts >= MAX_RESULT_ATTEMPTS:
+            give_up = "a one-time result cannot be fetched twice" if one_time else f"gave up after {attempts} attempts"
+            return await self._unavailable(op, f"{why}; {give_up}", resp.http_status)
         next_at = now + int(provider.backoff.after(resp.retry_after_s, attempts, self.rng) * _US)
         return await self.writer.reschedule(
             op,
-            {
-                "polls": attempts,
-                "next_action_at_us": next_at,
-                "state_reason": f"{why}; retrying at {rfc3339(next_at)}",
-            },
+            {"polls": attempts, "next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"},
         )
 
-    async def _validated(
-        self, op: Operation, result: Any, content_type: str | None, source: str
-    ) -> Operation:
-        data = canonical_bytes(result)
-        digest = hashlib.sha256(data).hexdigest()
-        obs_id = await self.writer.observe(
-            op.operation_id, kind="result", raw={"result": result, "sha256": digest}
+    async def _unavailable(self, op: Operation, reason: str, status: int | None) -> Operation:
+        return await self.writer.transition(
+            op,
+            State.RESULT_UNAVAILABLE,
+            ResultUnavailable(reason=reason, http_status=status),
+            actor=self.actor,
+            changes={"state_reason": f"the remote job finished; {reason}"},
         )
+
+    async def _finish(
+        self,
+        op: Operation,
+        provider: Provider,
+        data: bytes,
+        content_type: str | None,
+        headers: Mapping[str, str],
+        source: str,
+    ) -> Operation:
+        checked = validate(data, content_type, headers, provider.result_spec, self._check_for(provider))
+        failed = checked.failed
+        if failed is not None:
+            reason = f"{failed['check']}: expected {failed['expected']}, saw {failed['seen']}"
+            return await self.writer.transition(
+                op,
+                State.RESULT_VALIDATION_FAILED,
+                ValidationFailure(check=failed["check"], reason=reason),
+                actor=self.actor,
+                changes={"state_reason": f"the remote job finished; its result failed validation ({reason})"},
+            )
+        row = save_result(
+            self.store, op.operation_id, data, content_type=content_type, checks=checked.checks, summary=checked.summary
+        )
+        summary = checked.summary
+        if summary and summary.get("failed"):
+            shown = ", ".join(summary["failed_ids"][:5]) + (", ..." if summary["failed"] > 5 else "")
+            reason = (
+                f"succeeded with partial failures: {summary['failed']} of {summary['items']} items failed "
+                f"({shown}); result stored, sha256 {row['sha256'][:12]}..."
+            )
+        else:
+            reason = f"result stored ({row['size']} bytes, sha256 {row['sha256'][:12]}..., {source})"
         return await self.writer.transition(
             op,
             State.SUCCEEDED,
-            ValidatedResult(sha256=digest, size=len(data), content_type=content_type, checks=("json",)),
+            ValidatedResult(
+                sha256=row["sha256"],
+                size=row["size"],
+                content_type=content_type,
+                checks=tuple(c["check"] for c in checked.checks if c["ok"]),
+            ),
             actor=self.actor,
-            changes={
-                "state_reason": f"result stored (observation {obs_id}, sha256 {digest[:12]}..., {source})"
-            },
+            changes={"state_reason": reason},
         )

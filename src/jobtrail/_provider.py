@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from jobtrail._backoff import Backoff
 from jobtrail._record import Operation
+from jobtrail._results import ResultSpec
 from jobtrail._states import RemoteState
 
 
@@ -80,6 +81,8 @@ class Response:
     body: Any = None
     provider_request_id: str | None = None
     retry_after_s: float | None = None
+    #: the undecoded body (result fetches only); never stored as is
+    raw: bytes | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"http_status": self.http_status, "headers": dict(self.headers), "body": self.body}
@@ -124,6 +127,8 @@ class StatusOutcome:
     progress: float | None = None
     result_ref: str | None = None
     provider_time: str | None = None
+    #: what the provider says is already done (files written, items processed): the damage bound
+    effects: Any = None
     error_class: str = ""
 
 
@@ -140,6 +145,8 @@ class Provider(Protocol):
     backoff: Backoff
     #: how often to poll a running job (Retry-After, when the provider sends it, wins)
     poll_backoff: Backoff
+    #: what a valid result looks like
+    result_spec: ResultSpec
 
     async def create(self, op: Operation) -> CreateOutcome:
         """Send the create with ``op.idempotency_token`` and ``op.trace_id``."""
@@ -175,9 +182,7 @@ def guarantees(provider: Provider) -> dict[str, Any]:
     if token.where == "none":
         token_text = "no idempotency token is sent"  # noqa: S105 - not a password
     else:
-        token_text = f"token in {token.where} {token.name!r}" + (
-            " (quoted sf-string)" if token.quoted else ""
-        )
+        token_text = f"token in {token.where} {token.name!r}" + (" (quoted sf-string)" if token.quoted else "")
     if caps.at_most_once:
         modes = ", ".join(m.value for m in caps.reconcile)
         once = {"verdict": "yes", "why": f"{token_text}; a doubtful create is reconciled by {modes}"}

@@ -79,6 +79,10 @@ class Operation:
     polls: int = 0
     #: where the finished result lives (a URL, an id, or ``observation:N`` for a stored one)
     result_ref: str | None = None
+    #: who asked to cancel before the job id was known (the worker cancels once it is)
+    cancel_requested_by: str | None = None
+    #: what the provider reported as already done (files written, items processed): the damage bound
+    partial_effects: Any = None
 
     @property
     def create_deadline(self) -> datetime | None:
@@ -132,6 +136,8 @@ class Operation:
             },
             "polls": self.polls,
             "result_ref": self.result_ref,
+            "cancel_requested_by": self.cancel_requested_by,
+            "partial_effects": self.partial_effects,
             "next_action": next_action(self),
         }
 

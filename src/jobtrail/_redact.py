@@ -288,9 +288,7 @@ class Redactor:
         query = parts.query
         if query:
             pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-            query = urllib.parse.urlencode(
-                [(k, REDACTED if _is_secret_query(k) else v) for k, v in pairs], safe="[]"
-            )
+            query = urllib.parse.urlencode([(k, REDACTED if _is_secret_query(k) else v) for k, v in pairs], safe="[]")
         rebuilt = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
         return self.text(rebuilt)
 
@@ -317,9 +315,7 @@ class Redactor:
                 key_s = str(key)
                 if is_secret_name(key_s) and _carries_secret(item):
                     out[key_s] = REDACTED
-                elif _norm(key_s) in ("headers", "responseheaders", "requestheaders") and isinstance(
-                    item, Mapping
-                ):
+                elif _norm(key_s) in ("headers", "responseheaders", "requestheaders") and isinstance(item, Mapping):
                     out[key_s] = self.headers(item)
                 elif _norm(key_s) in ("url", "statusurl", "href", "resultreference", "location"):
                     out[key_s] = self.url(item) if isinstance(item, str) else self.value(item)
@@ -376,11 +372,7 @@ def _is_secret_query(name: str) -> bool:
 
 
 def _header_allowed(lower: str) -> bool:
-    return (
-        lower in _HEADER_ALLOW
-        or lower.endswith(_HEADER_ALLOW_SUFFIX)
-        or lower.startswith(_HEADER_ALLOW_PREFIX)
-    )
+    return lower in _HEADER_ALLOW or lower.endswith(_HEADER_ALLOW_SUFFIX) or lower.startswith(_HEADER_ALLOW_PREFIX)
 
 
 #: The process-wide redactor; every :class:`Secret` registers here.

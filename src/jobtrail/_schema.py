@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
@@ -52,6 +54,8 @@ operations = Table(
     Column("lease_epoch", BigInteger, nullable=False),
     Column("polls", Integer, nullable=False, server_default="0"),
     Column("result_ref", Text),
+    Column("cancel_requested_by", Text),
+    Column("partial_effects", Text),
     UniqueConstraint("provider", "operation_key", name="uq_operations_provider_key"),
     Index("ix_operations_due", "state", "next_action_at_us"),
     Index("ix_operations_remote_job", "provider", "remote_job_id"),
@@ -82,9 +86,7 @@ history = Table(
 observations = Table(
     "observations",
     metadata,
-    Column(
-        "observation_id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    ),
+    Column("observation_id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
     Column("operation_id", String(40), ForeignKey("operations.operation_id"), nullable=False),
     Column("kind", String(40), nullable=False),
     Column("fetched_at_us", BigInteger, nullable=False),
@@ -99,4 +101,19 @@ observations = Table(
     Column("progress", Float),
     Column("next_action_at_us", BigInteger),
     Index("ix_observations_operation", "operation_id", "observation_id"),
+)
+
+results = Table(
+    "results",
+    metadata,
+    Column("operation_id", String(40), ForeignKey("operations.operation_id"), primary_key=True),
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("content_type", Text),
+    Column("body", LargeBinary),
+    Column("path", Text),
+    Column("checks", Text, nullable=False),
+    Column("summary", Text),
+    Column("redacted", Boolean, nullable=False),
+    Column("stored_at_us", BigInteger, nullable=False),
 )

@@ -65,6 +65,9 @@ AUTOMATIC_STATES = frozenset(
         State.RESULT_COLLECTING,
         State.CANCEL_REQUESTED,
         State.CANCELLING,
+        # a person is told, and the worker keeps looking at a slow pace: a later observation settles it
+        State.CANCELLATION_UNCONFIRMED,
+        State.RESULT_TIMED_OUT,
     }
 )
 

@@ -52,7 +52,18 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 
 #: Columns a change may set besides the state (the state itself only via the machine).
 MUTABLE_COLUMNS = frozenset(
-    {"remote_job_id", "remote_state", "state_reason", "attempts", "next_action_at_us", "polls", "result_ref"}
+    {
+        "remote_job_id",
+        "remote_state",
+        "state_reason",
+        "attempts",
+        "next_action_at_us",
+        "polls",
+        "result_ref",
+        "cancel_requested_by",
+        "partial_effects",
+        "cancel_deadline_us",
+    }
 )
 
 
@@ -229,9 +240,7 @@ class Store:
                 raise
             if len(prepared) > 1:  # find which one collided, and let each answer for itself
                 return [self.create_operation(spec, actor=actor) for spec in specs]
-            return [
-                (self._existing_for_key(prepared[0][0], prepared[0][1]["request_fingerprint"], exc), False)
-            ]
+            return [(self._existing_for_key(prepared[0][0], prepared[0][1]["request_fingerprint"], exc), False)]
         for _, row, _ in prepared:
             log.info("operation %s created (state create_pending)", row["operation_id"])
         return [(_operation(row), True) for _, row, _ in prepared]
@@ -439,6 +448,9 @@ class Store:
             "next_action_at_us": op.next_action_at_us,
             "polls": op.polls,
             "result_ref": op.result_ref,
+            "cancel_requested_by": op.cancel_requested_by,
+            "partial_effects": op.partial_effects,
+            "cancel_deadline_us": op.cancel_deadline_us,
         }
         if to is not op.state:
             # entering a state decides whether anything happens automatically next,
@@ -450,6 +462,8 @@ class Store:
             values["next_action_at_us"] = None
         if values["state_reason"] is not None:
             values["state_reason"] = self.redactor.text(str(values["state_reason"]))
+        if values["partial_effects"] is not None and not isinstance(values["partial_effects"], str):
+            values["partial_effects"] = compact_json(self.redactor.value(values["partial_effects"]))
         epoch = item.epoch if item.epoch is not None else (op.lease_epoch if op.lease_owner else None)
         update = {
             **values,
@@ -490,11 +504,7 @@ class Store:
         op_id = change.op.operation_id
         if current is None:
             return StaleRecord(f"operation {op_id} no longer exists", operation_id=op_id)
-        epoch = (
-            change.epoch
-            if change.epoch is not None
-            else (change.op.lease_epoch if change.op.lease_owner else None)
-        )
+        epoch = change.epoch if change.epoch is not None else (change.op.lease_epoch if change.op.lease_owner else None)
         if epoch is not None and current.lease_epoch != epoch:
             return StaleRecord(
                 f"operation {op_id}: lease epoch {epoch} is no longer current "
@@ -561,9 +571,7 @@ class Store:
             "fetched_at_us": now,
             "provider_time": item.provider_time,
             "http_status": item.http_status,
-            "provider_request_id": None
-            if item.provider_request_id is None
-            else redact.text(item.provider_request_id),
+            "provider_request_id": None if item.provider_request_id is None else redact.text(item.provider_request_id),
             "remote_state": item.remote_state,
             "raw_state": None if item.raw_state is None else redact.text(item.raw_state),
             "raw": compact_json(redact.value(item.raw)),
@@ -585,9 +593,7 @@ class Store:
     def observation(self, observation_id: int) -> dict[str, Any] | None:
         with self._read() as conn:
             row = (
-                conn.execute(
-                    sa.select(t.observations).where(t.observations.c.observation_id == observation_id)
-                )
+                conn.execute(sa.select(t.observations).where(t.observations.c.observation_id == observation_id))
                 .mappings()
                 .first()
             )
@@ -741,6 +747,8 @@ def _operation(row: Any) -> Operation:
     data = dict(row)
     data["state"] = State(data["state"])
     data["request_body"] = json.loads(data["request_body"])
+    if data.get("partial_effects") is not None:
+        data["partial_effects"] = json.loads(data["partial_effects"])
     return Operation(**data)
 
 
@@ -749,14 +757,14 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
     for key in (*MUTABLE_COLUMNS, "updated_at_us", "version", "history_head"):
         data[key] = update[key]
     data["state"] = State(update["state"])
+    if isinstance(data["partial_effects"], str):
+        data["partial_effects"] = json.loads(data["partial_effects"])
     return Operation(**data)
 
 
 _INSERT_OPERATION = sa.insert(t.operations)
 _INSERT_HISTORY = sa.insert(t.history)
-_INSERT_OBSERVATION = sa.insert(t.observations).returning(
-    t.observations.c.observation_id, sort_by_parameter_order=True
-)
+_INSERT_OBSERVATION = sa.insert(t.observations).returning(t.observations.c.observation_id, sort_by_parameter_order=True)
 _UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head")
 
 
@@ -807,9 +815,7 @@ _RELEASE = _Prepared(
     )
     .values(lease_owner=None, lease_expires_at_us=None)
 )
-_RAW_INSERT_HISTORY = _Prepared(
-    sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c})
-)
+_RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
 
 
 @functools.cache

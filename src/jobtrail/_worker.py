@@ -21,20 +21,21 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from jobtrail._cancel import CancelFlow
 from jobtrail._canonical import rfc3339
 from jobtrail._create import CREATE_PHASE, CreateFlow
 from jobtrail._errors import JobtrailError, StaleRecord
 from jobtrail._observe import CollectFlow, ObserveFlow
 from jobtrail._provider import Provider
 from jobtrail._record import Operation
-from jobtrail._states import State
+from jobtrail._states import AUTOMATIC_STATES, State
 from jobtrail._store import Store
 from jobtrail._writer import BatchWriter
 
 log = logging.getLogger("jobtrail")
 _US = 1_000_000
-#: states this worker acts on (cancellation has its own issue and is not claimed yet)
-WORKED_STATES = (*CREATE_PHASE, State.ACCEPTED, State.OBSERVING, State.RESULT_COLLECTING)
+#: every state with an automatic next action
+WORKED_STATES = tuple(AUTOMATIC_STATES)
 #: most actions one claim may chain
 _CHAIN = 4
 
@@ -95,6 +96,7 @@ class Worker:
         self.create = CreateFlow(store, writer=self.writer, actor=actor, rng=rng)
         self.observe = ObserveFlow(store, self.writer, actor=actor, rng=rng)
         self.collect = CollectFlow(store, self.writer, actor=actor, rng=rng)
+        self.cancel = CancelFlow(store, self.writer, actor=actor, rng=rng)
         self.stats = WorkerStats()
         self._stopping = asyncio.Event()
 
@@ -188,9 +190,11 @@ class Worker:
     async def _step(self, op: Operation, provider: Provider) -> Operation:
         if op.state in CREATE_PHASE:
             return await self.create.advance(op, provider)
-        if op.state in (State.ACCEPTED, State.OBSERVING):
-            return await self.observe.advance(op, provider)
-        return await self.collect.advance(op, provider)
+        if op.state is State.RESULT_COLLECTING:
+            return await self.collect.advance(op, provider)
+        if op.state is State.CANCEL_REQUESTED and op.polls == 0:
+            return await self.cancel.advance(op, provider)
+        return await self.observe.advance(op, provider)
 
     async def _back_off(self, op: Operation, exc: Exception) -> None:
         """An unexpected error: keep the record as it is, try again later, say why on the record."""

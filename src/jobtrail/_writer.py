@@ -39,9 +39,7 @@ class Writer:
         request_ids: Sequence[str] = (),
     ) -> Operation:
         """Move ``op`` to ``to`` (None: stay, and only append the history entry)."""
-        change = Change(
-            op=op, to=to, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids
-        )
+        change = Change(op=op, to=to, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids)
         return _operation(await self.apply(change))
 
     async def record(
@@ -53,9 +51,7 @@ class Writer:
         changes: dict[str, Any] | None = None,
         request_ids: Sequence[str] = (),
     ) -> Operation:
-        return await self.transition(
-            op, None, evidence, actor=actor, changes=changes, request_ids=request_ids
-        )
+        return await self.transition(op, None, evidence, actor=actor, changes=changes, request_ids=request_ids)
 
     async def reschedule(self, op: Operation, changes: dict[str, Any]) -> Operation:
         return _operation(await self.apply(Reschedule(op=op, changes=changes)))

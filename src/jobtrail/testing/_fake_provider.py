@@ -292,9 +292,7 @@ class FakeProvider:
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
-            return web.json_response(
-                {"type": "about:blank", "title": "invalid JSON", "status": 400}, status=400
-            )
+            return web.json_response({"type": "about:blank", "title": "invalid JSON", "status": 400}, status=400)
         key_header = request.headers.get("Idempotency-Key")
         key = key_header.strip('"') if key_header else None
         reference = body.get("client_reference") if isinstance(body, dict) else None
@@ -313,9 +311,7 @@ class FakeProvider:
                         self.counts["key_in_flight"] += 1
                         return _problem(409, "a request with this Idempotency-Key is in flight")
                     self.counts["replayed"] += 1
-                    return web.json_response(
-                        known.body, status=known.status, headers={"Idempotent-Replayed": "true"}
-                    )
+                    return web.json_response(known.body, status=known.status, headers={"Idempotent-Replayed": "true"})
             if fault is not None and fault.kind == "reject":
                 detail: dict[str, Any] = {"type": "about:blank", "title": "rejected", "status": fault.status}
                 headers = {}
@@ -400,9 +396,7 @@ class FakeProvider:
         reference = request.query.get("client_reference")
         with self._lock:
             self.counts["lists"] += 1
-            data = [
-                self._job_doc(j) for j in self.jobs.values() if reference is None or j.reference == reference
-            ]
+            data = [self._job_doc(j) for j in self.jobs.values() if reference is None or j.reference == reference]
         return web.json_response({"data": data})
 
     async def _by_client_id(self, request: web.Request) -> web.StreamResponse:
