@@ -172,7 +172,11 @@ class ObserveFlow:
                 if status.remote_state is RemoteState.UNKNOWN
                 else status.remote_state.value
             )
-            if op.state in _CANCEL_STATES:
+            if op.state is State.RESULT_TIMED_OUT:
+                waiting = f"result deadline passed; the remote job is NOT assumed stopped and is still {waiting}"
+            elif op.state is State.CANCELLATION_UNCONFIRMED:
+                waiting = f"cancel deadline passed and the cancel is still not confirmed (job {waiting})"
+            elif op.state in _CANCEL_STATES:
                 waiting = f"cancel not confirmed yet (job {waiting})"
             return await self.writer.reschedule(
                 op,
