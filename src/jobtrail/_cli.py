@@ -25,6 +25,7 @@ from jobtrail._errors import ConfigError, JobtrailError, OperationalError, Opera
 from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import Secret, install_log_redaction
+from jobtrail._results import stored_result
 from jobtrail._states import FINAL_STATES, State
 from jobtrail._store import Store
 
@@ -134,12 +135,28 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     Example:
       jobtrail ops show op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --json
     """
-    op = _store(ctx).get(operation_id)
+    store = _store(ctx)
+    op = store.get(operation_id)
+    result = stored_result(store, operation_id)
+    doc = op.to_json()
+    doc["result"] = (
+        None
+        if result is None
+        else {k: result[k] for k in ("sha256", "size", "content_type", "summary", "checks", "redacted")}
+        | {"stored": "file" if result["path"] else "database"}
+    )
     if as_json:
-        _emit_json(op.to_json())
+        _emit_json(doc)
         return
+    summary = result["summary"] if result else None
+    if summary and summary.get("failed"):
+        console.print(
+            f"[yellow]partial failure:[/yellow] {summary['failed']} of {summary['items']} items failed: "
+            + ", ".join(summary["failed_ids"][:20])
+            + (" ..." if summary["failed"] > 20 else "")
+        )
     table = Table(show_header=False)
-    for key, value in op.to_json().items():
+    for key, value in doc.items():
         table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
     console.print(table)
 
@@ -428,6 +445,101 @@ def demo(ctx: click.Context) -> None:
 
     ok = run_demo(ctx.ensure_object(dict).get("db"), console)
     sys.exit(EXIT_OK if ok else EXIT_NEGATIVE)
+
+
+@ops.command("escalation")
+@click.argument("operation_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the bundle as an object.")
+@click.option("--markdown", is_flag=True, help="Print the bundle as Markdown (for a ticket).")
+@click.pass_context
+def ops_escalation(ctx: click.Context, operation_id: str, as_json: bool, markdown: bool) -> None:
+    """Everything a person needs to chase a job: ids, request history, cancel attempts and answers.
+
+    \b
+    Example:
+      jobtrail ops escalation op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --markdown > ticket.md
+    """
+    from jobtrail._escalation import bundle_markdown, escalation_bundle
+
+    bundle = escalation_bundle(_store(ctx), operation_id)
+    if as_json:
+        _emit_json(bundle)
+    else:
+        click.echo(bundle_markdown(bundle), nl=False)
+
+
+@cli.command()
+@click.argument("operation_id")
+@click.option("--reason", required=True, help="Why (kept in the history).")
+@click.option("--by", "requested_by", required=True, help="Who asks (kept in the history).")
+@click.option("--expect", "expected_effect", default="", help="What you expect the cancel to achieve.")
+@click.option("--json", "as_json", is_flag=True, help="Print {outcome, message, operation}.")
+@click.pass_context
+def cancel(
+    ctx: click.Context, operation_id: str, reason: str, requested_by: str, expected_effect: str, as_json: bool
+) -> None:
+    """Ask to stop a job. The intent is recorded first; a worker sends the cancel once and confirms it.
+
+    Exit 0 recorded, 1 the job had already ended.
+
+    \b
+    Example:
+      jobtrail cancel op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --by alice --reason "wrong input file"
+    """
+    from jobtrail._cancel import request_cancel
+
+    done = request_cancel(
+        _store(ctx), operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
+    )
+    if as_json:
+        _emit_json({"outcome": done.outcome, "message": done.message, "operation": done.operation.to_json()})
+    else:
+        click.echo(f"{done.operation.operation_id}: {done.message}")
+    sys.exit(EXIT_NEGATIVE if done.outcome == "already_ended" else EXIT_OK)
+
+
+@cli.command()
+@click.argument("operation_id")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the result here (default: standard output).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result's record (sha256, size, checks, summary).")
+@click.pass_context
+def result(ctx: click.Context, operation_id: str, out: str | None, as_json: bool) -> None:
+    """Write an operation's stored result, verified against its sha256, or say why there is none.
+
+    Exit 0 written, 1 no result (the reason is printed).
+
+    \b
+    Example:
+      jobtrail result op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --out result.json
+    """
+    from jobtrail._results import ResultMissing, read_result
+
+    try:
+        row, data = read_result(_store(ctx), operation_id)
+    except ResultMissing as exc:
+        if as_json:
+            _emit_json({"operation_id": operation_id, "result": None, "why": str(exc)})
+            sys.exit(EXIT_NEGATIVE)
+        _fail(str(exc), EXIT_NEGATIVE)
+    if out:
+        Path(out).write_bytes(data)
+    if as_json:
+        _emit_json(
+            {
+                "operation_id": operation_id,
+                "sha256": row["sha256"],
+                "size": row["size"],
+                "content_type": row["content_type"],
+                "checks": row["checks"],
+                "summary": row["summary"],
+                "redacted": row["redacted"],
+                "stored": "file" if row["path"] else "database",
+                "out": out,
+            }
+        )
+    elif not out:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
 
 
 # -- audit -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from jobtrail._cancel import CancelOutcome, request_cancel
 from jobtrail._create import CreateFlow
 from jobtrail._errors import ConfigError
 from jobtrail._http_provider import HttpProvider, load_provider
@@ -22,6 +23,7 @@ from jobtrail._record import (
     Operation,
     OperationSpec,
 )
+from jobtrail._results import read_result
 from jobtrail._store import Store
 
 
@@ -143,6 +145,18 @@ class AsyncJobtrail:
         op = self.store.get(operation_id)
         return await self._flow.run(op, self.provider(op.provider))
 
+    async def cancel(
+        self, operation_id: str, *, requested_by: str, reason: str, expected_effect: str = ""
+    ) -> CancelOutcome:
+        """Record a cancel intent (durable before anything is sent); a worker sends it once."""
+        return request_cancel(
+            self.store, operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
+        )
+
+    async def result(self, operation_id: str) -> tuple[dict[str, Any], bytes]:
+        """The stored result (verified against its sha256), or ResultMissing saying why there is none."""
+        return read_result(self.store, operation_id)
+
     async def aclose(self) -> None:
         for provider in self.providers.values():
             await provider.aclose()
@@ -180,6 +194,14 @@ class Jobtrail:
 
     def get(self, operation_id: str) -> Operation:
         return self.store.get(operation_id)
+
+    def cancel(self, operation_id: str, *, requested_by: str, reason: str, expected_effect: str = "") -> CancelOutcome:
+        return asyncio.run(
+            self._async.cancel(operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect)
+        )
+
+    def result(self, operation_id: str) -> tuple[dict[str, Any], bytes]:
+        return asyncio.run(self._async.result(operation_id))
 
     def close(self) -> None:
         asyncio.run(self._async.aclose())

@@ -116,6 +116,11 @@ class CreateFlow:
                 "a confirmed job id; a person must check the provider for a job with trace id "
                 f"{op.trace_id} before deciding"
             )
+        if op.cancel_requested_by:
+            reason += (
+                f"; {op.cancel_requested_by} asked to cancel it before the create was confirmed: if a job "
+                "exists, cancel it by hand"
+            )
         return await self.writer.transition(
             op,
             State.NEEDS_ATTENTION,

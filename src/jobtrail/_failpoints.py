@@ -15,6 +15,7 @@ FAILPOINTS = {
     "create.after_response": "the create response arrived, nothing of it stored",
     "create.after_observation": "the response is stored as an observation, the state not yet moved",
     "create.after_job_id": "the job id is stored, the first poll not yet scheduled by a worker",
+    "collect.after_fetch": "the result is fetched, nothing of it stored",
 }
 
 

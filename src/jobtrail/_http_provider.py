@@ -411,6 +411,18 @@ def _backoff(section: Section | None, default: Backoff) -> Backoff:
     return backoff
 
 
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, or its first ``limit`` bytes: a huge answer is never read whole."""
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total >= limit:
+            break
+    return b"".join(chunks)[:limit]
+
+
 def _check_path(section: Section, key: str, value: str) -> None:
     if not (value.startswith("$") or value.startswith("header:")):
         section.fail(key, "a JSON path like $.id, or header:Name", value)
@@ -531,7 +543,7 @@ class HttpProvider:
         headers = {**self._headers(op), **extra_headers}
         try:
             async with self._client().request(method, url, headers=headers, json=body, allow_redirects=False) as resp:
-                raw = await resp.content.read(max_bytes + 1)
+                raw = await _read_at_most(resp, max_bytes + 1)
                 resp_headers = {k: v for k, v in resp.headers.items()}
                 status = resp.status
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
@@ -564,7 +576,7 @@ class HttpProvider:
             retry_after_s=parse_retry_after(
                 next((v for k, v in resp_headers.items() if k.lower() == "retry-after"), None), time.time()
             ),
-            raw=raw if keep_raw and len(raw) <= max_bytes else None,
+            raw=raw if keep_raw else None,
         )
 
     # -- the contract --------------------------------------------------------------------------

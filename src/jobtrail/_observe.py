@@ -9,6 +9,7 @@ moves the state, and only with that observation as evidence.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping
 
@@ -21,6 +22,7 @@ from jobtrail._evidence import (
     ValidatedResult,
     ValidationFailure,
 )
+from jobtrail._failpoints import failpoint
 from jobtrail._provider import Provider
 from jobtrail._record import Operation
 from jobtrail._results import Check, load_check, save_result, validate
@@ -273,7 +275,7 @@ class CollectFlow:
         if ref is not None and ref.startswith("observation:"):  # a synchronous result, stored at create
             stored = self.store.observation(int(ref.split(":", 1)[1]))
             result = stored["raw"].get("result") if stored else None
-            return await self._finish(op, provider, canonical_bytes(result), "application/json", {}, "synchronous")
+            return await self._finish(op, provider, canonical_bytes(result), "application/json", None, "synchronous")
         attempts = op.polls + 1
         one_time = provider.capabilities.result == "one_time"
         if one_time and op.polls > 0:
@@ -287,6 +289,7 @@ class CollectFlow:
         if one_time:  # durable before the fetch: a crash between fetch and store is then visible as such
             op = await self.writer.reschedule(op, {"polls": attempts, "state_reason": "fetching the one-time result"})
         resp = await provider.fetch_result(op, ref)
+        failpoint("collect.after_fetch")
         await self.writer.observe(
             op.operation_id,
             kind="result_fetch",
@@ -328,10 +331,13 @@ class CollectFlow:
         provider: Provider,
         data: bytes,
         content_type: str | None,
-        headers: Mapping[str, str],
+        headers: Mapping[str, str] | None,
         source: str,
     ) -> Operation:
-        checked = validate(data, content_type, headers, provider.result_spec, self._check_for(provider))
+        spec = provider.result_spec
+        if headers is None:  # a result that came with the create: no response headers to check a sum against
+            spec = dataclasses.replace(spec, checksum_header=None)
+        checked = validate(data, content_type, headers or {}, spec, self._check_for(provider))
         failed = checked.failed
         if failed is not None:
             reason = f"{failed['check']}: expected {failed['expected']}, saw {failed['seen']}"

@@ -28,6 +28,7 @@ from jobtrail._errors import JobtrailError, StaleRecord
 from jobtrail._observe import CollectFlow, ObserveFlow
 from jobtrail._provider import Provider
 from jobtrail._record import Operation
+from jobtrail._results import Check
 from jobtrail._states import AUTOMATIC_STATES, State
 from jobtrail._store import Store
 from jobtrail._writer import BatchWriter
@@ -69,6 +70,8 @@ class Worker:
         lease_s: how long a claim lasts; must exceed the slowest provider call.
         batch: most operations claimed per query.
         idle_s: longest sleep when nothing is due.
+        checks: per provider name, the caller's own check of a result (return None/True to accept,
+            False or a message to refuse, or raise).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Worker:
         batch: int = 200,
         idle_s: float = 0.5,
         rng: random.Random | None = None,
+        checks: Mapping[str, Check] | None = None,
     ) -> None:
         self.store = store
         self.providers = dict(providers)
@@ -95,7 +99,7 @@ class Worker:
         actor = f"worker:{self.worker_id}"
         self.create = CreateFlow(store, writer=self.writer, actor=actor, rng=rng)
         self.observe = ObserveFlow(store, self.writer, actor=actor, rng=rng)
-        self.collect = CollectFlow(store, self.writer, actor=actor, rng=rng)
+        self.collect = CollectFlow(store, self.writer, actor=actor, rng=rng, checks=checks)
         self.cancel = CancelFlow(store, self.writer, actor=actor, rng=rng)
         self.stats = WorkerStats()
         self._stopping = asyncio.Event()

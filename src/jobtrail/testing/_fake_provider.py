@@ -67,6 +67,16 @@ class Fault:
 
 @dataclass(slots=True)
 class FakeJob:
+    """One job. Its request body may carry ``{"fake": {...}}`` options that script its behaviour:
+
+    ``cancel``: ``"normal"`` (takes effect after 50 ms), ``"finish_first"`` (the job finishes at
+    the moment the cancel arrives), ``"ignore"`` (acknowledged, never takes effect);
+    ``result``: ``"ok"``, ``"bad_checksum"``, ``"missing"``, ``"one_time"`` (a second fetch gets 410),
+    ``"batch"`` (JSONL with ``items`` lines of which ``failed_items`` failed), ``"large"`` (``size``
+    bytes), ``"flaky"`` (the first ``flaky`` fetches get 503), ``"schema_bad"``;
+    ``effects``: report partial effects (items processed) on every status.
+    """
+
     id: str
     key: str | None
     reference: str | None
@@ -75,22 +85,51 @@ class FakeJob:
     duration_s: float
     cancel_requested_at: float | None = None
     fail: bool = False
+    fetches: int = 0
+
+    @property
+    def options(self) -> dict[str, Any]:
+        fake = self.body.get("fake") if isinstance(self.body, dict) else None
+        return fake if isinstance(fake, dict) else {}
 
     def state(self, now: float) -> str:
-        if self.cancel_requested_at is not None and now - self.cancel_requested_at >= 0.05:
-            return "cancelled" if now - self.created < self.duration_s else "succeeded"
-        elapsed = now - self.created
-        if elapsed >= self.duration_s:
+        finish = self.created + self.duration_s
+        cancel = self.options.get("cancel", "normal")
+        if self.cancel_requested_at is not None and cancel != "ignore":
+            if cancel == "finish_first" or self.cancel_requested_at >= finish:
+                return "failed" if self.fail else "succeeded"
+            return "cancelled" if now - self.cancel_requested_at >= 0.05 else "cancelling"
+        if now >= finish:
             return "failed" if self.fail else "succeeded"
-        if self.cancel_requested_at is not None:
-            return "cancelling"
-        return "queued" if elapsed < self.duration_s * 0.1 else "running"
+        return "queued" if now - self.created < self.duration_s * 0.1 else "running"
 
     def progress(self, now: float) -> float:
         return round(min(1.0, (now - self.created) / self.duration_s), 3) if self.duration_s else 1.0
 
     def result(self) -> dict[str, Any]:
         return {"job_id": self.id, "output": {"echo": self.body}, "items": 3}
+
+    def result_bytes(self) -> tuple[bytes, str]:
+        opts = self.options
+        mode = opts.get("result", "ok")
+        if mode == "batch":
+            total, failed = int(opts.get("items", 10)), int(opts.get("failed_items", 0))
+            refused = {n * total // failed for n in range(failed)} if failed else set()
+            lines = []
+            for n in range(total):
+                item: dict[str, Any] = {"custom_id": f"item-{n:05d}"}
+                if n in refused:
+                    item["error"] = {"code": "invalid_request", "message": "item refused"}
+                else:
+                    item["response"] = {"status_code": 200, "body": {"n": n}}
+                lines.append(json.dumps(item))
+            return ("\n".join(lines) + "\n").encode(), "application/x-ndjson"
+        doc: dict[str, Any] = self.result()
+        if mode == "large":
+            doc["padding"] = "x" * int(opts.get("size", 1_000_000))
+        if mode == "schema_bad":
+            doc.pop("items")
+        return json.dumps(doc).encode(), "application/json"
 
 
 @dataclass(slots=True)
@@ -159,11 +198,12 @@ class FakeProvider:
                 "path": "/v1/jobs/{job_id}",
                 "state": "$.status",
                 "time": "$.updated_at",
+                "effects": "$.effects",
                 "progress": "$.progress",
                 "result_ref": "$.result_url",
             },
             "cancel": {"path": "/v1/jobs/{job_id}/cancel", "idempotent": True},
-            "result": {"path": "/v1/jobs/{job_id}/result"},
+            "result": {"path": "/v1/jobs/{job_id}/result", "checksum": "header:X-Result-SHA256"},
             "reconcile": {"modes": ["replay"]},
             "retry": {"initial_s": 0.05, "factor": 2, "cap_s": 0.5},
             "poll": {"initial_s": 0.1, "factor": 1.5, "cap_s": 0.5},
@@ -285,6 +325,8 @@ class FakeProvider:
         }
         if state == "succeeded":
             doc["result_url"] = f"/v1/jobs/{job.id}/result"
+        if job.options.get("effects"):
+            doc["effects"] = {"items_processed": int(job.progress(now) * 100)}
         return doc
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
@@ -390,7 +432,19 @@ class FakeProvider:
             job = self.jobs.get(request.match_info["id"])
             if job is None or job.state(time.monotonic()) != "succeeded":
                 return _problem(404, "no result")
-            return web.json_response(job.result())
+            job.fetches += 1
+            mode = job.options.get("result", "ok")
+            if mode == "missing":
+                return _problem(404, "the result is gone")
+            if mode == "flaky" and job.fetches <= int(job.options.get("flaky", 2)):
+                return _problem(503, "result store unavailable")
+            if mode == "one_time" and job.fetches > 1:
+                return _problem(410, "this result was already downloaded")
+            data, content_type = job.result_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            if mode == "bad_checksum":
+                digest = hashlib.sha256(data + b"corrupted").hexdigest()
+        return web.Response(body=data, content_type=content_type, headers={"X-Result-SHA256": digest})
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
         reference = request.query.get("client_reference")

@@ -1,0 +1,423 @@
+"""Endings: a sent cancel is not a cancellation, and a finished job is not a collected result."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobtrail import AsyncJobtrail, State, Store
+from jobtrail._audit import verify
+from jobtrail._cancel import request_cancel
+from jobtrail._escalation import bundle_markdown, escalation_bundle
+from jobtrail._http_provider import load_provider
+from jobtrail._results import INLINE_MAX_BYTES, ResultCorrupted, data_dir, read_result, stored_result
+from jobtrail._worker import Worker
+from jobtrail.testing import FakeProvider, Fault
+
+S = State
+FAST = {
+    "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 0.2},
+    "retry": {"initial_s": 0.02, "factor": 1, "cap_s": 0.05},
+}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    provider = FakeProvider(job_duration_s=0.3).start()
+    yield provider
+    provider.stop()
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Store]:
+    store = Store.open(db_url)
+    yield store
+    store.close()
+
+
+def config(fake: FakeProvider, **overrides: Any) -> dict[str, Any]:
+    return fake.provider_config(**{**FAST, **overrides})
+
+
+def submit(store: Store, cfg: dict[str, Any], body: Any, **kwargs: Any) -> str:
+    return asyncio.run(AsyncJobtrail(store=store, providers=[cfg]).submit("fake", body, **kwargs)).operation_id
+
+
+def work(
+    store: Store,
+    cfg: dict[str, Any],
+    *,
+    until: Callable[[], bool] | None = None,
+    seconds: float = 20,
+    workers: int = 1,
+    **kwargs: Any,
+) -> None:
+    """Run worker(s) in this process until ``until()`` holds (or nothing is due, or time is up)."""
+
+    async def go() -> None:
+        runners = [
+            Worker(store, {"fake": load_provider(cfg)}, worker_id=f"w{i}", idle_s=0.02, **kwargs)
+            for i in range(workers)
+        ]
+        tasks = [asyncio.create_task(r.run(until_settled=until is None, timeout=seconds)) for r in runners]
+        if until is not None:
+            deadline = time.monotonic() + seconds
+            while not until() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            for r in runners:
+                r.stop()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(go())
+
+
+def state_is(store: Store, op_id: str, *states: State) -> Callable[[], bool]:
+    return lambda: store.get(op_id).state in states
+
+
+def causes(store: Store, op_id: str) -> list[str]:
+    return [e.cause for e in store.history(op_id)]
+
+
+# -- cancellation --------------------------------------------------------------------------------
+
+
+def test_cancel_is_recorded_first_sent_once_and_confirmed_by_the_provider(ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake, status={"effects": "$.effects"})
+    op_id = submit(ledger, cfg, {"task": "long", "fake": {"effects": True}})
+    fake.job_duration_s = 30
+    work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING))
+    done = request_cancel(ledger, op_id, requested_by="alice", reason="wrong input", expected_effect="no charge")
+    assert done.outcome == "requested" and done.operation.state is S.CANCEL_REQUESTED
+    assert fake.counts["cancels"] == 0  # recording the intent sends nothing
+    work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLED))
+    op = ledger.get(op_id)
+    assert op.state is S.CANCELLED and "provider reports the job cancelled" in (op.state_reason or "")
+    assert fake.counts["cancels"] == 1
+    history = causes(ledger, op_id)
+    assert history.index("cancel_intent") < history.index("cancel_attempt") < history.index("cancel_acknowledged")
+    intent = next(e for e in ledger.history(op_id) if e.cause == "cancel_intent").to_json()
+    assert intent["actor"] == "person:alice"
+    wanted = {"requested_by": "alice", "reason": "wrong input", "expected_effect": "no charge"}
+    assert {k: intent["evidence"][k] for k in wanted} == wanted
+    assert isinstance(op.partial_effects, dict) and "items_processed" in op.partial_effects
+    assert verify(ledger).ok
+
+
+def test_concurrent_cancels_and_several_workers_send_one_cancel(ledger: Store, fake: FakeProvider) -> None:
+    fake.job_duration_s = 30
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"task": "contested"})
+    work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING))
+    outcomes: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def ask(i: int) -> None:
+        barrier.wait()
+        outcomes.append(request_cancel(ledger, op_id, requested_by=f"person{i}", reason="stop").outcome)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sorted(outcomes) == ["already_requested"] * 7 + ["requested"]
+    work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLED), workers=3)
+    assert ledger.get(op_id).state is S.CANCELLED
+    assert fake.counts["cancels"] == 1
+    assert causes(ledger, op_id).count("cancel_intent") == 8  # every request is in the history
+    assert verify(ledger).ok
+
+
+def test_a_job_that_finishes_as_the_cancel_arrives_is_reported_as_finished(ledger: Store, fake: FakeProvider) -> None:
+    fake.job_duration_s = 30
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"task": "racing", "fake": {"cancel": "finish_first"}})
+    work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING))
+    request_cancel(ledger, op_id, requested_by="bob", reason="too slow")
+    work(ledger, cfg, until=state_is(ledger, op_id, S.SUCCEEDED, S.CANCELLED))
+    op = ledger.get(op_id)
+    assert op.state is S.SUCCEEDED and fake.counts["cancels"] == 1
+    history = causes(ledger, op_id)
+    assert "cancel_intent" in history and history[-1] == "validated_result"
+    finished = next(e for e in ledger.history(op_id) if e.to_state == "result_collecting")
+    assert finished.from_state in ("cancel_requested", "cancelling")
+    assert stored_result(ledger, op_id) is not None
+
+
+def test_an_ignored_cancel_becomes_unconfirmed_with_a_complete_bundle(
+    ledger: Store, fake: FakeProvider, db_url: str
+) -> None:
+    fake.job_duration_s = 4.0
+    cfg = config(fake)
+    op_id = submit(
+        ledger, cfg, {"task": "stubborn", "fake": {"cancel": "ignore"}}, cancel_deadline=timedelta(seconds=1)
+    )
+    work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING))
+    request_cancel(ledger, op_id, requested_by="carol", reason="budget")
+    work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLATION_UNCONFIRMED))
+    op = ledger.get(op_id)
+    assert op.state is S.CANCELLATION_UNCONFIRMED and fake.counts["cancels"] == 1
+    bundle = escalation_bundle(ledger, op_id)
+    assert bundle["remote_job_id"] == op.remote_job_id and bundle["trace_id"] == op.trace_id
+    assert [c["what"] for c in bundle["cancel_attempts"]][:1] == ["cancel_intent"]
+    answers = [c for c in bundle["cancel_attempts"] if c["what"] == "cancel_response"]
+    assert len(answers) == 1 and answers[0]["http_status"] == 202
+    assert f"req_{op.remote_job_id}" in bundle["provider_request_ids"]
+    assert any(r["kind"] == "status_poll" for r in bundle["requests"])
+    assert [h["to"] for h in bundle["history"]][-1] == "cancellation_unconfirmed"
+    markdown = bundle_markdown(bundle)
+    assert op.remote_job_id in markdown and op.trace_id in markdown
+    shown = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "ops", "escalation", op_id, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(shown.stdout)["state"] == "cancellation_unconfirmed"
+    # a later observation still settles it: the job ends on its own, and its result is collected
+    work(ledger, cfg, until=state_is(ledger, op_id, S.SUCCEEDED), seconds=20)
+    assert ledger.get(op_id).state is S.SUCCEEDED
+    assert verify(ledger).ok
+
+
+def test_a_cancel_before_the_job_id_is_known_is_carried_out_when_it_is(ledger: Store, fake: FakeProvider) -> None:
+    fake.job_duration_s = 30
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"task": "early"})
+    done = request_cancel(ledger, op_id, requested_by="dave", reason="changed my mind")
+    assert done.outcome == "deferred" and ledger.get(op_id).cancel_requested_by == "dave"
+    work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLED))
+    op = ledger.get(op_id)
+    assert op.state is S.CANCELLED and fake.counts["jobs_created"] == 1 and fake.counts["cancels"] == 1
+    assert op.cancel_requested_by is None
+
+
+def test_a_cancel_before_a_create_that_never_confirms_says_so(ledger: Store, fake: FakeProvider) -> None:
+    fake.script(*[Fault.http(503)] * 50)
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"task": "never"}, create_deadline=timedelta(seconds=0.5))
+    request_cancel(ledger, op_id, requested_by="erin", reason="not needed")
+    work(ledger, cfg, until=state_is(ledger, op_id, S.NEEDS_ATTENTION))
+    reason = ledger.get(op_id).state_reason or ""
+    assert reason.startswith("create_unresolved") and "erin asked to cancel it" in reason
+    assert fake.counts["cancels"] == 0
+
+
+def test_cancel_cli_on_an_ended_job(db_url: str, ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"task": "short"})
+    work(ledger, cfg)
+    assert ledger.get(op_id).state is S.SUCCEEDED
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobtrail",
+            "--db",
+            db_url,
+            "cancel",
+            op_id,
+            "--by",
+            "frank",
+            "--reason",
+            "late",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and json.loads(out.stdout)["outcome"] == "already_ended"
+    assert causes(ledger, op_id)[-1] == "cancel_intent" and fake.counts["cancels"] == 0
+
+
+# -- result collection -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "result_cfg", "check", "seen"),
+    [
+        ({"fake": {"result": "bad_checksum"}}, {}, "checksum", None),
+        ({}, {"content_type": "text/csv"}, "content_type", "application/json"),
+        (
+            {"fake": {"result": "schema_bad"}},
+            {"schema": {"type": "object", "required": ["items"]}},
+            "json_schema",
+            "'items' is a required property",
+        ),
+        ({}, {"records": "$.output.echo.rows", "min_records": 1}, "record_count", None),
+        ({}, {"max_bytes": 10}, "size", None),
+    ],
+    ids=["checksum", "content-type", "schema", "record-count", "size"],
+)
+def test_each_validation_failure_is_named(
+    ledger: Store, fake: FakeProvider, body: dict[str, Any], result_cfg: dict[str, Any], check: str, seen: str | None
+) -> None:
+    cfg = config(fake, result=result_cfg)
+    op_id = submit(ledger, cfg, body)
+    work(ledger, cfg)
+    op = ledger.get(op_id)
+    assert op.state is S.RESULT_VALIDATION_FAILED
+    evidence = ledger.history(op_id)[-1].to_json()["evidence"]
+    assert evidence["check"] == check and "expected" in evidence["reason"]
+    if seen:
+        assert seen in evidence["reason"]
+    assert "the remote job finished" in (op.state_reason or "")
+    assert stored_result(ledger, op_id) is None and fake.counts["results"] == 1
+
+
+def test_the_callers_own_check_decides_too(ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"want": 4})
+    work(ledger, cfg, checks={"fake": lambda doc: doc["items"] == 4 or f"expected 4 items, got {doc['items']}"})
+    op = ledger.get(op_id)
+    assert op.state is S.RESULT_VALIDATION_FAILED and "expected 4 items, got 3" in (op.state_reason or "")
+
+
+def test_a_named_check_from_the_provider_file(
+    ledger: Store, fake: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mychecks.py").write_text("def three_items(doc):\n    return doc['items'] == 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = config(fake, result={"check": "mychecks:three_items"})
+    op_id = submit(ledger, cfg, {"x": 1})
+    work(ledger, cfg)
+    assert ledger.get(op_id).state is S.SUCCEEDED
+    checks = {c["check"]: c["ok"] for c in stored_result(ledger, op_id)["checks"]}
+    assert checks == {"size": True, "checksum": True, "caller_check": True}
+
+
+def test_a_missing_result_is_unavailable_after_its_retries(ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"fake": {"result": "missing"}})
+    work(ledger, cfg)
+    op = ledger.get(op_id)
+    assert op.state is S.RESULT_UNAVAILABLE and "gave up after 5 attempts" in (op.state_reason or "")
+    assert "the remote job finished" in (op.state_reason or "") and fake.counts["results"] == 5
+
+
+def test_a_result_that_fails_twice_then_arrives(ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"fake": {"result": "flaky", "flaky": 2}})
+    work(ledger, cfg)
+    assert ledger.get(op_id).state is S.SUCCEEDED and fake.counts["results"] == 3
+    assert [o["http_status"] for o in ledger.observations(op_id) if o["kind"] == "result_fetch"] == [503, 503, 200]
+
+
+def test_a_one_time_result_is_fetched_once_and_kept(db_url: str, ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake, result={"kind": "one_time"})
+    op_id = submit(ledger, cfg, {"fake": {"result": "one_time"}})
+    work(ledger, cfg)
+    assert ledger.get(op_id).state is S.SUCCEEDED and fake.counts["results"] == 1
+    first = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id], capture_output=True, timeout=60
+    )
+    second = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id], capture_output=True, timeout=60
+    )
+    assert first.returncode == 0 and first.stdout == second.stdout and json.loads(first.stdout)["items"] == 3
+    assert fake.counts["results"] == 1  # reading the stored result never goes back to the provider
+
+
+def test_a_crash_between_fetching_and_storing_a_one_time_result_is_reported(
+    ledger: Store, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetch marker is durable before the fetch; after a failure between fetch and store the next
+    worker finds it and does not fetch a one-time result again."""
+    cfg = config(fake, result={"kind": "one_time"})
+    op_id = submit(ledger, cfg, {"fake": {"result": "one_time"}})
+    monkeypatch.setenv("JOBTRAIL_FAILPOINTS", "collect.after_fetch=raise")
+    work(ledger, cfg, until=lambda: fake.counts["results"] == 1, seconds=20)
+    monkeypatch.delenv("JOBTRAIL_FAILPOINTS")
+    assert ledger.get(op_id).state is S.RESULT_COLLECTING and ledger.get(op_id).polls == 1
+    work(ledger, cfg)
+    op = ledger.get(op_id)
+    assert op.state is S.RESULT_UNAVAILABLE and "may be lost" in (op.state_reason or "")
+    assert fake.counts["results"] == 1
+
+
+def test_a_batch_with_two_failed_items_out_of_500(db_url: str, ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(
+        fake, result={"content_type": "application/x-ndjson", "batch": {"id": "$.custom_id", "error": "$.error"}}
+    )
+    op_id = submit(ledger, cfg, {"fake": {"result": "batch", "items": 500, "failed_items": 2}})
+    work(ledger, cfg)
+    op = ledger.get(op_id)
+    assert op.state is S.SUCCEEDED
+    assert (op.state_reason or "").startswith("succeeded with partial failures: 2 of 500 items failed")
+    summary = stored_result(ledger, op_id)["summary"]
+    assert summary == {"items": 500, "succeeded": 498, "failed": 2, "failed_ids": ["item-00000", "item-00250"]}
+    shown = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "ops", "show", op_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert shown.stdout.startswith("partial failure: 2 of 500 items failed: item-00000, item-00250")
+
+
+def test_large_results_are_files_verified_on_read(
+    db_url: str, ledger: Store, fake: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOBTRAIL_DATA_DIR", str(tmp_path / "results"))
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"fake": {"result": "large", "size": 3 * INLINE_MAX_BYTES}})
+    work(ledger, cfg)
+    assert ledger.get(op_id).state is S.SUCCEEDED
+    row, data = read_result(ledger, op_id)
+    assert row["path"] and row["size"] == len(data) > INLINE_MAX_BYTES
+    path = data_dir(ledger) / row["path"]
+    assert path.name == row["sha256"] and path.read_bytes() == data
+    out = tmp_path / "copy.json"
+    got = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id, "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
+    )
+    assert got.returncode == 0 and json.loads(got.stdout)["stored"] == "file" and out.read_bytes() == data
+    path.write_bytes(data[:-10] + b"tampered!!")
+    with pytest.raises(ResultCorrupted, match="does not match its sha256"):
+        read_result(ledger, op_id)
+    bad = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
+    )
+    assert bad.returncode == 2 and "altered or damaged" in bad.stderr
+
+
+def test_no_result_says_why(db_url: str, ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"fake": {"result": "missing"}})
+    work(ledger, cfg)
+    out = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1 and "result_unavailable" in out.stderr and "gave up" in out.stderr
+
+
+def test_a_synchronous_result_is_checked_and_stored_too(ledger: Store, fake: FakeProvider) -> None:
+    fake.script(Fault.synchronous())
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"quick": True})
+    work(ledger, cfg)
+    assert ledger.get(op_id).state is S.SUCCEEDED and fake.counts["results"] == 0
+    _row, data = read_result(ledger, op_id)
+    assert json.loads(data)["output"] == {"echo": {"quick": True}}
