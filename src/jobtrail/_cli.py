@@ -430,6 +430,46 @@ def worker(
         )
 
 
+@cli.group()
+def webhooks() -> None:
+    """Receive provider webhooks (they only bring a poll forward)."""
+
+
+@webhooks.command("serve")
+@click.option(
+    "--provider",
+    "provider_files",
+    multiple=True,
+    envvar="JOBTRAIL_PROVIDERS",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Provider file with a [webhooks] table (repeatable).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8787, show_default=True)
+@click.pass_context
+def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: str, port: int) -> None:
+    """Serve POST /webhooks/PROVIDER with Standard Webhooks verification.
+
+    \b
+    Example:
+      jobtrail webhooks serve --provider openai.toml --host 127.0.0.1 --port 8787
+    """
+    import uvicorn
+
+    from jobtrail._http_provider import load_provider
+    from jobtrail._webhooks import webhook_app
+
+    configs = {}
+    for path in provider_files:
+        adapter = load_provider(path)
+        if adapter.config.webhooks is not None:
+            configs[adapter.name] = adapter.config.webhooks
+    app = webhook_app(_store(ctx), configs)
+    click.echo(f"receiving webhooks for {', '.join(sorted(configs))} on http://{host}:{port}/webhooks/<provider>")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
 @cli.command()
 @click.pass_context
 def demo(ctx: click.Context) -> None:

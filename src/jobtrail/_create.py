@@ -32,6 +32,7 @@ from jobtrail._evidence import (
     SynchronousResult,
 )
 from jobtrail._failpoints import failpoint
+from jobtrail._observe import adopt_orphans
 from jobtrail._provider import CreateOutcome, LookupOutcome, Provider, ReconcileMode
 from jobtrail._record import Operation
 from jobtrail._states import State
@@ -442,6 +443,9 @@ class CreateFlow:
             request_ids=_ids(resp.provider_request_id),
         )
         failpoint("create.after_job_id")
+        if provider.capabilities.webhook_scheme:  # events may have come before we knew the job id
+            adopt_orphans(self.store, provider.name, job_id, op.operation_id)
+            op = self.store.get(op.operation_id)
         return op
 
     def _earlier_job_ids(self, op: Operation) -> list[str]:

@@ -160,6 +160,7 @@ class HttpProviderConfig:
     backoff: Backoff
     poll_backoff: Backoff
     webhook_scheme: str | None
+    webhooks: Any = None
     resume: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -221,7 +222,13 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         if is_secret_name(key):
             top.fail(f"headers.{key}", 'no credentials in headers (use credential = "env:NAME")', "<hidden>")
     trace_header = top.text("trace_header", "a header name", "X-Trace-ID")
-    target_kind = top.text("webhook_scheme", "a webhook scheme such as standard", None)
+    webhooks_s = top.table("webhooks")
+    webhooks = None
+    if webhooks_s is not None:
+        from jobtrail._webhooks import parse_webhooks
+
+        webhooks = parse_webhooks(webhooks_s)
+    target_kind = "standard" if webhooks is not None else None
     resume = top.flag("resume", False)
 
     create_s = top.table("create", required=True)
@@ -356,6 +363,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         backoff=backoff,
         poll_backoff=poll_backoff,
         webhook_scheme=target_kind,
+        webhooks=webhooks,
         resume=resume,
     )
 

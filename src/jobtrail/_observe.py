@@ -13,7 +13,11 @@ import dataclasses
 import random
 from collections.abc import Mapping
 
+import sqlalchemy as sa
+
+from jobtrail import _schema as t
 from jobtrail._canonical import canonical_bytes, rfc3339
+from jobtrail._errors import StaleRecord
 from jobtrail._evidence import (
     CancelIntent,
     DeadlinePassed,
@@ -27,7 +31,7 @@ from jobtrail._provider import Provider
 from jobtrail._record import Operation
 from jobtrail._results import Check, load_check, save_result, validate
 from jobtrail._states import RemoteState, State
-from jobtrail._store import Store
+from jobtrail._store import Reschedule, Store
 from jobtrail._writer import Writer
 
 _US = 1_000_000
@@ -372,3 +376,32 @@ class CollectFlow:
             actor=self.actor,
             changes={"state_reason": reason},
         )
+
+
+def pull_poll_forward(store: Store, operation_id: str) -> None:
+    """Make the operation's next poll due now (if it is being watched); it decides, not the webhook."""
+    for _ in range(5):
+        op = store.get(operation_id)
+        if op.state not in WATCHED_STATES or (op.next_action_at_us or 0) <= store.clock():
+            return
+        result = store.apply([Reschedule(op=op, changes={"next_action_at_us": store.clock()})])[0]
+        if not isinstance(result, StaleRecord):
+            return
+
+
+def adopt_orphans(store: Store, provider: str, remote_job_id: str, operation_id: str) -> int:
+    """Attach events that arrived before the operation knew its job id; returns how many."""
+    with store._errors("matching orphan webhooks"), store.engine.begin() as conn:
+        adopted = conn.execute(
+            sa.update(t.webhook_events)
+            .where(
+                t.webhook_events.c.provider == provider,
+                t.webhook_events.c.remote_job_id == remote_job_id,
+                t.webhook_events.c.operation_id.is_(None),
+            )
+            .values(operation_id=operation_id)
+        ).rowcount
+    if adopted:
+        store.add_observation(operation_id, kind="webhook", raw={"adopted_orphan_events": adopted})
+        pull_poll_forward(store, operation_id)
+    return int(adopted)

@@ -117,3 +117,30 @@ results = Table(
     Column("redacted", Boolean, nullable=False),
     Column("stored_at_us", BigInteger, nullable=False),
 )
+
+webhook_events = Table(
+    "webhook_events",
+    metadata,
+    Column("provider", String(200), nullable=False),
+    Column("event_id", String(400), nullable=False),
+    Column("received_at_us", BigInteger, nullable=False),
+    Column("provider_time", BigInteger),
+    Column("event_type", Text),
+    Column("remote_job_id", Text),
+    Column("operation_id", String(40)),
+    Column("body", Text, nullable=False),
+    Column("expires_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("provider", "event_id", name="pk_webhook_events"),
+    Index("ix_webhook_events_job", "provider", "remote_job_id"),
+    Index("ix_webhook_events_operation", "operation_id"),
+)
+
+webhook_rejections = Table(
+    "webhook_rejections",
+    metadata,
+    Column("provider", String(200), nullable=False),
+    Column("reason", String(200), nullable=False),
+    Column("count", BigInteger, nullable=False),
+    Column("last_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("provider", "reason", name="pk_webhook_rejections"),
+)

@@ -8,6 +8,6 @@ one job was created".
 
 from __future__ import annotations
 
-from jobtrail.testing._fake_provider import FakeJob, FakeProvider, Fault
+from jobtrail.testing._fake_provider import FakeJob, FakeProvider, Fault, send_webhook, signed_headers
 
-__all__ = ["FakeJob", "FakeProvider", "Fault"]
+__all__ = ["FakeJob", "FakeProvider", "Fault", "send_webhook", "signed_headers"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import itertools
 import json
@@ -159,6 +160,13 @@ class FakeProvider:
     create_headers: list[dict[str, str]] = field(default_factory=list)
     #: (job id, X-Jobtrail-Lease header, time) of every status poll
     status_leases: list[tuple[str, str | None, float]] = field(default_factory=list)
+    #: where to deliver signed Standard Webhooks events on every job state change (None: no webhooks)
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+    #: misbehaviour of deliveries: "duplicate", "reorder", "wrong_signature", "delay"
+    webhook_faults: set[str] = field(default_factory=set)
+    #: (event id, HTTP status) of every delivery attempt
+    webhook_deliveries: list[tuple[str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._keys: dict[str, _KeyRecord] = {}
@@ -240,9 +248,59 @@ class FakeProvider:
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1]
         self.base_url = f"http://{self.host}:{self.port}"
+        self._watcher = asyncio.create_task(self._watch()) if self.webhook_url and self.webhook_secret else None
         return self.base_url
 
+    async def _watch(self) -> None:
+        """Deliver a webhook whenever a job's state changes (as real providers do)."""
+        import aiohttp
+
+        seen: dict[str, str] = {}
+        held: list[tuple[str, int, bytes]] = []
+        async with aiohttp.ClientSession() as session:
+            while True:
+                await asyncio.sleep(0.02)
+                with self._lock:
+                    changes = []
+                    for job in self.jobs.values():
+                        state = job.state(time.monotonic())
+                        if seen.get(job.id) != state:
+                            seen[job.id] = state
+                            changes.append((job.id, state))
+                for job_id, state in changes:
+                    event_id = f"evt_{job_id}_{state}"
+                    body = json.dumps({"type": f"job.{state}", "data": {"id": job_id, "status": state}}).encode()
+                    deliveries = [(event_id, int(time.time()), body)]
+                    if "reorder" in self.webhook_faults and not held:
+                        held.append(deliveries.pop())  # the first event is sent after a later one
+                    elif held:
+                        deliveries += held
+                        held.clear()
+                    if "duplicate" in self.webhook_faults:
+                        deliveries += deliveries
+                    for delivery in deliveries:
+                        if "delay" in self.webhook_faults:
+                            await asyncio.sleep(0.3)
+                        await self._deliver(session, *delivery)
+
+    async def _deliver(self, session: Any, event_id: str, timestamp: int, body: bytes) -> None:
+        assert self.webhook_url is not None and self.webhook_secret is not None
+        secret = self.webhook_secret
+        if "wrong_signature" in self.webhook_faults:
+            secret = "whsec_" + base64.b64encode(b"not-the-shared-secret-000000").decode()
+        headers = signed_headers(secret, event_id, timestamp, body)
+        try:
+            async with session.post(self.webhook_url, data=body, headers=headers) as resp:
+                status = resp.status
+        except Exception:
+            status = 0
+        with self._lock:
+            self.webhook_deliveries.append((event_id, status))
+
     async def stop_async(self) -> None:
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -483,3 +541,39 @@ def _http_fault(fault: Fault) -> web.Response:
         headers=headers,
         content_type="application/problem+json",
     )
+
+
+def signed_headers(secret: str, event_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """Standard Webhooks headers for ``body``, signed with ``secret`` (a ``whsec_...`` string)."""
+    from datetime import UTC, datetime
+
+    from standardwebhooks import Webhook
+
+    signature = Webhook(secret).sign(event_id, datetime.fromtimestamp(timestamp, tz=UTC), body.decode())
+    return {
+        "webhook-id": event_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature,
+        "content-type": "application/json",
+    }
+
+
+def send_webhook(
+    url: str, secret: str, event: Any, *, event_id: str, timestamp: int | None = None, body: bytes | None = None
+) -> tuple[int, Any]:
+    """Deliver one signed event (for tests of a receiver); returns (HTTP status, parsed answer)."""
+    import urllib.error
+    import urllib.request
+
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"not an HTTP URL: {url}")
+    data = body if body is not None else json.dumps(event).encode()
+    stamp = int(time.time()) if timestamp is None else timestamp
+    request = urllib.request.Request(  # noqa: S310 - checked to be http(s) above
+        url, data=data, method="POST", headers=signed_headers(secret, event_id, stamp, data)
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")

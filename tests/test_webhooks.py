@@ -1,0 +1,300 @@
+"""Webhooks over real HTTP: verified, de-duplicated, ordered by evidence, never trusted alone."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import uvicorn
+
+from jobtrail import AsyncJobtrail, State, Store
+from jobtrail._http_provider import load_provider
+from jobtrail._webhooks import webhook_app
+from jobtrail._worker import Worker
+from jobtrail.testing import FakeProvider, send_webhook
+
+S = State
+
+
+def new_secret() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
+@contextmanager
+def serve(store: Store, cfg: dict[str, Any]) -> Iterator[str]:
+    """The receiver for ``cfg``'s provider, on a real uvicorn server on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    provider = load_provider(cfg)
+    app = webhook_app(store, {provider.name: provider.config.webhooks})
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}/webhooks/{provider.name}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def secret(monkeypatch: pytest.MonkeyPatch) -> str:
+    value = new_secret()
+    monkeypatch.setenv("WHSEC_CURRENT", value)
+    return value
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    provider = FakeProvider(job_duration_s=60).start()
+    yield provider
+    provider.stop()
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Store]:
+    store = Store.open(db_url)
+    yield store
+    store.close()
+
+
+def cfg_for(fake: FakeProvider, **webhooks: Any) -> dict[str, Any]:
+    return fake.provider_config(
+        webhooks={"secrets": ["env:WHSEC_CURRENT"], **webhooks},
+        poll={"initial_s": 30, "factor": 1, "cap_s": 30, "jitter": 0.1},
+    )
+
+
+def accepted_op(store: Store, cfg: dict[str, Any]) -> Any:
+    jt = AsyncJobtrail(store=store, providers=[cfg])
+
+    async def go() -> Any:
+        op = await jt.drive_create((await jt.submit("fake", {"x": secrets.token_hex(4)})).operation_id)
+        await jt.providers["fake"].aclose()
+        return op
+
+    return asyncio.run(go())
+
+
+def webhook_observations(store: Store, op_id: str) -> list[dict[str, Any]]:
+    return [o for o in store.observations(op_id) if o["kind"] == "webhook"]
+
+
+def rows(store: Store, table: str) -> list[dict[str, Any]]:
+    with store.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text(f"SELECT * FROM {table}")).mappings()]
+
+
+def event(job_id: str, kind: str = "job.succeeded") -> dict[str, Any]:
+    return {"type": kind, "data": {"id": job_id}}
+
+
+def test_the_same_webhook_twice_is_one_observation(ledger: Store, fake: FakeProvider, secret: str) -> None:
+    cfg = cfg_for(fake)
+    op = accepted_op(ledger, cfg)
+    with serve(ledger, cfg) as url:
+        first = send_webhook(url, secret, event(op.remote_job_id), event_id="evt_1")
+        again = send_webhook(url, secret, event(op.remote_job_id), event_id="evt_1")
+    assert first[0] == 202 and first[1]["status"] == "accepted" and first[1]["operation_id"] == op.operation_id
+    assert again[0] == 200 and again[1]["status"] == "duplicate"
+    assert len(webhook_observations(ledger, op.operation_id)) == 1
+    assert len(rows(ledger, "webhook_events")) == 1
+
+
+def test_two_receivers_racing_on_one_event_record_it_once(
+    db_url: str, ledger: Store, fake: FakeProvider, secret: str
+) -> None:
+    cfg = cfg_for(fake)
+    op = accepted_op(ledger, cfg)
+    other = Store.open(db_url)
+    answers: list[int] = []
+    with serve(ledger, cfg) as url_a, serve(other, cfg) as url_b:
+        barrier = threading.Barrier(2)
+
+        def deliver(url: str) -> None:
+            barrier.wait()
+            answers.append(send_webhook(url, secret, event(op.remote_job_id), event_id="evt_race")[0])
+
+        threads = [threading.Thread(target=deliver, args=(u,)) for u in (url_a, url_b)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    other.close()
+    assert sorted(answers) == [200, 202]
+    assert len(rows(ledger, "webhook_events")) == 1 and len(webhook_observations(ledger, op.operation_id)) == 1
+
+
+@pytest.mark.parametrize(
+    ("how", "status", "title"),
+    [
+        ("forged", 401, "bad signature"),
+        ("stale", 401, "timestamp outside tolerance"),
+        ("unsigned", 401, "missing signature"),
+        ("oversized", 413, "payload too large"),
+        ("not_json", 400, "malformed JSON"),
+    ],
+)
+def test_bad_deliveries_are_refused_and_leave_no_observation(
+    ledger: Store, fake: FakeProvider, secret: str, how: str, status: int, title: str
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    cfg = cfg_for(fake, max_bytes=2000)
+    op = accepted_op(ledger, cfg)
+    marker = f"jtmarker_{secrets.token_hex(6)}"
+    body = event(op.remote_job_id) | {"note": marker}
+    with serve(ledger, cfg) as url:
+        if how == "forged":
+            got = send_webhook(url, new_secret(), body, event_id="evt_f")
+        elif how == "stale":
+            got = send_webhook(url, secret, body, event_id="evt_s", timestamp=int(time.time()) - 3600)
+        elif how == "oversized":
+            got = send_webhook(url, secret, body | {"pad": "x" * 5000}, event_id="evt_o")
+        elif how == "not_json":
+            got = send_webhook(url, secret, None, event_id="evt_j", body=b"{not json " + marker.encode())
+        else:
+            request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+            try:
+                urllib.request.urlopen(request, timeout=10)
+                got = (200, None)
+            except urllib.error.HTTPError as exc:
+                got = (exc.code, json.loads(exc.read()))
+    assert got[0] == status
+    assert got[1]["status"] == status and got[1]["title"] == title and got[1]["type"] == "about:blank"
+    assert rows(ledger, "webhook_events") == [] and webhook_observations(ledger, op.operation_id) == []
+    counters = rows(ledger, "webhook_rejections")
+    assert [(c["reason"], c["count"]) for c in counters] == [(title, 1)]
+    with ledger.engine.connect() as conn:
+        dump = " ".join(
+            str(v)
+            for t in ("operations", "history", "observations", "webhook_rejections")
+            for r in conn.execute(sa.text(f"SELECT * FROM {t}"))
+            for v in r
+        )
+    assert marker not in dump
+
+
+def test_secret_rotation(ledger: Store, fake: FakeProvider, secret: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    newer = new_secret()
+    monkeypatch.setenv("WHSEC_NEXT", newer)
+    op = accepted_op(ledger, cfg_for(fake))
+    both = cfg_for(fake, secrets=["env:WHSEC_NEXT", "env:WHSEC_CURRENT"])
+    with serve(ledger, both) as url:
+        assert send_webhook(url, secret, event(op.remote_job_id), event_id="evt_old")[0] == 202
+        assert send_webhook(url, newer, event(op.remote_job_id), event_id="evt_new")[0] == 202
+    only_new = cfg_for(fake, secrets=["env:WHSEC_NEXT"])
+    with serve(ledger, only_new) as url:
+        assert send_webhook(url, secret, event(op.remote_job_id), event_id="evt_retired")[0] == 401
+        assert send_webhook(url, newer, event(op.remote_job_id), event_id="evt_new2")[0] == 202
+
+
+def run_worker(store: Store, cfg: dict[str, Any], until: Callable[[], bool], seconds: float) -> None:
+    async def go() -> None:
+        worker = Worker(store, {"fake": load_provider(cfg)}, worker_id="w", idle_s=0.05)
+        task = asyncio.create_task(worker.run(timeout=seconds))
+        deadline = time.monotonic() + seconds
+        while not until() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        worker.stop()
+        await task
+
+    asyncio.run(go())
+
+
+def test_a_webhook_claiming_success_does_not_end_a_running_job(ledger: Store, fake: FakeProvider, secret: str) -> None:
+    cfg = cfg_for(fake)
+    op = accepted_op(ledger, cfg)
+    with serve(ledger, cfg) as url:
+        assert send_webhook(url, secret, event(op.remote_job_id, "job.succeeded"), event_id="evt_lie")[0] == 202
+    pulled = ledger.get(op.operation_id)
+    assert pulled.next_action_at_us is not None and pulled.next_action_at_us <= ledger.clock()  # poll now
+    polls = fake.counts["status"]
+    run_worker(ledger, cfg, lambda: fake.counts["status"] > polls, 10)
+    after = ledger.get(op.operation_id)
+    assert fake.counts["status"] == polls + 1
+    assert after.state is S.OBSERVING and after.remote_state in ("queued", "running")
+
+
+def test_an_older_event_is_recorded_and_moves_nothing(ledger: Store, fake: FakeProvider, secret: str) -> None:
+    cfg = cfg_for(fake)
+    op = accepted_op(ledger, cfg)
+    now = int(time.time())
+    with serve(ledger, cfg) as url:
+        assert (
+            send_webhook(url, secret, event(op.remote_job_id, "job.running"), event_id="evt_b", timestamp=now)[0] == 202
+        )
+        run_worker(ledger, cfg, lambda: ledger.get(op.operation_id).state is S.OBSERVING, 10)
+        before = ledger.get(op.operation_id)
+        late = send_webhook(url, secret, event(op.remote_job_id, "job.queued"), event_id="evt_a", timestamp=now - 60)
+    assert late[0] == 202 and late[1]["stale"] is True
+    after = ledger.get(op.operation_id)
+    assert after.state is before.state and after.next_action_at_us == before.next_action_at_us
+    assert [o["raw"]["stale"] for o in webhook_observations(ledger, op.operation_id)] == [False, True]
+
+
+def test_an_event_for_an_unknown_job_is_kept_and_matched_later(ledger: Store, fake: FakeProvider, secret: str) -> None:
+    cfg = cfg_for(fake)
+    with serve(ledger, cfg) as url:
+        orphan = send_webhook(url, secret, event("job_00001", "job.running"), event_id="evt_early")
+    assert orphan[0] == 202 and orphan[1]["status"] == "orphan"
+    op = accepted_op(ledger, cfg)
+    assert op.remote_job_id == "job_00001"
+    assert [r["operation_id"] for r in rows(ledger, "webhook_events")] == [op.operation_id]
+    assert webhook_observations(ledger, op.operation_id)[0]["raw"] == {"adopted_orphan_events": 1}
+
+
+def test_webhooks_settle_an_operation_long_before_its_next_poll(db_url: str, ledger: Store, secret: str) -> None:
+    """Polls every 30 s; the job ends after 0.5 s; the provider's webhook brings the poll forward."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake = FakeProvider(
+        job_duration_s=0.5,
+        webhook_url=f"http://127.0.0.1:{port}/webhooks/fake",
+        webhook_secret=secret,
+        webhook_faults={"duplicate"},
+    )
+    fake.start()
+    try:
+        cfg = cfg_for(fake)
+        provider = load_provider(cfg)
+        app = webhook_app(ledger, {"fake": provider.config.webhooks})
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.01)
+        op = accepted_op(ledger, cfg)
+        first_poll_due = (ledger.get(op.operation_id).next_action_at_us - ledger.clock()) / 1e6
+        started = time.monotonic()
+        run_worker(ledger, cfg, lambda: ledger.get(op.operation_id).state is S.SUCCEEDED, 20)
+        settled_after = time.monotonic() - started
+        server.should_exit = True
+        thread.join(10)
+        assert ledger.get(op.operation_id).state is S.SUCCEEDED
+        finished_event = next(e for e, status in fake.webhook_deliveries if e.endswith("_succeeded"))
+        assert finished_event.startswith(f"evt_{op.remote_job_id}")
+        assert [s for e, s in fake.webhook_deliveries if e == finished_event] == [202, 200]  # duplicate refused
+        print(
+            f"\nwebhook to settled: {settled_after:.2f} s after the worker started (job 0.5 s; "
+            f"the first scheduled poll was {first_poll_due:.1f} s away)"
+        )
+        assert settled_after < first_poll_due
+    finally:
+        fake.stop()
