@@ -298,3 +298,51 @@ def test_webhooks_settle_an_operation_long_before_its_next_poll(db_url: str, led
         assert settled_after < first_poll_due
     finally:
         fake.stop()
+
+
+@pytest.mark.parametrize("faults", [{"wrong_signature"}, {"reorder", "delay"}], ids=["forged", "reordered"])
+def test_misbehaving_deliveries_never_decide_an_ending(ledger: Store, secret: str, faults: set[str]) -> None:
+    """Forged deliveries are refused; reordered, delayed ones only bring polls forward; polling still ends it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake = FakeProvider(
+        job_duration_s=0.5,
+        webhook_url=f"http://127.0.0.1:{port}/webhooks/fake",
+        webhook_secret=secret,
+        webhook_faults=faults,
+    )
+    fake.start()
+    try:
+        cfg = fake.provider_config(
+            webhooks={"secrets": ["env:WHSEC_CURRENT"]}, poll={"initial_s": 0.3, "factor": 1, "cap_s": 0.3}
+        )
+        provider = load_provider(cfg)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                webhook_app(ledger, {"fake": provider.config.webhooks}),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                lifespan="off",
+            )
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.01)
+        op = accepted_op(ledger, cfg)
+        run_worker(ledger, cfg, lambda: ledger.get(op.operation_id).state is S.SUCCEEDED, 20)
+        time.sleep(0.8)  # let late deliveries arrive
+        server.should_exit = True
+        thread.join(10)
+        assert ledger.get(op.operation_id).state is S.SUCCEEDED
+        statuses = {status for _, status in fake.webhook_deliveries}
+        if "wrong_signature" in faults:
+            assert statuses == {401} and rows(ledger, "webhook_events") == []
+        else:
+            assert statuses <= {202, 200} and len(rows(ledger, "webhook_events")) >= 2
+        states = [e.to_state for e in ledger.history(op.operation_id)]
+        assert states[-3:] == ["observing", "result_collecting", "succeeded"]  # never backwards
+    finally:
+        fake.stop()
