@@ -83,3 +83,45 @@ def test_errors_are_one_line_with_the_way_out(tmp_path: Path) -> None:
     down = jobtrail("--db", "postgresql://postgres@127.0.0.1:1/x", "ops", "list")
     assert down.returncode == 2 and "is the PostgreSQL server running" in down.stderr
     assert "Traceback" not in down.stderr
+
+
+def test_a_person_resolves_what_automation_could_not(tmp_path: Path) -> None:
+    """needs_attention waits for a person; resolve records the decision, explain shows what follows."""
+    from jobtrail import ConflictingJobIds
+
+    db = str(tmp_path / "r.db")
+    store = Store.open(db)
+    op = op_in(store, S.CREATE_PENDING)
+    op = store.transition(
+        op,
+        S.NEEDS_ATTENTION,
+        ConflictingJobIds(first_job_id="a", second_job_id="b"),
+        actor="worker",
+        changes={"state_reason": "two job ids"},
+    )
+    store.close()
+    stuck = jobtrail("--db", db, "explain", op.operation_id)
+    assert stuck.returncode == 3 and "a person decides" in stuck.stdout
+    wrong = jobtrail("--db", db, "resolve", op.operation_id, "--to", "accepted", "--by", "alice", "--reason", "x")
+    assert wrong.returncode == 2 and "needs the remote job id the person confirmed" in wrong.stderr
+    done = jobtrail(
+        "--db",
+        db,
+        "resolve",
+        op.operation_id,
+        "--to",
+        "accepted",
+        "--job-id",
+        "b",
+        "--by",
+        "alice",
+        "--reason",
+        "kept b, cancelled a by hand",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    resolved = json.loads(done.stdout)
+    assert resolved["state"] == "accepted" and resolved["remote_job_id"] == "b"
+    history = json.loads(jobtrail("--db", db, "ops", "history", op.operation_id, "--json").stdout)
+    assert history[-1]["actor"] == "person:alice" and history[-1]["evidence"]["kind"] == "human_decision"
+    assert jobtrail("--db", db, "explain", op.operation_id).returncode == 0

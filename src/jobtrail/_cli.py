@@ -430,6 +430,86 @@ def worker(
         )
 
 
+@cli.command()
+@click.argument("operation_id")
+@click.option(
+    "--to",
+    "to_state",
+    required=True,
+    type=click.Choice(["accepted", "create_pending", "failed", "cancelled"]),
+    help="What you decided: accepted (give --job-id), create_pending (send again with the same "
+    "token), failed, cancelled.",
+)
+@click.option("--by", "decided_by", required=True, help="Who decided (kept in the history).")
+@click.option("--reason", required=True, help="Why (kept in the history).")
+@click.option("--job-id", help="The remote job id you confirmed (for --to accepted).")
+@click.option("--json", "as_json", is_flag=True, help="Print the operation after the decision.")
+@click.pass_context
+def resolve(
+    ctx: click.Context,
+    operation_id: str,
+    to_state: str,
+    decided_by: str,
+    reason: str,
+    job_id: str | None,
+    as_json: bool,
+) -> None:
+    """Record a person's decision on an operation that needs attention.
+
+    \b
+    Example:
+      jobtrail resolve op_01J9... --to accepted --job-id batch_abc --by alice --reason "found it in the console"
+    """
+    from jobtrail._evidence import HumanDecision
+
+    store = _store(ctx)
+    op = store.get(operation_id)
+    changes: dict[str, Any] = {"state_reason": f"resolved by {decided_by}: {reason}"}
+    if job_id:
+        changes["remote_job_id"] = job_id
+    moved = store.transition(
+        op,
+        State(to_state),
+        HumanDecision(decided_by=decided_by, reason=reason, remote_job_id=job_id),
+        actor=f"person:{decided_by}",
+        changes=changes,
+    )
+    if as_json:
+        _emit_json(moved.to_json())
+    else:
+        click.echo(f"{moved.operation_id}: {moved.state.value}; next: {next_action(moved)}")
+
+
+@cli.command()
+@click.argument("operation_id")
+@click.option("--json", "as_json", is_flag=True, help="Print {state, reason, next_action, at}.")
+@click.pass_context
+def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
+    """Say where an operation stands, why, and its one next action.
+
+    Exit 0, or 3 when a person must decide.
+
+    \b
+    Example:
+      jobtrail explain op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
+    """
+    op = _store(ctx).get(operation_id)
+    doc = {
+        "operation_id": op.operation_id,
+        "state": op.state.value,
+        "reason": op.state_reason,
+        "next_action": next_action(op),
+        "at": rfc3339(op.next_action_at_us),
+        "remote_job_id": op.remote_job_id,
+    }
+    if as_json:
+        _emit_json(doc)
+    else:
+        click.echo(f"{op.operation_id} is {op.state.value}" + (f": {op.state_reason}" if op.state_reason else ""))
+        click.echo(f"next: {doc['next_action']}" + (f" at {doc['at']}" if doc["at"] else ""))
+    sys.exit(EXIT_NEEDS_PERSON if op.state is State.NEEDS_ATTENTION else EXIT_OK)
+
+
 @cli.group()
 def webhooks() -> None:
     """Receive provider webhooks (they only bring a poll forward)."""
