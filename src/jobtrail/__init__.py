@@ -54,6 +54,7 @@ from jobtrail._record import HistoryEntry, Operation, OperationSpec
 from jobtrail._redact import Redactor, Secret
 from jobtrail._states import RemoteState, State
 from jobtrail._store import Change, Store
+from jobtrail._tasks import StepView, Task
 
 __all__ = [
     "AmbiguousCreate",
@@ -100,9 +101,11 @@ __all__ = [
     "State",
     "StatusObservation",
     "StatusOutcome",
+    "StepView",
     "StorageError",
     "Store",
     "SynchronousResult",
+    "Task",
     "TokenPlacement",
     "TransitionRefused",
     "UsageError",

@@ -485,7 +485,7 @@ def resolve(
 @click.option("--json", "as_json", is_flag=True, help="Print {state, reason, next_action, at}.")
 @click.pass_context
 def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
-    """Say where an operation stands, why, and its one next action.
+    """Say where an operation (or a task and each of its steps) stands, why, and the one next action.
 
     Exit 0, or 3 when a person must decide.
 
@@ -493,7 +493,26 @@ def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     Example:
       jobtrail explain op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
     """
-    op = _store(ctx).get(operation_id)
+    store = _store(ctx)
+    if not operation_id.startswith("op_"):
+        from jobtrail._client import AsyncJobtrail
+        from jobtrail._tasks import Task
+
+        explained = Task(AsyncJobtrail(store=store), operation_id).explain()
+        if not explained["steps"]:
+            raise ConfigError(f"no operation or task {operation_id!r}; list operations with `jobtrail ops list`")
+        if as_json:
+            _emit_json(explained)
+        else:
+            click.echo(f"task {operation_id}: next step {explained['next_step'] or '-'}: {explained['next_action']}")
+            for step in explained["steps"]:
+                click.echo(
+                    f"  {step['name']}: {step['state']} ({step['operation_id'] or 'no operation yet'}): "
+                    f"{step['next_action']}"
+                )
+        unresolved = any(step["state"] == "unresolved" for step in explained["steps"])
+        sys.exit(EXIT_NEEDS_PERSON if unresolved else EXIT_OK)
+    op = store.get(operation_id)
     doc = {
         "operation_id": op.operation_id,
         "state": op.state.value,

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -25,6 +26,9 @@ from jobtrail._record import (
 )
 from jobtrail._results import read_result
 from jobtrail._store import Store
+from jobtrail._tasks import Task, open_task
+
+log = logging.getLogger("jobtrail")
 
 
 class AsyncJobtrail:
@@ -44,9 +48,13 @@ class AsyncJobtrail:
         providers: Iterable[Provider | str | os.PathLike[str]] = (),
         actor: str = "jobtrail",
         store: Store | None = None,
+        retention_policy: str = "warn",
     ) -> None:
         self.store = store or Store.open(db)
         self.actor = actor
+        if retention_policy not in ("warn", "refuse"):
+            raise ConfigError(f"retention_policy must be 'warn' or 'refuse', not {retention_policy!r}")
+        self.retention_policy = retention_policy
         self.providers: dict[str, Provider] = {}
         for provider in providers:
             self.add_provider(provider)
@@ -84,6 +92,7 @@ class AsyncJobtrail:
         with a changed request it raises :class:`OperationKeyConflict`.
         """
         adapter = self.provider(provider)
+        self._check_retention(adapter, create_deadline)
         spec = self._spec(
             adapter,
             provider,
@@ -98,6 +107,21 @@ class AsyncJobtrail:
         )
         op, _ = self.store.create_operation(spec, actor=caller)
         return op
+
+    def _check_retention(self, adapter: Provider, create_deadline: timedelta | None) -> None:
+        """A retry after the provider forgot the token could create a second job: say so before sending."""
+        retention = adapter.capabilities.token_retention
+        if retention is None or adapter.capabilities.token.where == "none":
+            return
+        if create_deadline is None or create_deadline > retention:
+            message = (
+                f"provider {adapter.name} keeps idempotency tokens for {retention}, but the create deadline is "
+                f"{create_deadline or 'unlimited'}: a retry after the provider forgot the token could create a "
+                f"second job; submit with a create deadline below {retention}"
+            )
+            if self.retention_policy == "refuse":
+                raise ConfigError(message)
+            log.warning("%s", message)
 
     @staticmethod
     def _spec(
@@ -134,6 +158,10 @@ class AsyncJobtrail:
         adapter = self.provider(provider)
         specs = [self._spec(adapter, provider, request, None, **options) for request in requests]
         return [op for op, _ in self.store.create_operations(specs, actor=options.get("caller", "unknown"))]
+
+    async def task(self, task_id: str, *, caller: str = "unknown") -> Task:
+        """Open a task by id, or resume it after a restart (its steps are read back from the ledger)."""
+        return open_task(self, task_id, caller)
 
     async def advance_create(self, operation_id: str) -> Operation:
         """Do the operation's next create-phase action if it is due (one step)."""

@@ -12,6 +12,11 @@ def next_action(op: Operation) -> str:
     if s is State.CREATE_PENDING:
         if op.attempts == 0:
             return "send the create with the stored token"
+        if op.state_reason and "outcome not yet recorded" in op.state_reason:
+            return (
+                f"reconcile: the outcome of attempt {op.attempts} was never recorded, so ask the provider "
+                "(replay with the same token, or look the job up) before anything is re-sent"
+            )
         return f"send the create again with the same token (attempt {op.attempts + 1})"
     if s is State.CREATE_UNKNOWN:
         return "start reconciliation by the provider's path"

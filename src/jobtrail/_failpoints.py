@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 FAILPOINTS = {
+    "task.after_plan": "a task step's key is durable, its operation not yet submitted",
     "create.after_record": "the operation record is durable, nothing sent",
     "create.after_attempt": "the attempt is durable, the create not yet sent",
     "create.after_response": "the create response arrived, nothing of it stored",

@@ -144,3 +144,25 @@ webhook_rejections = Table(
     Column("last_at_us", BigInteger, nullable=False),
     PrimaryKeyConstraint("provider", "reason", name="pk_webhook_rejections"),
 )
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("task_id", String(200), primary_key=True),
+    Column("caller", Text, nullable=False),
+    Column("created_at_us", BigInteger, nullable=False),
+)
+
+task_steps = Table(
+    "task_steps",
+    metadata,
+    Column("task_id", String(200), ForeignKey("tasks.task_id"), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("provider", String(200), nullable=False),
+    Column("operation_key", String(400), nullable=False),
+    Column("request_fingerprint", String(64), nullable=False),
+    Column("operation_id", String(40)),
+    Column("planned_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("task_id", "name", name="pk_task_steps"),
+)
