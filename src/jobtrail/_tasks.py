@@ -82,7 +82,9 @@ def _view(task_id: str, row: Any, op: Operation | None) -> StepView:
     elif state == UNRESOLVED:
         action = "a person decides (jobtrail resolve); the step is never repeated automatically"
     elif state == SUBMITTED:
-        action = f"reconcile before any retry: {next_action(op)}"
+        action = next_action(op)
+        if not action.startswith("reconcile"):
+            action = f"reconcile before any retry: {action}"
     else:
         action = next_action(op)
     return StepView(task_id, row.name, row.operation_key, row.provider, state, row.operation_id, receipt, action)
