@@ -449,10 +449,10 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         env={**os.environ, "JOBTRAIL_DB": "", "COLUMNS": "120"},
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "audit verify: OK 8 operations" in out.stdout
+    assert "audit verify: OK 9 operations" in out.stdout
     assert (tmp_path / "jobtrail-demo.db").exists()
     listed = jobtrail("--db", str(tmp_path / "jobtrail-demo.db"), "ops", "list", "--json")
-    assert len(json.loads(listed.stdout)) == 8
+    assert len(json.loads(listed.stdout)) == 9
     assert time.monotonic() - started < 120
 
 

@@ -529,6 +529,62 @@ def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     sys.exit(EXIT_NEEDS_PERSON if op.state is State.NEEDS_ATTENTION else EXIT_OK)
 
 
+#: states in which waiting is over: an ending, or a person must look
+SETTLED = FINAL_STATES | {State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT}
+_WAIT_EXIT = {
+    State.SUCCEEDED: EXIT_OK,
+    State.CANCELLED: EXIT_OK,
+    State.NEEDS_ATTENTION: EXIT_NEEDS_PERSON,
+    State.CANCELLATION_UNCONFIRMED: EXIT_NEEDS_PERSON,
+    State.RESULT_TIMED_OUT: EXIT_NEEDS_PERSON,
+}
+
+
+@cli.command()
+@click.argument("operation_id")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600, show_default=True, help="Seconds to wait.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the final operation object.")
+@click.pass_context
+def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -> None:
+    """Wait until an operation ends or needs a person (a worker must be running).
+
+    Exit 0 succeeded or cancelled, 1 failed, result unavailable or invalid, or still running at the
+    time-out, 3 a person must decide.
+
+    \b
+    Example:
+      jobtrail wait op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --timeout 300 --json
+    """
+    import time
+
+    store = _store(ctx)
+    deadline = time.monotonic() + timeout
+    op = store.get(operation_id)
+    live = sys.stdout.isatty() and not as_json
+    status = console.status(f"{op.operation_id}: {op.state.value}") if live else None
+    if status is not None:
+        status.start()
+    try:
+        while op.state not in SETTLED and time.monotonic() < deadline:
+            time.sleep(0.2)
+            op = store.get(operation_id)
+            if status is not None:
+                status.update(f"{op.operation_id}: {op.state.value} ({op.state_reason or next_action(op)})")
+    finally:
+        if status is not None:
+            status.stop()
+    settled = op.state in SETTLED
+    if as_json:
+        _emit_json({**op.to_json(), "settled": settled})
+    else:
+        click.echo(f"{op.operation_id}: {op.state.value}" + (f": {op.state_reason}" if op.state_reason else ""))
+    if not settled:
+        if not as_json:
+            click.echo(f"still {op.state.value} after {timeout:g} s; next: {next_action(op)}", err=True)
+        sys.exit(EXIT_NEGATIVE)
+    sys.exit(_WAIT_EXIT.get(op.state, EXIT_NEGATIVE))
+
+
 @cli.group()
 def webhooks() -> None:
     """Receive provider webhooks (they only bring a poll forward)."""

@@ -45,7 +45,7 @@ class AsyncJobtrail:
         self,
         db: str | os.PathLike[str] | None = None,
         *,
-        providers: Iterable[Provider | str | os.PathLike[str]] = (),
+        providers: Iterable[Provider | str | os.PathLike[str] | Mapping[str, Any]] = (),
         actor: str = "jobtrail",
         store: Store | None = None,
         retention_policy: str = "warn",

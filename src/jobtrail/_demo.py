@@ -1,122 +1,261 @@
-"""``jobtrail demo``: the classic create failures against the bundled fake provider, on loopback.
+"""``jobtrail demo``: the classic failures against the bundled fake provider, on loopback.
 
-No configuration: a SQLite file in the current directory and fake providers
-on 127.0.0.1. Every scenario shows what jobtrail did, what the provider
-actually saw, and why the record says what it says.
+No configuration: a SQLite file in the current directory, two fake providers
+on 127.0.0.1 (one honours idempotency keys and sends duplicated webhooks, one
+does neither), a webhook receiver, a worker process that is killed with
+``kill -9`` in the middle, and a worker in this process that finishes the job.
+Every scenario shows what happened, what the provider actually saw, and why
+the record says what it says.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import base64
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from jobtrail._audit import verify
+from jobtrail._cancel import request_cancel
 from jobtrail._client import AsyncJobtrail
+from jobtrail._http_provider import load_provider
 from jobtrail._states import State
 from jobtrail._store import Store
+from jobtrail._worker import Worker
 from jobtrail.testing import FakeProvider, Fault
 
 DEFAULT_DEMO_DB = "jobtrail-demo.db"
+_SECRET_ENV = "JOBTRAIL_DEMO_WEBHOOK_SECRET"  # noqa: S105 - the name of a variable, not a secret
 
 
-@dataclass(frozen=True)
+@dataclass
 class Scenario:
     title: str
-    faults: tuple[Fault, ...]
     expected: State
+    faults: tuple[Fault, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
     provider: str = "fake"
+    operation_id: str = ""
+    creates: int = 0
+    jobs: int = 0
 
 
-SCENARIOS = (
-    Scenario("clean create", (), State.ACCEPTED),
-    Scenario("response lost after commit", (Fault.drop(),), State.ACCEPTED),
-    Scenario("503, Retry-After: 1", (Fault.http(503, retry_after="1"),), State.ACCEPTED),
-    Scenario("slower than our time-out", (Fault.delay(2.0),), State.ACCEPTED),
-    Scenario("synchronous result", (Fault.synchronous(),), State.RESULT_COLLECTING),
-    Scenario("request refused (422)", (Fault.reject(422),), State.FAILED),
-    Scenario("new job id on replay", (Fault.drop(), Fault.replay_new_id()), State.NEEDS_ATTENTION),
-    Scenario(
-        "no idempotency, response lost",
-        (Fault.drop(),),
-        State.NEEDS_ATTENTION,
-        provider="fake-no-idempotency",
-    ),
-)
+def _scenarios() -> list[Scenario]:
+    return [
+        Scenario("clean run", State.SUCCEEDED),
+        Scenario("create response lost after commit", State.SUCCEEDED, (Fault.drop(),)),
+        Scenario("503 with Retry-After: 1", State.SUCCEEDED, (Fault.http(503, retry_after="1"),)),
+        Scenario("worker killed mid-flight (kill -9)", State.SUCCEEDED, options={"duration": 2}),
+        Scenario("cancel races a finishing job", State.SUCCEEDED, options={"cancel": "finish_first", "duration": 30}),
+        Scenario("corrupted result (bad checksum)", State.RESULT_VALIDATION_FAILED, options={"result": "bad_checksum"}),
+        Scenario("request refused (422)", State.FAILED, (Fault.reject(422),)),
+        Scenario("provider breaks idempotency", State.NEEDS_ATTENTION, (Fault.drop(), Fault.replay_new_id())),
+        Scenario(
+            "no idempotency, response lost", State.NEEDS_ATTENTION, (Fault.drop(),), provider="fake-no-idempotency"
+        ),
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml(config: dict[str, Any]) -> str:
+    lines = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
+    for key, value in config.items():
+        if isinstance(value, dict):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _start_receiver(store: Store, config: dict[str, Any], port: int) -> Any:
+    import uvicorn
+
+    from jobtrail._webhooks import webhook_app
+
+    provider = load_provider(config)
+    app = webhook_app(store, {provider.name: provider.config.webhooks})
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off"))
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return server
 
 
 async def _run(db: str, console: Console) -> bool:
-    good = FakeProvider(job_duration_s=1.0).start()
+    os.environ[_SECRET_ENV] = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    port = _free_port()
+    good = FakeProvider(
+        job_duration_s=1.0,
+        webhook_url=f"http://127.0.0.1:{port}/webhooks/fake",
+        webhook_secret=os.environ[_SECRET_ENV],
+        webhook_faults={"duplicate"},
+    ).start()
     careless = FakeProvider(job_duration_s=1.0, idempotency=False).start()
     store = Store.open(db)
-    jt = AsyncJobtrail(store=store, actor="demo")
-    jt.add_provider(
-        good.provider_config(
-            timeout_s=1.0,
-            reconcile={
-                "modes": ["replay", "list_by_reference"],
-                "list_path": "/v1/jobs?client_reference={token}",
-            },
-        )
+    fast = {
+        "poll": {"initial_s": 0.5, "factor": 1, "cap_s": 0.5, "jitter": 0.2},
+        "retry": {"initial_s": 0.1, "factor": 2, "cap_s": 1},
+    }
+    good_cfg = good.provider_config(
+        timeout_s=1.0,
+        connect_timeout_s=1.0,
+        webhooks={"secrets": [f"env:{_SECRET_ENV}"]},
+        reconcile={"modes": ["replay", "list_by_reference"], "list_path": "/v1/jobs?client_reference={token}"},
+        **fast,
     )
-    jt.add_provider(
-        careless.provider_config(
-            name="fake-no-idempotency", timeout_s=1.0, create={"token": {"in": "none"}}, reconcile=None
-        )
+    careless_cfg = careless.provider_config(
+        name="fake-no-idempotency",
+        timeout_s=1.0,
+        connect_timeout_s=1.0,
+        create={"token": {"in": "none"}},
+        reconcile=None,
+        **fast,
     )
+    receiver = _start_receiver(store, good_cfg, port)
+    jt = AsyncJobtrail(store=store, actor="demo", providers=[good_cfg, careless_cfg])
     fakes = {"fake": good, "fake-no-idempotency": careless}
-    table = Table("#", "scenario", "state", "job", "sent", "jobs", title="creates sent / jobs the provider made")
-    reasons: list[str] = []
-    all_as_expected = True
+    scenarios = _scenarios()
+    workdir = Path(tempfile.mkdtemp(prefix="jobtrail-demo-"))
     try:
-        for number, scenario in enumerate(SCENARIOS, start=1):
-            fake = fakes[scenario.provider]
-            fake.script(*scenario.faults)
-            received_before = fake.counts["creates_received"]
-            jobs_before = fake.counts["jobs_created"]
-            with console.status(f"[{number}/{len(SCENARIOS)}] {scenario.title}"):
+        # 1. creates, one at a time, so each scenario meets its own scripted fault
+        for number, sc in enumerate(scenarios, start=1):
+            fake = fakes[sc.provider]
+            fake.script(*sc.faults)
+            before = (fake.counts["creates_received"], fake.counts["jobs_created"])
+            with console.status(f"[{number}/{len(scenarios)}] creating: {sc.title}"):
                 op = await jt.submit(
-                    scenario.provider,
-                    {"demo": number, "task": scenario.title},
-                    caller="demo",
-                    approved_by="demo",
+                    sc.provider, {"demo": number, "fake": sc.options}, caller="demo", approved_by="demo"
                 )
                 op = await jt.drive_create(op.operation_id)
-            ok = op.state is scenario.expected
-            all_as_expected &= ok
-            colour = {
-                State.ACCEPTED: "green",
-                State.RESULT_COLLECTING: "green",
-                State.FAILED: "red",
-                State.NEEDS_ATTENTION: "yellow",
-            }.get(op.state, "white")
-            table.add_row(
-                str(number),
-                scenario.title,
-                f"[{colour}]{op.state.value}[/{colour}]",
-                op.remote_job_id or "-",
-                str(fake.counts["creates_received"] - received_before),
-                str(fake.counts["jobs_created"] - jobs_before),
-            )
-            reasons.append(f"{number}. {op.state.value}: {op.state_reason or _why(op.state)}")
-    finally:
+            sc.operation_id = op.operation_id
+            sc.creates = fake.counts["creates_received"] - before[0]
+            sc.jobs = fake.counts["jobs_created"] - before[1]
+            console.print(f"  {number}. {sc.title}: {op.state.value}")
         for provider in jt.providers.values():
             await provider.aclose()
+
+        # 2. a worker process takes over the polling, and is killed with kill -9 in the middle
+        provider_file = workdir / "fake.toml"
+        provider_file.write_text(_toml(good_cfg))
+        doomed = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobtrail",
+                "--db",
+                db,
+                "worker",
+                "--provider",
+                str(provider_file),
+                "--lease",
+                "3",
+                "--id",
+                "demo-worker-1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        polls = good.counts["status"]
+        with console.status("worker demo-worker-1 is polling; about to kill it with kill -9"):
+            deadline = time.monotonic() + 15
+            while good.counts["status"] < polls + 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait(10)
+        held = sum(1 for sc in scenarios if store.get(sc.operation_id).lease_owner == "demo-worker-1")
+        console.print(
+            f"  killed demo-worker-1 (kill -9) after {good.counts['status'] - polls} polls, holding {held} "
+            "lease(s); another worker continues from the record alone"
+        )
+
+        # 3. a person cancels a job that finishes at that very moment
+        racing = next(sc for sc in scenarios if sc.options.get("cancel") == "finish_first")
+        done = request_cancel(
+            store,
+            racing.operation_id,
+            requested_by="demo-operator",
+            reason="changed plans",
+            expected_effect="no result needed",
+        )
+        console.print(f"  cancel requested for scenario 5: {done.outcome}")
+
+        # 4. a fresh worker finishes everything, once the dead worker's leases have expired
+        worker = Worker(
+            store,
+            {name: load_provider(cfg) for name, cfg in (("fake", good_cfg), ("fake-no-idempotency", careless_cfg))},
+            worker_id="demo-worker-2",
+            idle_s=0.1,
+            lease_s=10,
+        )
+        task = asyncio.create_task(worker.run(until_settled=True, timeout=45))
+        with console.status("") as status:
+            while not task.done():
+                states = Counter(store.get(sc.operation_id).state.value for sc in scenarios)
+                status.update("demo-worker-2: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+                await asyncio.sleep(0.2)
+        await task
+        await asyncio.sleep(0.3)  # the last webhook deliveries
+    finally:
+        receiver.should_exit = True
         good.stop()
         careless.stop()
+
+    return _report(store, scenarios, good, console)
+
+
+def _report(store: Store, scenarios: list[Scenario], good: FakeProvider, console: Console) -> bool:
+    table = Table("#", "scenario", "state", "job", "sent", "jobs", title="creates sent / jobs the provider made")
+    reasons = []
+    ok = True
+    for number, sc in enumerate(scenarios, start=1):
+        op = store.get(sc.operation_id)
+        ok &= op.state is sc.expected
+        colour = {State.SUCCEEDED: "green", State.FAILED: "red", State.RESULT_VALIDATION_FAILED: "red"}.get(
+            op.state, "yellow"
+        )
+        table.add_row(
+            str(number),
+            sc.title,
+            f"[{colour}]{op.state.value}[/{colour}]",
+            op.remote_job_id or "-",
+            str(sc.creates),
+            str(sc.jobs),
+        )
+        why = op.state_reason or ""
+        intents = [e for e in store.history(sc.operation_id) if e.cause == "cancel_intent"]
+        if intents and op.state is State.SUCCEEDED:
+            why += f" (a cancel was requested by {intents[0].actor}; the job finished first)"
+        reasons.append(f"{number}. {op.state.value}: {why}")
     console.print(table)
     console.print("\n".join(reasons), highlight=False)
-    duplicates = good.counts["jobs_created"] - (len(SCENARIOS) - 2)
+    deliveries = Counter(status for _, status in good.webhook_deliveries)
+    reached = len([sc for sc in scenarios if sc.provider == "fake" and sc.jobs])
     console.print(
-        f"\nidempotent provider: {good.counts['creates_received']} create requests, "
-        f"{good.counts['replayed']} answered by replay, {good.counts['jobs_created']} jobs for "
-        f"{len(SCENARIOS) - 2} operations that reached it: the one extra job is its own contract break "
-        "(scenario 7), caught and flagged, never silently kept"
-        if duplicates == 1
-        else f"idempotent provider created {good.counts['jobs_created']} jobs"
+        f"\nidempotent provider: {good.counts['creates_received']} create requests, {good.counts['replayed']} "
+        f"answered by replay, {good.counts['jobs_created']} jobs for {reached} operations that made one (the "
+        f"extra job is scenario 8's contract break, caught and flagged); {good.counts['cancels']} cancel sent; "
+        f"webhooks: {deliveries.get(202, 0)} accepted, {deliveries.get(200, 0)} duplicates recorded once",
+        highlight=False,
     )
     report = verify(store)
     verdict = "[green]OK[/green]" if report.ok else "[red]TAMPERED[/red]"
@@ -125,17 +264,18 @@ async def _run(db: str, console: Console) -> bool:
         f"head {report.root[:16]}..."
     )
     store.close()
-    return all_as_expected and report.ok
-
-
-def _why(state: State) -> str:
-    return {State.ACCEPTED: "job confirmed by the provider"}.get(state, "")
+    return ok and report.ok
 
 
 def run_demo(db: str | None, console: Console | None = None) -> bool:
     console = console or Console()
     path = db or str(Path.cwd() / DEFAULT_DEMO_DB)
     console.print(f"jobtrail demo: ledger at [bold]{path}[/bold], fake providers on 127.0.0.1\n")
+    started = time.monotonic()
     ok = asyncio.run(_run(path, console))
-    console.print(f"\nLook around: jobtrail --db {path} ops list   |   jobtrail --db {path} audit verify")
+    console.print(
+        f"\nfinished in {time.monotonic() - started:.1f} s. Look around: jobtrail --db {path} ops list  |  "
+        f"jobtrail --db {path} explain OP_ID  |  jobtrail --db {path} audit verify",
+        highlight=False,
+    )
     return ok

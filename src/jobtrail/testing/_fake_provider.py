@@ -358,13 +358,16 @@ class FakeProvider:
         return response
 
     def _new_job(self, key: str | None, reference: str | None, body: Any) -> FakeJob:
+        options: dict[str, Any] = {}
+        if isinstance(body, dict) and isinstance(body.get("fake"), dict):
+            options = body["fake"]
         job = FakeJob(
             id=f"job_{next(self._ids):05d}",
             key=key,
             reference=reference,
             body=body,
             created=time.monotonic(),
-            duration_s=self.job_duration_s,
+            duration_s=float(options.get("duration", self.job_duration_s)),
             fail=isinstance(body, dict) and body.get("fail") is True,
         )
         self.jobs[job.id] = job
