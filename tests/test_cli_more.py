@@ -1,0 +1,129 @@
+"""The remaining commands as real processes: wait, worker, webhooks serve."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobtrail.testing import FakeProvider, send_webhook
+
+
+def jobtrail(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobtrail", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def write_toml(path: Path, config: dict) -> Path:
+    lines = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
+    for key, value in config.items():
+        if isinstance(value, dict):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    provider = FakeProvider(job_duration_s=0.5).start()
+    yield provider
+    provider.stop()
+
+
+def test_submit_worker_wait(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
+    provider = write_toml(tmp_path / "fake.toml", fake.provider_config(connect_timeout_s=1.0))
+    submitted = jobtrail("--db", db_url, "submit", "--provider", str(provider), "--request", '{"n": 1}', "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    op_id = json.loads(submitted.stdout.splitlines()[0])["operation_id"]
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobtrail",
+            "--db",
+            db_url,
+            "worker",
+            "--provider",
+            str(provider),
+            "--until-settled",
+            "--timeout",
+            "60",
+            "--lease",
+            "10",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    waited = jobtrail("--db", db_url, "wait", op_id, "--timeout", "60", "--json")
+    worker.wait(60)
+    assert waited.returncode == 0, waited.stderr
+    doc = json.loads(waited.stdout)
+    assert doc["settled"] is True and doc["state"] == "succeeded"
+    result = jobtrail("--db", db_url, "result", op_id, "--json")
+    assert json.loads(result.stdout)["checks"][0]["check"] == "size"
+
+
+def test_wait_times_out_when_no_worker_runs(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
+    provider = write_toml(tmp_path / "fake.toml", fake.provider_config())
+    op_id = jobtrail("--db", db_url, "submit", "--provider", str(provider), "--request", '{"n": 2}').stdout.split()[0]
+    waited = jobtrail("--db", db_url, "wait", op_id, "--timeout", "0.5")
+    assert waited.returncode == 1 and "still accepted after 0.5 s" in waited.stderr
+
+
+def test_webhooks_serve_receives_signed_events(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    provider = write_toml(tmp_path / "fake.toml", fake.provider_config(webhooks={"secrets": ["env:DEMO_WHSEC"]}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobtrail",
+            "--db",
+            db_url,
+            "webhooks",
+            "serve",
+            "--provider",
+            str(provider),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DEMO_WHSEC": secret},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/webhooks/fake"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                answer = send_webhook(url, secret, {"type": "job.running", "data": {"id": "job_x"}}, event_id="e1")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert answer[0] == 202 and answer[1]["status"] == "orphan"
+        forged = send_webhook(url, "whsec_" + base64.b64encode(b"x" * 24).decode(), {"type": "t"}, event_id="e2")
+        assert forged[0] == 401 and forged[1]["title"] == "bad signature"
+    finally:
+        server.terminate()
+        server.communicate(timeout=20)
