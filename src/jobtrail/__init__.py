@@ -55,6 +55,7 @@ from jobtrail._redact import Redactor, Secret
 from jobtrail._states import RemoteState, State
 from jobtrail._store import Change, Store
 from jobtrail._tasks import StepView, Task
+from jobtrail._worker import Worker
 
 __all__ = [
     "AmbiguousCreate",
@@ -111,5 +112,6 @@ __all__ = [
     "UsageError",
     "ValidatedResult",
     "ValidationFailure",
+    "Worker",
     "load_provider",
 ]
