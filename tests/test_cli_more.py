@@ -127,3 +127,40 @@ def test_webhooks_serve_receives_signed_events(db_url: str, fake: FakeProvider, 
     finally:
         server.terminate()
         server.communicate(timeout=20)
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    import click
+
+    from jobtrail._cli import cli
+
+    def commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
+        found = []
+        for name, command in group.commands.items():
+            if isinstance(command, click.Group):
+                found += commands(command, f"{prefix}{name} ")
+            else:
+                found.append((f"{prefix}{name}", command))
+        return found
+
+    every = commands(cli)
+    assert {name for name, _ in every} >= {
+        "submit",
+        "ops list",
+        "ops show",
+        "ops history",
+        "ops escalation",
+        "explain",
+        "wait",
+        "cancel",
+        "result",
+        "resolve",
+        "worker",
+        "webhooks serve",
+        "audit verify",
+        "audit anchor",
+        "providers check",
+        "demo",
+    }
+    for name, command in every:
+        assert "Example:" in (command.help or ""), f"`jobtrail {name} --help` has no example"
