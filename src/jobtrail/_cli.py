@@ -626,6 +626,58 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
 
 
 @cli.command()
+@click.option(
+    "--provider",
+    "provider_files",
+    multiple=True,
+    envvar="JOBTRAIL_PROVIDERS",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Provider file the agent may use, by name (repeatable).",
+)
+@click.option("--agent", default="agent", show_default=True, help="Identity recorded as the caller of every job.")
+@click.option("--approver", help="Identity recorded as approving every job this server submits.")
+@click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
+@click.option("--http", "http_port", type=int, help="Serve streamable HTTP on 127.0.0.1:PORT instead of stdio.")
+@click.pass_context
+def mcp(
+    ctx: click.Context,
+    provider_files: tuple[str, ...],
+    agent: str,
+    approver: str | None,
+    with_worker: bool,
+    http_port: int | None,
+) -> None:
+    """Serve jobtrail's tools to an agent over the Model Context Protocol (stdio by default).
+
+    \b
+    Example:
+      jobtrail --db jobs.db mcp --provider openai.toml --agent research-bot --approver alice --with-worker
+    """
+    from jobtrail._client import AsyncJobtrail
+    from jobtrail._mcp import build_server
+    from jobtrail._worker import Worker
+
+    jt = AsyncJobtrail(store=_store(ctx), providers=list(provider_files), actor=f"mcp:{agent}")
+    server = build_server(jt, agent=agent, approver=approver)
+
+    async def run() -> None:
+        runner = Worker(jt.store, dict(jt.providers), worker_id=f"mcp:{agent}") if with_worker else None
+        task = asyncio.create_task(runner.run()) if runner else None
+        try:
+            if http_port is not None:
+                await server.run_streamable_http_async(host="127.0.0.1", port=http_port)
+            else:
+                await server.run_stdio_async()
+        finally:
+            if runner is not None and task is not None:
+                runner.stop()
+                await task
+
+    asyncio.run(run())
+
+
+@cli.command()
 @click.pass_context
 def demo(ctx: click.Context) -> None:
     """Run the classic create failures against a bundled fake provider; no configuration needed.

@@ -1,0 +1,200 @@
+"""The MCP server as an agent sees it: a real `jobtrail mcp` process over stdio, driven by the official client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from jobtrail import Store
+from jobtrail.testing import FakeProvider
+
+
+def write_toml(path: Path, config: dict[str, Any]) -> Path:
+    lines = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
+    for key, value in config.items():
+        if isinstance(value, dict):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    provider = FakeProvider(job_duration_s=0.5).start()
+    yield provider
+    provider.stop()
+
+
+def result_of(answer: Any) -> Any:
+    error = getattr(answer, "isError", None) or getattr(answer, "is_error", False)
+    text = "".join(getattr(c, "text", "") for c in answer.content)
+    if error:
+        return {"error": text}
+    structured = getattr(answer, "structuredContent", None) or getattr(answer, "structured_content", None)
+    if structured is not None:
+        if isinstance(structured, dict) and set(structured) == {"result"}:  # a list or scalar, wrapped by the SDK
+            return structured["result"]
+        return structured
+    return json.loads(text)
+
+
+async def agent_session(db: str, provider: Path, test: Any) -> Any:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "jobtrail",
+            "--db",
+            db,
+            "mcp",
+            "--provider",
+            str(provider),
+            "--agent",
+            "research-bot",
+            "--approver",
+            "alice",
+            "--with-worker",
+        ],
+        env={**os.environ},
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        return await test(session)
+
+
+def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
+    provider = write_toml(
+        tmp_path / "fake.toml",
+        fake.provider_config(connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}),
+    )
+
+    async def session_test(session: ClientSession) -> dict[str, Any]:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert set(tools) >= {
+            "submit_job",
+            "job_status",
+            "list_jobs",
+            "wait_for_change",
+            "cancel_job",
+            "get_result",
+            "jobs_needing_a_person",
+        }
+        assert all(t.description and len(t.description) > 40 for t in tools.values())
+        first = result_of(
+            await session.call_tool(
+                "submit_job", {"provider": "fake", "request": {"prompt": "summarise"}, "operation_key": "report-1"}
+            )
+        )
+        again = result_of(
+            await session.call_tool(
+                "submit_job", {"provider": "fake", "request": {"prompt": "summarise"}, "operation_key": "report-1"}
+            )
+        )
+        changed = result_of(
+            await session.call_tool(
+                "submit_job", {"provider": "fake", "request": {"prompt": "something else"}, "operation_key": "report-1"}
+            )
+        )
+        sneaky = result_of(
+            await session.call_tool(
+                "submit_job",
+                {
+                    "provider": "fake",
+                    "request": {"prompt": "x", "headers": {"Authorization": "Bearer abc123456"}},
+                    "operation_key": "report-2",
+                },
+            )
+        )
+        secret = result_of(
+            await session.call_tool(
+                "submit_job",
+                {
+                    "provider": "fake",
+                    "request": {"prompt": "x", "api_key": "sk-0123456789abcdefghij"},
+                    "operation_key": "report-3",
+                },
+            )
+        )
+        unknown = result_of(
+            await session.call_tool(
+                "submit_job", {"provider": "elsewhere", "request": {"prompt": "x"}, "operation_key": "report-4"}
+            )
+        )
+        status = first
+        for _ in range(50):
+            status = result_of(
+                await session.call_tool("wait_for_change", {"operation_id": first["operation_id"], "timeout_s": 5})
+            )
+            if status["state"] == "succeeded":
+                break
+        got = result_of(await session.call_tool("get_result", {"operation_id": first["operation_id"]}))
+        return {
+            "first": first,
+            "again": again,
+            "changed": changed,
+            "sneaky": sneaky,
+            "secret": secret,
+            "unknown": unknown,
+            "status": status,
+            "result": got,
+        }
+
+    out = asyncio.run(agent_session(db_url, provider, session_test))
+    first = out["first"]
+    assert first["operation_id"].startswith("op_") and first["state"] == "accepted" and first["next_action"]
+    assert first["caller"] == "research-bot" and first["approved_by"] == "alice"
+    assert out["again"]["operation_id"] == first["operation_id"]
+    assert "a changed request is a new operation" in out["changed"]["error"]
+    assert "cannot pass credentials, headers or URLs" in out["sneaky"]["error"]
+    assert "error" in out["secret"] and "sk-0123456789" not in out["secret"]["error"]
+    assert "no provider named 'elsewhere'" in out["unknown"]["error"]
+    assert out["status"]["state"] == "succeeded"
+    assert out["result"]["result"]["output"] == {"echo": {"prompt": "summarise"}}
+    assert fake.counts["jobs_created"] == 1
+    with Store.open(db_url) as store:
+        assert store.count() == 1
+
+
+def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
+    fake.job_duration_s = 30
+    provider = write_toml(
+        tmp_path / "fake.toml",
+        fake.provider_config(connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}),
+    )
+
+    async def session_test(session: ClientSession) -> dict[str, Any]:
+        op = result_of(
+            await session.call_tool(
+                "submit_job", {"provider": "fake", "request": {"prompt": "long"}, "operation_key": "long-1"}
+            )
+        )
+        asked = result_of(
+            await session.call_tool(
+                "cancel_job", {"operation_id": op["operation_id"], "reason": "the user changed their mind"}
+            )
+        )
+        status = asked
+        for _ in range(50):
+            status = result_of(
+                await session.call_tool("wait_for_change", {"operation_id": op["operation_id"], "timeout_s": 5})
+            )
+            if status["state"] == "cancelled":
+                break
+        waiting = result_of(await session.call_tool("jobs_needing_a_person", {}))
+        listed = result_of(await session.call_tool("list_jobs", {"state": "cancelled"}))
+        return {"asked": asked, "status": status, "waiting": waiting, "listed": listed}
+
+    out = asyncio.run(agent_session(db_url, provider, session_test))
+    assert out["asked"]["outcome"] == "requested" and out["status"]["state"] == "cancelled"
+    assert fake.counts["cancels"] == 1
+    assert out["waiting"] == [] and [o["operation_key"] for o in out["listed"]] == ["long-1"]
