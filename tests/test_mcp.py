@@ -198,3 +198,71 @@ def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeP
     assert out["asked"]["outcome"] == "requested" and out["status"]["state"] == "cancelled"
     assert fake.counts["cancels"] == 1
     assert out["waiting"] == [] and [o["operation_key"] for o in out["listed"]] == ["long-1"]
+
+
+def test_the_full_story_across_a_killed_server(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
+    """submit; the server is killed (kill -9) and restarted; status says what is next; a cancel races the
+    job's completion; the result is fetched. One job, one cancel, the ending told honestly."""
+    import contextlib
+    import subprocess
+
+    fake.job_duration_s = 30
+    provider = write_toml(
+        tmp_path / "story.toml",
+        fake.provider_config(connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}),
+    )
+
+    async def before_the_crash(session: ClientSession) -> dict[str, Any]:
+        op = result_of(
+            await session.call_tool(
+                "submit_job",
+                {
+                    "provider": "fake",
+                    "request": {"prompt": "story", "fake": {"cancel": "finish_first"}},
+                    "operation_key": "story-1",
+                },
+            )
+        )
+        subprocess.run(["pkill", "-9", "-f", f"mcp --provider {provider}"], check=False)
+        return op
+
+    with contextlib.suppress(Exception):
+        asyncio.run(agent_session(db_url, provider, before_the_crash))
+    with Store.open(db_url) as store:
+        (op,) = store.list_operations()
+        assert op.state.value == "accepted"
+
+    async def after_the_restart(session: ClientSession) -> dict[str, Any]:
+        status = result_of(await session.call_tool("job_status", {"operation_id": op.operation_id}))
+        again = result_of(
+            await session.call_tool(
+                "submit_job",
+                {
+                    "provider": "fake",
+                    "request": {"prompt": "story", "fake": {"cancel": "finish_first"}},
+                    "operation_key": "story-1",
+                },
+            )
+        )
+        asked = result_of(
+            await session.call_tool("cancel_job", {"operation_id": op.operation_id, "reason": "no longer needed"})
+        )
+        final = asked
+        for _ in range(50):
+            final = result_of(
+                await session.call_tool("wait_for_change", {"operation_id": op.operation_id, "timeout_s": 5})
+            )
+            if final["state"] in ("succeeded", "cancelled", "failed"):
+                break
+        got = result_of(await session.call_tool("get_result", {"operation_id": op.operation_id}))
+        return {"status": status, "again": again, "asked": asked, "final": final, "result": got}
+
+    out = asyncio.run(agent_session(db_url, provider, after_the_restart))
+    assert out["status"]["state"] in ("accepted", "observing") and out["status"]["next_action"].startswith("poll")
+    assert out["again"]["operation_id"] == op.operation_id
+    assert out["asked"]["outcome"] == "requested"
+    assert (
+        out["final"]["state"] == "succeeded" and "finished before the cancel" in (out["final"]["reason"] or "")
+    ) or "result stored" in (out["final"]["reason"] or "")
+    assert out["result"]["result"]["output"]["echo"]["prompt"] == "story"
+    assert fake.counts["jobs_created"] == 1 and fake.counts["cancels"] == 1
