@@ -28,16 +28,6 @@ def jobtrail(*args: str, timeout: float = 120, env: dict[str, str] | None = None
     )
 
 
-def write_toml(path: Path, config: dict) -> Path:
-    lines = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
-    for key, value in config.items():
-        if isinstance(value, dict):
-            lines.append(f"[{key}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
     provider = FakeProvider(job_duration_s=0.5).start()
@@ -46,7 +36,7 @@ def fake() -> Iterator[FakeProvider]:
 
 
 def test_submit_worker_wait(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
-    provider = write_toml(tmp_path / "fake.toml", fake.provider_config(connect_timeout_s=1.0))
+    provider = fake.write_provider_file(tmp_path / "fake.toml", connect_timeout_s=1.0)
     submitted = jobtrail("--db", db_url, "submit", "--provider", str(provider), "--request", '{"n": 1}', "--json")
     assert submitted.returncode == 0, submitted.stderr
     op_id = json.loads(submitted.stdout.splitlines()[0])["operation_id"]
@@ -79,7 +69,9 @@ def test_submit_worker_wait(db_url: str, fake: FakeProvider, tmp_path: Path) -> 
 
 
 def test_wait_times_out_when_no_worker_runs(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
-    provider = write_toml(tmp_path / "fake.toml", fake.provider_config())
+    provider = fake.write_provider_file(
+        tmp_path / "fake.toml",
+    )
     op_id = jobtrail("--db", db_url, "submit", "--provider", str(provider), "--request", '{"n": 2}').stdout.split()[0]
     waited = jobtrail("--db", db_url, "wait", op_id, "--timeout", "0.5")
     assert waited.returncode == 1 and "still accepted after 0.5 s" in waited.stderr
@@ -87,7 +79,7 @@ def test_wait_times_out_when_no_worker_runs(db_url: str, fake: FakeProvider, tmp
 
 def test_webhooks_serve_receives_signed_events(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
-    provider = write_toml(tmp_path / "fake.toml", fake.provider_config(webhooks={"secrets": ["env:DEMO_WHSEC"]}))
+    provider = fake.write_provider_file(tmp_path / "fake.toml", webhooks={"secrets": ["env:DEMO_WHSEC"]})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -20,27 +20,7 @@ from jobtrail import AsyncJobtrail, ConfigError, RemoteState, State, Store
 from jobtrail._audit import verify
 from jobtrail._backoff import Backoff, parse_retry_after
 from jobtrail._http_provider import load_provider, parse_config
-from jobtrail.testing import FakeProvider, Fault
-
-
-def toml(config: dict[str, Any]) -> str:
-    """A tiny TOML writer for the flat-ish provider dicts the tests use."""
-    lines: list[str] = []
-    tables: list[tuple[str, dict[str, Any]]] = []
-    for key, value in config.items():
-        if isinstance(value, dict):
-            tables.append((key, value))
-        else:
-            lines.append(f"{key} = {json.dumps(value)}")
-    for name, table in tables:
-        lines.append(f"[{name}]")
-        for key, value in table.items():
-            if isinstance(value, dict):
-                inner = ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items())
-                lines.append(f"{key} = {{ {inner} }}")
-            else:
-                lines.append(f"{key} = {json.dumps(value)}")
-    return "\n".join(lines) + "\n"
+from jobtrail.testing import FakeProvider, Fault, provider_toml
 
 
 def jobtrail(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -96,7 +76,7 @@ def test_bad_provider_files_name_file_key_and_expectation(tmp_path: Path, change
         else:
             config[key] = value
     path = tmp_path / "provider.toml"
-    path.write_text(toml(config))
+    path.write_text(provider_toml(config))
     with pytest.raises(ConfigError) as err:
         load_provider(path)
     assert str(path) in str(err.value)
@@ -132,7 +112,7 @@ def test_unknown_remote_states_stay_raw_and_are_not_terminal() -> None:
 def test_providers_check_states_the_guarantees(tmp_path: Path) -> None:
     path = tmp_path / "none.toml"
     path.write_text(
-        toml(
+        provider_toml(
             {
                 "name": "careless",
                 "base_url": "https://x.example",
@@ -287,7 +267,7 @@ def provider_file(tmp_path: Path, fake: FakeProvider) -> Path:
     path = tmp_path / "fake.toml"
     config = fake.provider_config()
     config["create"] = {k: v for k, v in config["create"].items()}
-    path.write_text(toml(config))
+    path.write_text(provider_toml(config))
     return path
 
 

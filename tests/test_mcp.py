@@ -18,16 +18,6 @@ from jobtrail import Store
 from jobtrail.testing import FakeProvider
 
 
-def write_toml(path: Path, config: dict[str, Any]) -> Path:
-    lines = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
-    for key, value in config.items():
-        if isinstance(value, dict):
-            lines.append(f"[{key}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
     provider = FakeProvider(job_duration_s=0.5).start()
@@ -73,9 +63,8 @@ async def agent_session(db: str, provider: Path, test: Any) -> Any:
 
 
 def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
-    provider = write_toml(
-        tmp_path / "fake.toml",
-        fake.provider_config(connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}),
+    provider = fake.write_provider_file(
+        tmp_path / "fake.toml", connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}
     )
 
     async def session_test(session: ClientSession) -> dict[str, Any]:
@@ -167,9 +156,8 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
 
 def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
     fake.job_duration_s = 30
-    provider = write_toml(
-        tmp_path / "fake.toml",
-        fake.provider_config(connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}),
+    provider = fake.write_provider_file(
+        tmp_path / "fake.toml", connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}
     )
 
     async def session_test(session: ClientSession) -> dict[str, Any]:
@@ -207,9 +195,8 @@ def test_the_full_story_across_a_killed_server(db_url: str, fake: FakeProvider, 
     import subprocess
 
     fake.job_duration_s = 30
-    provider = write_toml(
-        tmp_path / "story.toml",
-        fake.provider_config(connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}),
+    provider = fake.write_provider_file(
+        tmp_path / "story.toml", connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}
     )
 
     async def before_the_crash(session: ClientSession) -> dict[str, Any]:

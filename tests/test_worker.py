@@ -27,17 +27,7 @@ S = State
 
 
 def write_provider(path: Path, fake: FakeProvider, **overrides: Any) -> Path:
-    config = fake.provider_config(connect_timeout_s=1.0, **overrides)
-    lines = []
-    for key, value in config.items():
-        if not isinstance(value, dict):
-            lines.append(f"{key} = {json.dumps(value)}")
-    for key, value in config.items():
-        if isinstance(value, dict):
-            lines.append(f"[{key}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return fake.write_provider_file(path, connect_timeout_s=1.0, **overrides)
 
 
 def submit_many(db_url: str, fake: FakeProvider, n: int) -> list[str]:

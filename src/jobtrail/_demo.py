@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import os
 import secrets
 import signal
@@ -37,7 +36,7 @@ from jobtrail._http_provider import load_provider
 from jobtrail._states import State
 from jobtrail._store import Store
 from jobtrail._worker import Worker
-from jobtrail.testing import FakeProvider, Fault
+from jobtrail.testing import FakeProvider, Fault, provider_toml
 
 DEFAULT_DEMO_DB = "jobtrail-demo.db"
 _SECRET_ENV = "JOBTRAIL_DEMO_WEBHOOK_SECRET"  # noqa: S105 - the name of a variable, not a secret
@@ -75,15 +74,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _toml(config: dict[str, Any]) -> str:
-    lines = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
-    for key, value in config.items():
-        if isinstance(value, dict):
-            lines.append(f"[{key}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
-    return "\n".join(lines) + "\n"
 
 
 def _start_receiver(store: Store, config: dict[str, Any], port: int) -> Any:
@@ -156,7 +146,7 @@ async def _run(db: str, console: Console) -> bool:
 
         # 2. a worker process takes over the polling, and is killed with kill -9 in the middle
         provider_file = workdir / "fake.toml"
-        provider_file.write_text(_toml(good_cfg))
+        provider_file.write_text(provider_toml(good_cfg))
         doomed = subprocess.Popen(
             [
                 sys.executable,

@@ -8,6 +8,13 @@ one job was created".
 
 from __future__ import annotations
 
-from jobtrail.testing._fake_provider import FakeJob, FakeProvider, Fault, send_webhook, signed_headers
+from jobtrail.testing._fake_provider import (
+    FakeJob,
+    FakeProvider,
+    Fault,
+    provider_toml,
+    send_webhook,
+    signed_headers,
+)
 
-__all__ = ["FakeJob", "FakeProvider", "Fault", "send_webhook", "signed_headers"]
+__all__ = ["FakeJob", "FakeProvider", "Fault", "provider_toml", "send_webhook", "signed_headers"]

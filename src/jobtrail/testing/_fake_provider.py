@@ -7,10 +7,12 @@ import base64
 import hashlib
 import itertools
 import json
+import os
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -224,6 +226,12 @@ class FakeProvider:
             else:
                 config[key] = value
         return config
+
+    def write_provider_file(self, path: str | os.PathLike[str], **overrides: Any) -> Path:
+        """Write :meth:`provider_config` (with ``overrides``) as a TOML provider file; returns its path."""
+        target = Path(path)
+        target.write_text(provider_toml(self.provider_config(**overrides)), encoding="utf-8")
+        return target
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -580,3 +588,19 @@ def send_webhook(
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
+
+
+def provider_toml(config: dict[str, Any]) -> str:
+    """A provider declaration (a dict, as :meth:`FakeProvider.provider_config` returns) as TOML text."""
+    lines = [f"{key} = {json.dumps(value)}" for key, value in config.items() if not isinstance(value, dict)]
+    for name, table in config.items():
+        if not isinstance(table, dict):
+            continue
+        lines.append(f"[{name}]")
+        for key, value in table.items():
+            if isinstance(value, dict):
+                inner = ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items())
+                lines.append(f"{key} = {{ {inner} }}")
+            else:
+                lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
