@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -346,3 +347,26 @@ def test_misbehaving_deliveries_never_decide_an_ending(ledger: Store, secret: st
         assert states[-3:] == ["observing", "result_collecting", "succeeded"]  # never backwards
     finally:
         fake.stop()
+
+
+def test_a_locked_database_answers_503_so_the_provider_delivers_again(
+    tmp_path: Path, fake: FakeProvider, secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    import jobtrail._store as store_module
+
+    monkeypatch.setattr(store_module, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    store = Store.open(tmp_path / "locked.db")
+    cfg = cfg_for(fake)
+    op = accepted_op(store, cfg)
+    with serve(store, cfg) as url:
+        blocker = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        refused = send_webhook(url, secret, event(op.remote_job_id), event_id="evt_locked")
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        later = send_webhook(url, secret, event(op.remote_job_id), event_id="evt_locked")
+    assert refused[0] == 503 and refused[1]["title"] == "storage unavailable"
+    assert later[0] == 202 and len(webhook_observations(store, op.operation_id)) == 1
+    store.close()

@@ -36,7 +36,7 @@ from starlette.routing import Route
 from jobtrail import _schema as t
 from jobtrail._canonical import compact_json, rfc3339
 from jobtrail._config import Section
-from jobtrail._errors import ConfigError
+from jobtrail._errors import ConfigError, StorageError
 from jobtrail._jsonpath import extract
 from jobtrail._observe import pull_poll_forward
 from jobtrail._redact import Secret
@@ -163,8 +163,15 @@ class Receiver:
                 raise Refused(400, "malformed JSON", "the body is not valid JSON") from None
             return self._record(name, config, event_id, timestamp, event)
         except Refused as no:
-            self._refused(name, no)
+            try:
+                self._refused(name, no)
+            except StorageError as exc:
+                log.error("could not count a refused webhook: %s", exc)
             return problem(no.status, no.title, no.detail)
+        except StorageError as exc:
+            # nothing was recorded; a 503 makes the provider deliver the event again later
+            log.error("webhook for provider %s not recorded: %s", name, exc)
+            return problem(503, "storage unavailable", "the event could not be recorded now; deliver it again later")
 
     def _refused(self, provider: str, no: Refused) -> None:
         # an audit line and a counter; never the body
