@@ -25,7 +25,7 @@ from jobtrail._errors import ConfigError, JobtrailError, OperationalError, Opera
 from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import Secret, install_log_redaction
-from jobtrail._results import stored_result
+from jobtrail._results import describe, stored_result
 from jobtrail._states import FINAL_STATES, State
 from jobtrail._store import Store
 
@@ -139,12 +139,7 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     op = store.get(operation_id)
     result = stored_result(store, operation_id)
     doc = op.to_json()
-    doc["result"] = (
-        None
-        if result is None
-        else {k: result[k] for k in ("sha256", "size", "content_type", "summary", "checks", "redacted")}
-        | {"stored": "file" if result["path"] else "database"}
-    )
+    doc["result"] = None if result is None else describe(result)
     if as_json:
         _emit_json(doc)
         return
@@ -771,19 +766,7 @@ def result(ctx: click.Context, operation_id: str, out: str | None, as_json: bool
     if out:
         Path(out).write_bytes(data)
     if as_json:
-        _emit_json(
-            {
-                "operation_id": operation_id,
-                "sha256": row["sha256"],
-                "size": row["size"],
-                "content_type": row["content_type"],
-                "checks": row["checks"],
-                "summary": row["summary"],
-                "redacted": row["redacted"],
-                "stored": "file" if row["path"] else "database",
-                "out": out,
-            }
-        )
+        _emit_json(describe(row) | {"out": out})
     elif not out:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()

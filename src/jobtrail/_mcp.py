@@ -27,7 +27,7 @@ from jobtrail._errors import JobtrailError, UsageError
 from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import is_secret_name
-from jobtrail._results import ResultMissing, read_result
+from jobtrail._results import ResultMissing, describe, read_result
 from jobtrail._states import FINAL_STATES, State
 
 #: request keys an agent may not use to reach past the operator's configuration
@@ -158,13 +158,7 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None) -> MCPS
             row, data = read_result(store, operation_id)
         except ResultMissing as exc:
             return {"operation_id": operation_id, "result": None, "why": str(exc)}
-        out: dict[str, Any] = {
-            "operation_id": operation_id,
-            "sha256": row["sha256"],
-            "size": row["size"],
-            "content_type": row["content_type"],
-            "summary": row["summary"],
-        }
+        out = describe(row)
         if len(data) <= _RESULT_INLINE:
             try:
                 out["result"] = json.loads(data)

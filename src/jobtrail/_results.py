@@ -289,6 +289,20 @@ def stored_result(store: Store, operation_id: str) -> dict[str, Any] | None:
     return out
 
 
+def describe(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The stable JSON shape of a stored result's record (``result --json``, ``ops show --json``, MCP)."""
+    return {
+        "operation_id": row["operation_id"],
+        "sha256": row["sha256"],
+        "size": row["size"],
+        "content_type": row["content_type"],
+        "checks": row["checks"],
+        "summary": row["summary"],
+        "redacted": row["redacted"],
+        "stored": "file" if row["path"] else "database",
+    }
+
+
 def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]:
     """The stored result and its bytes, verified against the recorded sha256."""
     row = stored_result(store, operation_id)
