@@ -55,6 +55,7 @@ from jobtrail._redact import Redactor, Secret
 from jobtrail._states import RemoteState, State
 from jobtrail._store import Change, Store
 from jobtrail._tasks import StepView, Task
+from jobtrail._webhooks import webhook_app
 from jobtrail._worker import Worker
 
 __all__ = [
@@ -114,4 +115,5 @@ __all__ = [
     "ValidationFailure",
     "Worker",
     "load_provider",
+    "webhook_app",
 ]
