@@ -15,6 +15,7 @@ from typing import Any
 from jobtrail._cancel import CancelOutcome, request_cancel
 from jobtrail._create import CreateFlow
 from jobtrail._errors import ConfigError
+from jobtrail._failpoints import failpoint
 from jobtrail._http_provider import HttpProvider, load_provider
 from jobtrail._provider import Provider
 from jobtrail._record import (
@@ -106,6 +107,7 @@ class AsyncJobtrail:
             cancel_deadline=cancel_deadline,
         )
         op, _ = self.store.create_operation(spec, actor=caller)
+        failpoint("create.after_record")
         return op
 
     def _check_retention(self, adapter: Provider, create_deadline: timedelta | None) -> None:

@@ -1,0 +1,67 @@
+"""Every named failpoint is reachable: switched on, it stops the code exactly there."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobtrail import AsyncJobtrail, State, Store
+from jobtrail._failpoints import FAILPOINTS, FailpointHit, failpoint
+from jobtrail._observe import CollectFlow
+from jobtrail._writer import Writer
+from jobtrail.testing import FakeProvider
+
+
+async def reach(point: str, jt: AsyncJobtrail, store: Store) -> None:
+    if point == "task.after_plan":
+        task = await jt.task("t")
+        await task.step("s", provider="fake", request={"x": 1})
+        await task.run("s", {"x": 1})
+    elif point == "collect.after_fetch":
+        op = await jt.drive_create((await jt.submit("fake", {"x": 2})).operation_id)
+        while op.state is not State.RESULT_COLLECTING:  # the fake job takes 0.1 s
+            await asyncio.sleep(0.05)
+            from jobtrail._observe import ObserveFlow
+
+            op = await ObserveFlow(store, Writer(store), actor="t").advance(
+                store.get(op.operation_id), jt.provider("fake")
+            )
+        await CollectFlow(store, Writer(store), actor="t").advance(op, jt.provider("fake"))
+    else:
+        op = await jt.submit("fake", {"x": 3})
+        await jt.drive_create(op.operation_id)
+
+
+@pytest.mark.parametrize("point", sorted(FAILPOINTS))
+def test_each_named_failpoint_is_reachable(point: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeProvider(job_duration_s=0.1).start()
+    store = Store.open(tmp_path / "f.db")
+    jt = AsyncJobtrail(
+        store=store, providers=[fake.provider_config(poll={"initial_s": 0.01, "factor": 1, "cap_s": 0.01})]
+    )
+    monkeypatch.setenv("JOBTRAIL_FAILPOINTS", f"{point}=raise")
+
+    async def go() -> Any:
+        try:
+            await reach(point, jt, store)
+        finally:
+            await jt.provider("fake").aclose()
+
+    try:
+        with pytest.raises(FailpointHit, match=point):
+            asyncio.run(go())
+    finally:
+        store.close()
+        fake.stop()
+
+
+def test_failpoints_are_inert_unless_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JOBTRAIL_FAILPOINTS", raising=False)
+    failpoint("create.after_attempt")  # nothing happens
+    monkeypatch.setenv("JOBTRAIL_FAILPOINTS", "create.after_response=raise")
+    failpoint("create.after_attempt")  # another point: nothing happens
+    with pytest.raises(FailpointHit):
+        failpoint("create.after_response")
