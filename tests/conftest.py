@@ -121,3 +121,11 @@ def fake() -> Iterator[object]:
     provider = FakeProvider(job_duration_s=0.3).start()
     yield provider
     provider.stop()
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Store]:
+    """The test's database, opened once and closed at teardown."""
+    store = Store.open(db_url)
+    yield store
+    store.close()

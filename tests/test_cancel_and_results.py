@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,20 +30,6 @@ FAST = {
     "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 0.2},
     "retry": {"initial_s": 0.02, "factor": 1, "cap_s": 0.05},
 }
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProvider]:
-    provider = FakeProvider(job_duration_s=0.3).start()
-    yield provider
-    provider.stop()
-
-
-@pytest.fixture
-def ledger(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    yield store
-    store.close()
 
 
 def config(fake: FakeProvider, **overrides: Any) -> dict[str, Any]:

@@ -66,13 +66,6 @@ def fake() -> Iterator[FakeProvider]:
     provider.stop()
 
 
-@pytest.fixture
-def ledger(db_url: str) -> Iterator[Store]:
-    store = Store.open(db_url)
-    yield store
-    store.close()
-
-
 def cfg_for(fake: FakeProvider, **webhooks: Any) -> dict[str, Any]:
     return fake.provider_config(
         webhooks={"secrets": ["env:WHSEC_CURRENT"], **webhooks},

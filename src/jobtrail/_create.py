@@ -173,14 +173,7 @@ class CreateFlow:
         return await self._lookup(op, provider, mode)
 
     async def _lookup(self, op: Operation, provider: Provider, mode: ReconcileMode) -> Operation:
-        found = await provider.lookup(op, mode)
-        await self._observe(
-            op,
-            "reconcile_lookup",
-            found.response.to_json() | {"kind": found.kind, "path": mode.value},
-            found.response.http_status,
-            found.response.provider_request_id,
-        )
+        found = await self._looked_up(op, provider, mode)
         if found.kind == "found":
             return await self._confirm_or_conflict(
                 op, provider, found.remote_job_ids[0], found, via=mode.value, others=found.remote_job_ids[1:]
@@ -367,19 +360,24 @@ class CreateFlow:
             op, provider, f"attempt {attempt} ambiguous: {outcome.error_class}", resp.retry_after_s, evidence
         )
 
+    async def _looked_up(self, op: Operation, provider: Provider, mode: ReconcileMode) -> LookupOutcome:
+        """Ask the provider by a non-replay path, and store its answer as an observation."""
+        found = await provider.lookup(op, mode)
+        await self._observe(
+            op,
+            "reconcile_lookup",
+            found.response.to_json() | {"kind": found.kind, "path": mode.value},
+            found.response.http_status,
+            found.response.provider_request_id,
+        )
+        return found
+
     async def _cross_check(self, op: Operation, provider: Provider, job_id: str) -> tuple[str, ...]:
         """After a replay, ask an independent path (if any) which jobs carry our token."""
         for mode in provider.capabilities.reconcile:
             if mode is ReconcileMode.REPLAY:
                 continue
-            found = await provider.lookup(op, mode)
-            await self._observe(
-                op,
-                "reconcile_lookup",
-                found.response.to_json() | {"kind": found.kind, "path": mode.value},
-                found.response.http_status,
-                found.response.provider_request_id,
-            )
+            found = await self._looked_up(op, provider, mode)
             if found.kind == "found":
                 return tuple(j for j in found.remote_job_ids if j != job_id)
         return ()
