@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._failpoints import FAILPOINTS, FailpointHit, failpoint
-from jobtrail._observe import CollectFlow
+from jobtrail._failpoints import FAILPOINTS, FailpointHit, failpoint, set_handler
+from jobtrail._cancel import CancelFlow
+from jobtrail._observe import CollectFlow, ObserveFlow
 from jobtrail._writer import Writer
 from jobtrail.testing import FakeProvider
 
@@ -24,12 +25,18 @@ async def reach(point: str, jt: AsyncJobtrail, store: Store) -> None:
         op = await jt.drive_create((await jt.submit("fake", {"x": 2})).operation_id)
         while op.state is not State.RESULT_COLLECTING:  # the fake job takes 0.1 s
             await asyncio.sleep(0.05)
-            from jobtrail._observe import ObserveFlow
-
             op = await ObserveFlow(store, Writer(store), actor="t").advance(
                 store.get(op.operation_id), jt.provider("fake")
             )
         await CollectFlow(store, Writer(store), actor="t").advance(op, jt.provider("fake"))
+    elif point.startswith(("cancel.", "observe.")):
+        op = await jt.drive_create((await jt.submit("fake", {"x": 4, "fake": {"duration": 30}})).operation_id)
+        if point == "observe.after_status":
+            due = op.next_action_at_us or 0
+            await asyncio.sleep(max(due - store.clock(), 0) / 1e6 + 0.01)  # the first poll is due
+            await ObserveFlow(store, Writer(store), actor="t").advance(op, jt.provider("fake"))
+        await jt.cancel(op.operation_id, requested_by="alice", reason="test")
+        await CancelFlow(store, Writer(store), actor="t").advance(store.get(op.operation_id), jt.provider("fake"))
     else:
         op = await jt.submit("fake", {"x": 3})
         await jt.drive_create(op.operation_id)
@@ -63,5 +70,20 @@ def test_failpoints_are_inert_unless_switched_on(monkeypatch: pytest.MonkeyPatch
     failpoint("create.after_attempt")  # nothing happens
     monkeypatch.setenv("JOBTRAIL_FAILPOINTS", "create.after_response=raise")
     failpoint("create.after_attempt")  # another point: nothing happens
+    with pytest.raises(FailpointHit):
+        failpoint("create.after_response")
+
+
+def test_a_handler_replaces_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulation's hook: called at every point reached, whatever the environment says."""
+    monkeypatch.setenv("JOBTRAIL_FAILPOINTS", "create.after_response=raise")
+    seen: list[str] = []
+    old = set_handler(seen.append)
+    try:
+        failpoint("create.after_response")  # the handler decides, and it does not raise
+        failpoint("collect.after_fetch")
+    finally:
+        set_handler(old)
+    assert seen == ["create.after_response", "collect.after_fetch"]
     with pytest.raises(FailpointHit):
         failpoint("create.after_response")

@@ -16,6 +16,7 @@ from jobtrail._canonical import rfc3339
 from jobtrail._create import CREATE_PHASE
 from jobtrail._errors import StaleRecord, UsageError
 from jobtrail._evidence import CancelAcknowledged, CancelAttempt, CancelIntent
+from jobtrail._failpoints import failpoint
 from jobtrail._provider import Provider
 from jobtrail._record import Operation
 from jobtrail._states import FINAL_STATES, State
@@ -54,9 +55,11 @@ def request_cancel(
     for _ in range(_RETRIES):
         op = store.get(operation_id)
         try:
-            return _record_intent(store, op, intent, actor)
+            outcome = _record_intent(store, op, intent, actor)
         except StaleRecord:
             continue  # a worker moved the record meanwhile: read it again and decide again
+        failpoint("cancel.after_intent")
+        return outcome
     raise StaleRecord(f"operation {operation_id} kept changing; try the cancel again", operation_id=operation_id)
 
 
@@ -132,7 +135,9 @@ class CancelFlow:
             )
         # durable before the bytes leave: a crash after this line never sends a second cancel
         op = await self.writer.record(op, CancelAttempt(attempt=1), actor=self.actor, changes={"polls": 1})
+        failpoint("cancel.after_attempt")
         resp = await provider.cancel(op)
+        failpoint("cancel.after_response")
         await self.writer.observe(
             op.operation_id,
             kind="cancel_response",

@@ -1,13 +1,22 @@
-"""Named failpoints: inert unless ``JOBTRAIL_FAILPOINTS`` switches one on.
+"""Named failpoints: inert unless ``JOBTRAIL_FAILPOINTS`` (or a simulation) switches one on.
 
 ``JOBTRAIL_FAILPOINTS="create.after_attempt=exit,create.after_response=raise"``
 makes the named point kill the process (``os._exit(137)``, like ``kill -9``) or
 raise :class:`FailpointHit`. Each name is listed in :data:`FAILPOINTS`.
+
+The deterministic simulation installs a handler instead (:func:`set_handler`):
+it is called with the point's name at every point reached and may raise to
+"crash" the simulated worker there.
+
+Leases are never renewed during an action (an action that outlives its lease
+has its writes refused), so there is no lease-renewal point: the simulation
+expires leases by moving its clock instead.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 FAILPOINTS = {
     "task.after_plan": "a task step's key is durable, its operation not yet submitted",
@@ -16,19 +25,35 @@ FAILPOINTS = {
     "create.after_response": "the create response arrived, nothing of it stored",
     "create.after_observation": "the response is stored as an observation, the state not yet moved",
     "create.after_job_id": "the job id is stored, the first poll not yet scheduled by a worker",
+    "observe.after_status": "a status answer arrived, nothing of it stored",
+    "cancel.after_intent": "the cancel intent is durable, nothing sent",
+    "cancel.after_attempt": "the cancel attempt is durable, the cancel not yet sent",
+    "cancel.after_response": "the cancel answer arrived, nothing of it stored",
     "collect.after_fetch": "the result is fetched, nothing of it stored",
 }
+
+_handler: Callable[[str], None] | None = None
 
 
 class FailpointHit(Exception):
     """Raised by a failpoint switched to ``raise``."""
 
 
+def set_handler(handler: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """Call ``handler(name)`` at every failpoint reached (None: back to the environment). Returns the old one."""
+    global _handler
+    old, _handler = _handler, handler
+    return old
+
+
 def failpoint(name: str) -> None:
+    assert name in FAILPOINTS, name
+    if _handler is not None:
+        _handler(name)
+        return
     spec = os.environ.get("JOBTRAIL_FAILPOINTS")
     if not spec:
         return
-    assert name in FAILPOINTS, name
     for item in spec.split(","):
         point, _, action = item.partition("=")
         if point.strip() == name:

@@ -114,6 +114,7 @@ class ObserveFlow:
                 },
             )
         status = await provider.status(op)
+        failpoint("observe.after_status")
         resp = status.response
         polls = op.polls + 1
         delay = provider.poll_backoff.after(resp.retry_after_s, polls, self.rng)
