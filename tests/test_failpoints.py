@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._failpoints import FAILPOINTS, FailpointHit, failpoint, set_handler
 from jobtrail._cancel import CancelFlow
+from jobtrail._failpoints import FAILPOINTS, FailpointHit, failpoint, set_handler
 from jobtrail._observe import CollectFlow, ObserveFlow
 from jobtrail._writer import Writer
 from jobtrail.testing import FakeProvider

@@ -549,21 +549,10 @@ class HttpProvider:
                 f"not under base_url {self.config.base_url}"
             )
         headers = {**self._headers(op), **extra_headers}
-        try:
-            async with self._client().request(method, url, headers=headers, json=body, allow_redirects=False) as resp:
-                raw = await _read_at_most(resp, max_bytes + 1)
-                resp_headers = {k: v for k, v in resp.headers.items()}
-                status = resp.status
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            return ("not_sent", f"{type(exc).__name__}: {exc}")
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            return ("timeout", f"no answer within {self.config.timeout_s:g} s ({type(exc).__name__})")
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            return ("connection_reset", f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientPayloadError as exc:
-            return ("incomplete_response", f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientError as exc:
-            return ("client_error", f"{type(exc).__name__}: {exc}")
+        answer = await self._transport(method, url, headers, body, max_bytes + 1)
+        if len(answer) == 2:
+            return answer
+        status, resp_headers, raw = answer
         body_value: Any
         if keep_raw:
             body_value = None
@@ -586,6 +575,29 @@ class HttpProvider:
             ),
             raw=raw if keep_raw else None,
         )
+
+    async def _transport(
+        self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
+    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+        """The wire: (status, headers, at most ``max_bytes`` of the body), or (error_class, detail).
+
+        The deterministic simulation replaces only this method, so everything above the
+        socket (headers, credentials, parsing, classification) is the code that runs for real.
+        """
+        try:
+            async with self._client().request(method, url, headers=headers, json=body, allow_redirects=False) as resp:
+                raw = await _read_at_most(resp, max_bytes)
+                return resp.status, {k: v for k, v in resp.headers.items()}, raw
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            return ("not_sent", f"{type(exc).__name__}: {exc}")
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            return ("timeout", f"no answer within {self.config.timeout_s:g} s ({type(exc).__name__})")
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            return ("connection_reset", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientPayloadError as exc:
+            return ("incomplete_response", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientError as exc:
+            return ("client_error", f"{type(exc).__name__}: {exc}")
 
     # -- the contract --------------------------------------------------------------------------
 

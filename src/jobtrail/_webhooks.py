@@ -20,7 +20,6 @@ import base64
 import hmac
 import json
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -156,7 +155,9 @@ class Receiver:
             return problem(404, "unknown provider", f"no webhooks are configured for provider {name!r}")
         try:
             body = await _read_limited(request, config.max_bytes)
-            event_id, timestamp = verify(body, request.headers, self._secrets[name], config.tolerance_s, time.time())
+            event_id, timestamp = verify(
+                body, request.headers, self._secrets[name], config.tolerance_s, self.store.clock() / _US
+            )
             try:
                 event = json.loads(body)
             except ValueError:
