@@ -462,11 +462,13 @@ class SeedReport:
     faults: Counter[str]
     elapsed_s: float
     trace: list[str] = field(default_factory=list)
+    ignore_keys: bool = False
     #: how each operation ended, and why
     notes: list[str] = field(default_factory=list)
 
     def replay_command(self) -> str:
-        return f"python -m jobtrail.testing.simulation --seed {self.seed} --verbose"
+        flags = " --ignore-keys" if self.ignore_keys else ""
+        return f"python -m jobtrail.testing.simulation --seed {self.seed}{flags} --verbose"
 
 
 @dataclass
@@ -530,7 +532,7 @@ class _Sim:
         self.workers = [self.new_worker() for _ in range(self.rng.randint(1, 3))]
         steps = 0
         for steps in range(1, max_steps + 1):  # noqa: B007 - reported
-            if len(self.op_ids) >= planned and self._all_settled():
+            if steps % 10 == 0 and len(self.op_ids) >= planned and self._all_settled():
                 break
             action = self.rng.choices(
                 ("submit", "claim", "handle", "clock", "cancel", "webhook", "restart"), (2, 4, 8, 4, 1, 2, 1)
@@ -556,12 +558,12 @@ class _Sim:
         return steps
 
     def _all_settled(self) -> bool:
-        return all(self.store.get(i).state not in WORKED_STATES for i in self.op_ids)
+        return self.store.next_due_us(providers=(PROVIDER,), states=WORKED_STATES) is None
 
     async def _submit(self, jt: AsyncJobtrail) -> None:
         n = len(self.op_ids)
         rng = self.rng
-        create_s, result_s = rng.choice((60, 900, 3600, 86400)), rng.choice((90, 900, 7200, 86400))
+        create_s, result_s = rng.choice((300, 3600, 86400)), rng.choice((90, 900, 7200, 86400))
         cancel_s = rng.choice((10, 60, 600))
         while True:
             try:
@@ -705,7 +707,9 @@ def check(sim: _Sim, db_path: Path, log_text: str) -> list[str]:
         evidence = [kind for _, kind in history]
         intents += history.count(("person:alice", "cancel_intent"))
         if len(jobs) > 1 and token not in world.broken_tokens:
-            problems.append(f"{name}: {len(jobs)} remote jobs {jobs} although the provider honoured idempotency")
+            problems.append(
+                f"{name}: {len(jobs)} remote jobs {jobs} although the provider never admitted breaking idempotency for its token"
+            )
         if world.creates_by_token[token] > evidence.count("create_attempt"):
             problems.append(
                 f"{name}: the provider saw {world.creates_by_token[token]} creates but only "
@@ -838,6 +842,7 @@ def run_seed(seed: int, *, work: Path | None = None, max_steps: int = 300, ignor
         elapsed_s=time.perf_counter() - started,
         trace=sim.trace,
         notes=sim.notes,
+        ignore_keys=ignore_keys,
     )
 
 
@@ -850,13 +855,13 @@ async def _drive(sim: _Sim, max_steps: int) -> int:
     return steps
 
 
-def run_seeds(seeds: range, *, on_report: Any = None) -> list[SeedReport]:
+def run_seeds(seeds: range, *, on_report: Any = None, ignore_keys: bool = False) -> list[SeedReport]:
     """Run many seeds in one work directory; returns every report."""
     work = _work_dir()
     reports = []
     try:
         for seed in seeds:
-            report = run_seed(seed, work=work)
+            report = run_seed(seed, work=work, ignore_keys=ignore_keys)
             reports.append(report)
             if on_report is not None:
                 on_report(report)
@@ -874,7 +879,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to run (default 1000)")
     parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
     parser.add_argument("--seed", type=int, help="run this one seed (replay)")
-    parser.add_argument("--verbose", action="store_true", help="print the seed's whole trace")
+    parser.add_argument("--verbose", action="store_true", help="print each seed's whole trace and outcomes")
+    parser.add_argument(
+        "--ignore-keys",
+        action="store_true",
+        help="simulate a provider that silently ignores idempotency keys (shows the checker catching duplicates)",
+    )
     args = parser.parse_args(argv)
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else range(args.start, args.start + args.seeds)
     failed: list[SeedReport] = []
@@ -900,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  - {problem}", file=sys.stderr)
             print(f"  replay: {report.replay_command()}", file=sys.stderr)
 
-    run_seeds(seeds, on_report=on_report)
+    run_seeds(seeds, on_report=on_report, ignore_keys=args.ignore_keys)
     elapsed = time.perf_counter() - started
     print(
         f"{len(seeds)} seeds in {elapsed:.1f} s ({len(seeds) / elapsed:.1f} seeds/s); "

@@ -1,0 +1,63 @@
+"""The deterministic simulation: 1,000 seeded fault schedules, zero invariant violations, exact replays."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from jobtrail.testing.simulation import run_seed, run_seeds
+
+#: CI runs this many seeds (the issue asks for at least 1,000); 10,000+: bench/simulate.py
+SEEDS = 1000
+CHUNK = 125
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("start", range(0, SEEDS, CHUNK))
+def test_every_seed_keeps_every_invariant(start: int) -> None:
+    reports = run_seeds(range(start, start + CHUNK))
+    failures = [
+        f"seed {r.seed}: {'; '.join(r.violations)}\n  replay: {r.replay_command()}" for r in reports if r.violations
+    ]
+    assert not failures, "\n".join(failures)
+    # the schedules really are hostile: crashes happened and every kind of ending was reached
+    assert sum(r.crashes for r in reports) > CHUNK
+    endings = set().union(*(r.final for r in reports))
+    assert {"succeeded", "cancelled", "failed", "needs_attention", "result_unavailable"} <= endings
+
+
+def test_a_seed_replays_exactly() -> None:
+    """Same seed, same schedule: every request, answer, crash and clock move is the same."""
+    for seed in (17, 101, 977):
+        first, second = run_seed(seed), run_seed(seed)
+        assert first.trace == second.trace
+        assert first.trace_hash == second.trace_hash
+        assert first.final == second.final
+    assert run_seed(17).trace != run_seed(18).trace
+
+
+def test_the_checker_catches_a_provider_that_silently_ignores_tokens() -> None:
+    """The invariants can fail: with keys ignored, replays make second jobs and the checker says so."""
+    reports = [run_seed(seed, ignore_keys=True) for seed in range(20)]
+    caught = [r for r in reports if any("remote jobs" in v for v in r.violations)]
+    assert len(caught) >= 3
+    assert caught[0].replay_command().endswith(f"--seed {caught[0].seed} --ignore-keys --verbose")
+
+
+def test_a_failing_seed_prints_the_command_that_replays_it() -> None:
+    seed = next(s for s in range(20) if run_seed(s, ignore_keys=True).violations)
+    done = subprocess.run(
+        [sys.executable, "-m", "jobtrail.testing.simulation", "--seed", str(seed), "--ignore-keys"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    replay = next(line.split("replay: ", 1)[1] for line in done.stderr.splitlines() if "replay: " in line)
+    assert replay == f"python -m jobtrail.testing.simulation --seed {seed} --ignore-keys --verbose"
+    again = subprocess.run([sys.executable, *replay.split()[1:]], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1
+    violations = [line for line in done.stderr.splitlines() if line.startswith("  - ")]
+    assert violations and all(v.split("(op_")[0] in again.stderr for v in violations)
