@@ -531,7 +531,7 @@ class _Sim:
         planned = self.rng.randint(1, 6)
         self.workers = [self.new_worker() for _ in range(self.rng.randint(1, 3))]
         steps = 0
-        for steps in range(1, max_steps + 1):  # noqa: B007 - reported
+        for steps in range(1, max_steps + 1):
             if steps % 10 == 0 and len(self.op_ids) >= planned and self._all_settled():
                 break
             action = self.rng.choices(
@@ -708,7 +708,7 @@ def check(sim: _Sim, db_path: Path, log_text: str) -> list[str]:
         intents += history.count(("person:alice", "cancel_intent"))
         if len(jobs) > 1 and token not in world.broken_tokens:
             problems.append(
-                f"{name}: {len(jobs)} remote jobs {jobs} although the provider never admitted breaking idempotency for its token"
+                f"{name}: {len(jobs)} remote jobs {jobs}; the provider never knowingly broke idempotency for it"
             )
         if world.creates_by_token[token] > evidence.count("create_attempt"):
             problems.append(
