@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,69 +21,9 @@ from jobtrail._http_provider import load_provider
 from jobtrail._worker import Worker
 from jobtrail.testing import FakeProvider
 
+from processes import assert_one_worker_per_lease, finish, start_worker, submit_many, write_provider
+
 S = State
-
-
-def write_provider(path: Path, fake: FakeProvider, **overrides: Any) -> Path:
-    return fake.write_provider_file(path, connect_timeout_s=1.0, **overrides)
-
-
-def submit_many(db_url: str, fake: FakeProvider, n: int) -> list[str]:
-    store = Store.open(db_url)
-    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
-
-    async def go() -> list[str]:
-        return [(await jt.submit("fake", {"i": i})).operation_id for i in range(n)]
-
-    ids = asyncio.run(go())
-    store.close()
-    return ids
-
-
-def start_worker(
-    db_url: str, provider: Path, name: str, *extra: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jobtrail",
-            "--db",
-            db_url,
-            "worker",
-            "--provider",
-            str(provider),
-            "--id",
-            name,
-            "--json",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
-
-
-def assert_one_worker_per_lease(fake: FakeProvider) -> None:
-    """Every status poll of a job names its lease; one epoch never belongs to two workers, and
-    epochs never interleave in time."""
-    by_job: dict[str, list[tuple[float, str, int]]] = defaultdict(list)
-    for job, lease, at in fake.status_leases:
-        assert lease is not None, "a status poll was made without a lease"
-        owner, epoch = lease.rsplit("/", 1)
-        by_job[job].append((at, owner, int(epoch)))
-    for job, polls in by_job.items():
-        owners: dict[int, str] = {}
-        for _, owner, epoch in polls:
-            assert owners.setdefault(epoch, owner) == owner, f"{job}: epoch {epoch} polled by two workers"
-        epochs = [epoch for _, _, epoch in sorted(polls)]
-        assert epochs == sorted(epochs), f"{job}: polls under an older lease after a newer one"
 
 
 def test_three_worker_processes_finish_500_operations(db_url: str, tmp_path: Path) -> None:

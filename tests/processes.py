@@ -1,0 +1,96 @@
+"""Real processes for tests: worker and CLI subprocesses, and what to assert about them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from jobtrail import AsyncJobtrail, Store
+from jobtrail.testing import FakeProvider
+
+
+def write_provider(path: Path, fake: FakeProvider, **overrides: Any) -> Path:
+    return fake.write_provider_file(path, connect_timeout_s=1.0, **overrides)
+
+
+def submit_many(db_url: str, fake: FakeProvider, n: int) -> list[str]:
+    store = Store.open(db_url)
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+
+    async def go() -> list[str]:
+        return [(await jt.submit("fake", {"i": i})).operation_id for i in range(n)]
+
+    ids = asyncio.run(go())
+    store.close()
+    return ids
+
+
+def start_worker(
+    db_url: str, provider: Path, name: str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobtrail",
+            "--db",
+            db_url,
+            "worker",
+            "--provider",
+            str(provider),
+            "--id",
+            name,
+            "--json",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def assert_one_worker_per_lease(fake: FakeProvider) -> None:
+    """Every status poll of a job names its lease; one epoch never belongs to two workers, and
+    epochs never interleave in time."""
+    by_job: dict[str, list[tuple[float, str, int]]] = defaultdict(list)
+    for job, lease, at in fake.status_leases:
+        assert lease is not None, "a status poll was made without a lease"
+        owner, epoch = lease.rsplit("/", 1)
+        by_job[job].append((at, owner, int(epoch)))
+    for job, polls in by_job.items():
+        owners: dict[int, str] = {}
+        for _, owner, epoch in polls:
+            assert owners.setdefault(epoch, owner) == owner, f"{job}: epoch {epoch} polled by two workers"
+        epochs = [epoch for _, _, epoch in sorted(polls)]
+        assert epochs == sorted(epochs), f"{job}: polls under an older lease after a newer one"
+
+
+def jobtrail(db_url: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str, str]:
+    """Run ``jobtrail --db DB ARGS...`` in a new process; returns (exit code, stdout, stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def assert_audit_verifies(db_url: str) -> None:
+    """``jobtrail audit verify`` (a separate process) finds every history chain intact."""
+    code, out, err = jobtrail(db_url, "audit", "verify", "--json")
+    assert code == 0, f"audit verify exited {code}: {out}{err}"
+    assert json.loads(out)["ok"] is True
