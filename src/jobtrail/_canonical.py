@@ -39,6 +39,18 @@ def canonical_bytes(value: Any) -> bytes:
     return canonical_json(value).encode("utf-8")
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """Parse JSON from outside (providers, webhooks, results) strictly: ``NaN``/``Infinity`` are refused.
+
+    Python's parser accepts them, but nothing that holds them can be stored or fingerprinted.
+    """
+    return json.loads(text, parse_constant=_no_constant)
+
+
 def compact_json(value: Any) -> str:
     """Deterministic compact JSON for storage (sorted keys, no whitespace, UTF-8, no NaN).
 

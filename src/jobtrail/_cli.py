@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from jobtrail._audit import load_anchor, make_anchor, verify
-from jobtrail._canonical import rfc3339
+from jobtrail._canonical import parse_json, rfc3339
 from jobtrail._errors import ConfigError, JobtrailError, OperationalError, OperationNotFound
 from jobtrail._explain import next_action
 from jobtrail._record import Operation
@@ -209,7 +209,7 @@ def _request(value: str) -> Any:
         except OSError as exc:
             raise ConfigError(f"--request {value}: cannot read the file ({exc.strerror})") from None
     try:
-        return json.loads(text)
+        return parse_json(text)
     except ValueError as exc:
         raise ConfigError(f"--request is not valid JSON ({exc}); pass JSON text or @path/to/file.json") from None
 

@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from jobtrail._backoff import Backoff, parse_retry_after
+from jobtrail._canonical import parse_json
 from jobtrail._config import Section
 from jobtrail._errors import ConfigError
 from jobtrail._ids import traceparent
@@ -431,6 +432,10 @@ async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     return b"".join(chunks)[:limit]
 
 
+def _text(value: str) -> str:
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _check_path(section: Section, key: str, value: str) -> None:
     if not (value.startswith("$") or value.startswith("header:")):
         section.fail(key, "a JSON path like $.id, or header:Name", value)
@@ -552,7 +557,9 @@ class HttpProvider:
         answer = await self._transport(method, url, headers, body, max_bytes + 1)
         if len(answer) == 2:
             return answer
-        status, resp_headers, raw = answer
+        status, raw_headers, raw = answer
+        # header bytes that are not UTF-8 arrive as lone surrogates, which no database can store
+        resp_headers = {_text(k): _text(v) for k, v in raw_headers.items()}
         body_value: Any
         if keep_raw:
             body_value = None
@@ -561,7 +568,7 @@ class HttpProvider:
         else:
             text = raw.decode("utf-8", errors="replace")
             try:
-                body_value = json.loads(text) if text.strip() else None
+                body_value = parse_json(text) if text.strip() else None
             except ValueError:
                 body_value = {"_jobtrail_unparsed": text[:2000]}
         request_id = next((v for k, v in resp_headers.items() if k.lower() in ("x-request-id", "request-id")), None)

@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobtrail import _schema as t
-from jobtrail._canonical import compact_json
+from jobtrail._canonical import compact_json, parse_json
 from jobtrail._errors import ConfigError, OperationalError
 from jobtrail._jsonpath import extract, extract_any
 from jobtrail._redact import REDACTED
@@ -119,7 +119,7 @@ def validate(
     if spec.batch is not None:
         return _batch(data, spec, v, extra_check)
     try:
-        v.document = json.loads(data) if data.strip() else None
+        v.document = parse_json(data) if data.strip() else None
     except ValueError as exc:
         v.add("json", False, "valid JSON", f"{exc}")
         return v
@@ -155,7 +155,7 @@ def _batch(data: bytes, spec: ResultSpec, v: Validation, extra_check: Check | No
         if not line.strip():
             continue
         try:
-            items.append(json.loads(line))
+            items.append(parse_json(line))
         except ValueError:
             v.add("jsonl", False, "one JSON object per line", f"line {number} is not JSON")
             return v

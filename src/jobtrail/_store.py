@@ -462,7 +462,7 @@ class Store:
             values["next_action_at_us"] = None
         if values["state_reason"] is not None:
             values["state_reason"] = self.redactor.text(str(values["state_reason"]))
-        if values["partial_effects"] is not None and not isinstance(values["partial_effects"], str):
+        if values["partial_effects"] is not None:  # any JSON value, a bare string too: always encoded
             values["partial_effects"] = compact_json(self.redactor.value(values["partial_effects"]))
         epoch = item.epoch if item.epoch is not None else (op.lease_epoch if op.lease_owner else None)
         update = {
@@ -757,7 +757,7 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
     for key in (*MUTABLE_COLUMNS, "updated_at_us", "version", "history_head"):
         data[key] = update[key]
     data["state"] = State(update["state"])
-    if isinstance(data["partial_effects"], str):
+    if data["partial_effects"] is not None:
         data["partial_effects"] = json.loads(data["partial_effects"])
     return Operation(**data)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import hmac
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from jobtrail import _schema as t
-from jobtrail._canonical import compact_json, rfc3339
+from jobtrail._canonical import compact_json, parse_json, rfc3339
 from jobtrail._config import Section
 from jobtrail._errors import ConfigError, StorageError
 from jobtrail._jsonpath import extract
@@ -159,7 +158,7 @@ class Receiver:
                 body, request.headers, self._secrets[name], config.tolerance_s, self.store.clock() / _US
             )
             try:
-                event = json.loads(body)
+                event = parse_json(body)
             except ValueError:
                 raise Refused(400, "malformed JSON", "the body is not valid JSON") from None
             return self._record(name, config, event_id, timestamp, event)

@@ -20,11 +20,12 @@ def main() -> None:
     fake = FakeProvider(
         host=args.host, port=args.port, job_duration_s=args.job_duration, idempotency=not args.no_idempotency
     )
-    fake.start()
-    print(json.dumps({"base_url": fake.base_url}), flush=True)
+    # the handlers are in place before anyone learns the address, so a prompt SIGTERM still ends it cleanly
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    fake.start()
+    print(json.dumps({"base_url": fake.base_url}), flush=True)
     stop.wait()
     fake.stop()
 

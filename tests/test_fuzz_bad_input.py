@@ -1,0 +1,380 @@
+"""Bad input, generated: malformed provider answers, webhooks and provider files.
+
+Provider answers are raw HTTP responses written byte for byte by a real
+socket server on 127.0.0.1, so anything a broken API can send (wrong types,
+missing fields, invalid JSON, odd encodings, huge bodies, absurd
+``Retry-After``) reaches the real client, parser and flows. Each example
+asserts that nothing raised, that the record is consistent and says what went
+wrong, and that nothing was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobtrail import AsyncJobtrail, ConfigError, JobtrailError, Operation, State, Store
+from jobtrail._audit import verify
+from jobtrail._create import CreateFlow
+from jobtrail._http_provider import load_provider
+from jobtrail._observe import CollectFlow, ObserveFlow
+from jobtrail._results import read_result
+from jobtrail._writer import Writer
+from jobtrail.testing import FakeProvider, provider_toml
+
+from helpers import drive
+
+S = State
+FUZZ = settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+
+
+class RawServer:
+    """Answers every request on 127.0.0.1 with the bytes it was last given."""
+
+    def __init__(self) -> None:
+        self.answer = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+        self.requests = 0
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.port = self._sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                sizes = [
+                    line.split(b":", 1)[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ]
+                length = int(sizes[0]) if sizes else 0
+                while len(body) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                self.requests += 1
+                with contextlib.suppress(OSError):
+                    conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def http(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    lines = [f"HTTP/1.1 {status} X".encode(), *(k + b": " + v for k, v in headers)]
+    lines += [b"Content-Length: " + str(len(body)).encode(), b"Connection: close"]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+odd_values = st.one_of(json_values, st.sampled_from(["succeeded", "running", "failed", "job-1", "", "\u0000", "💥"]))
+#: plausible documents with wrong types and missing fields
+documents = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": odd_values,
+        "status": odd_values,
+        "progress": odd_values,
+        "updated_at": odd_values,
+        "result_url": odd_values,
+        "effects": odd_values,
+    },
+)
+bodies = st.one_of(
+    documents.map(lambda d: json.dumps(d).encode()),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=200),  # invalid JSON, odd bytes
+    documents.map(lambda d: json.dumps(d).encode("utf-16")),  # an odd encoding
+    documents.map(lambda d: json.dumps(d, ensure_ascii=False).encode("latin-1", errors="replace")),
+    st.integers(1, 3).map(lambda n: b'{"id": "job-big", "pad": "' + b"x" * (n * 1_500_000) + b'"}'),  # huge
+)
+retry_afters = st.one_of(
+    st.integers(-10, 10**30).map(lambda n: str(n).encode()),
+    st.sampled_from([b"Wed, 21 Oct 2099 07:28:00 GMT", b"Wed, 21 Oct 1999 07:28:00 GMT", b"soon", b"", b"1e9", b"NaN"]),
+    st.binary(max_size=12).filter(lambda b: b"\r" not in b and b"\n" not in b),
+)
+header_lists = st.lists(
+    st.tuples(
+        st.sampled_from([b"Retry-After", b"Content-Type", b"Location", b"X-Request-Id", b"X-Result-SHA256"]),
+        retry_afters,
+    ),
+    max_size=4,
+)
+statuses = st.one_of(
+    st.sampled_from([200, 201, 202, 204, 400, 404, 409, 410, 422, 429, 500, 503]), st.integers(100, 599)
+)
+responses = st.builds(http, statuses, header_lists, bodies)
+
+
+@pytest.fixture(scope="module")
+def raw() -> Iterator[RawServer]:
+    server = RawServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def world(raw: RawServer, tmp_path: Path) -> Iterator[tuple[Store, Any]]:
+    config = FakeProvider(port=raw.port).provider_config()
+    config["base_url"] = f"http://127.0.0.1:{raw.port}"
+    config["timeout_s"] = 5
+    store = Store.open(tmp_path / "fuzz.db")
+    yield store, load_provider(config)
+    store.close()
+
+
+def fresh(store: Store, provider: Any) -> Operation:
+    async def go() -> Operation:
+        jt = AsyncJobtrail(store=store, providers=[provider])
+        return await jt.submit("fake", {"n": 1}, result_deadline=timedelta(days=1))
+
+    return asyncio.run(go())
+
+
+def consistent(store: Store, op: Operation) -> Operation:
+    """Nothing lost, the chain intact, and any state but the hoped-for one explained."""
+    now = store.get(op.operation_id)
+    assert now.version >= op.version
+    assert verify(store).ok
+    return now
+
+
+@FUZZ
+@given(answer=responses)
+def test_any_create_answer_is_recorded_and_never_taken_for_a_job_it_does_not_name(
+    world: tuple[Store, Any], raw: RawServer, answer: bytes
+) -> None:
+    store, provider = world
+    op = fresh(store, provider)
+    raw.answer = answer
+
+    async def go() -> Operation:
+        try:
+            return await CreateFlow(store, writer=Writer(store), actor="fuzz").advance(op, provider)
+        finally:
+            await provider.aclose()
+
+    after = consistent(store, asyncio.run(go()))
+    assert after.attempts == 1
+    assert after.state in {S.CREATE_PENDING, S.CREATE_UNKNOWN, S.RECONCILIATION, S.ACCEPTED, S.FAILED}
+    if after.state is S.ACCEPTED:
+        assert after.remote_job_id and after.remote_job_id.encode() in answer, "a job id the provider never gave"
+    else:
+        assert after.state_reason, "a doubtful or refused create says why"
+    assert [o["kind"] for o in store.observations(op.operation_id)][-1:] == ["create_response"]
+
+
+def accepted(store: Store, provider: Any) -> Operation:
+    return drive(store, fresh(store, provider), S.ACCEPTED)
+
+
+@FUZZ
+@given(answer=responses)
+def test_any_status_answer_is_an_observation_and_only_a_mapped_state_ends_the_job(
+    world: tuple[Store, Any], raw: RawServer, answer: bytes
+) -> None:
+    store, provider = world
+    op = accepted(store, provider)
+    raw.answer = answer
+
+    async def go() -> Operation:
+        try:
+            return await ObserveFlow(store, Writer(store), actor="fuzz").advance(op, provider)
+        finally:
+            await provider.aclose()
+
+    after = consistent(store, asyncio.run(go()))
+    polls = [o for o in store.observations(op.operation_id) if o["kind"] == "status_poll"]
+    assert len(polls) == 1
+    if after.state in (S.RESULT_COLLECTING, S.FAILED, S.CANCELLED):
+        # only a 200 whose status field says so ends the job
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        word = {S.RESULT_COLLECTING: b"succeeded", S.FAILED: b"failed", S.CANCELLED: b"cancelled"}[after.state]
+        assert word in answer
+    else:
+        assert after.state in (S.ACCEPTED, S.OBSERVING)
+        assert after.next_action_at_us is not None and after.next_action_at_us <= store.clock() + 10**6 * 86400 * 2, (
+            "an absurd Retry-After never schedules the next poll beyond the back-off's bounds"
+        )
+
+
+@FUZZ
+@given(answer=responses)
+def test_any_result_answer_is_stored_verified_or_refused_with_a_reason(
+    world: tuple[Store, Any], raw: RawServer, answer: bytes
+) -> None:
+    store, provider = world
+    op = drive(store, fresh(store, provider), S.RESULT_COLLECTING)
+    raw.answer = answer
+
+    async def go() -> Operation:
+        try:
+            return await CollectFlow(store, Writer(store), actor="fuzz").advance(op, provider)
+        finally:
+            await provider.aclose()
+
+    after = consistent(store, asyncio.run(go()))
+    assert after.state in (S.RESULT_COLLECTING, S.SUCCEEDED, S.RESULT_VALIDATION_FAILED, S.RESULT_UNAVAILABLE)
+    if after.state is S.SUCCEEDED:
+        _, data = read_result(store, op.operation_id)
+        assert answer.endswith(data), "the stored result is the bytes that were sent"
+    else:
+        assert after.state_reason
+
+
+# -- webhooks ----------------------------------------------------------------------------------
+
+WHSEC = "whsec_" + "ZnV6ei13ZWJob29rLXNlY3JldC1vZi0zMi1ieXRlcyE="
+
+
+@pytest.fixture(scope="module")
+def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Store]]:
+    import os
+
+    from test_webhooks import serve
+
+    os.environ["WHSEC_FUZZ"] = WHSEC
+    store = Store.open(tmp_path_factory.mktemp("wh") / "wh.db")
+    cfg = FakeProvider(port=9).provider_config(webhooks={"secrets": ["env:WHSEC_FUZZ"], "max_bytes": 65536})
+    cfg["base_url"] = "http://127.0.0.1:9"
+    with serve(store, cfg) as url:
+        yield url, store
+    store.close()
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+header_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=st.one_of(bodies.filter(lambda b: len(b) < 200_000), json_values.map(lambda v: json.dumps(v).encode())),
+    webhook_id=header_text,
+    timestamp=st.one_of(header_text, st.integers(-(10**12), 10**12).map(str)),
+    signature=st.one_of(header_text, st.just("v1,AAAA"), st.just("")),
+    signed=st.booleans(),
+)
+def test_malformed_webhooks_are_refused_or_kept_and_never_break_the_receiver(
+    receiver: tuple[str, Store], body: bytes, webhook_id: str, timestamp: str, signature: str, signed: bool
+) -> None:
+    import time
+
+    from jobtrail.testing import signed_headers
+
+    url, store = receiver
+    if signed:
+        body = body.decode("utf-8", "replace").encode()  # Standard Webhooks signs text
+        event_id = "evt_" + str(abs(hash((body, webhook_id))))
+        headers = signed_headers(WHSEC, event_id, int(time.time()), body)
+    else:
+        headers = {"webhook-id": webhook_id, "webhook-timestamp": timestamp, "webhook-signature": signature}
+    before = count_events(store)
+    status = post(url, body, headers)
+    assert status in (200, 202, 400, 401, 413, 422), status
+    if not signed:
+        assert status in (400, 401, 413) and count_events(store) == before, "an unsigned event is never kept"
+    elif status == 202:
+        assert count_events(store) == before + 1
+
+
+def count_events(store: Store) -> int:
+    import sqlalchemy as sa
+
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM webhook_events")).scalar() or 0)
+
+
+# -- provider files ----------------------------------------------------------------------------
+
+BASE = FakeProvider(port=9).provider_config()
+BASE["base_url"] = "http://127.0.0.1:9"
+KEYS = [(None, k) for k in BASE] + [(t, k) for t, v in BASE.items() if isinstance(v, dict) for k in v]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    where=st.sampled_from(KEYS),
+    value=st.one_of(json_values, st.just("env:"), st.just("sk_live_abcdefabcdef1234567890")),
+    action=st.sampled_from(["replace", "delete", "add"]),
+)
+def test_a_wrong_provider_file_is_refused_with_the_key_that_is_wrong(
+    tmp_path_factory: pytest.TempPathFactory, where: tuple[str | None, str], value: Any, action: str
+) -> None:
+    config = json.loads(json.dumps(BASE))
+    table, key = where
+    section = config if table is None else config[table]
+    if action == "replace":
+        section[key] = value
+    elif action == "delete":
+        section.pop(key)
+    else:
+        section["unexpected_" + key] = value
+    try:
+        text = provider_toml(config)
+    except (TypeError, ValueError):
+        return  # not expressible as TOML: nothing to load
+    path = tmp_path_factory.mktemp("p") / "provider.toml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        load_provider(path)
+    except ConfigError as exc:
+        message = str(exc)
+        assert str(path) in message or "provider.toml" in message, message
+        named = key if action != "add" else "unexpected_" + key
+        assert named in message or (table or "") in message or "TOML" in message, message
+    except JobtrailError as exc:  # pragma: no cover - the only family allowed
+        pytest.fail(f"not a ConfigError: {type(exc).__name__}: {exc}")
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=300))
+def test_a_provider_file_that_is_not_toml_is_refused_clearly(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
+    path = tmp_path_factory.mktemp("p") / "broken.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_provider(path)
+    assert "broken.toml" in str(refused.value)
