@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,10 @@ def test_a_handler_replaces_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert seen == ["create.after_response", "collect.after_fetch"]
     with pytest.raises(FailpointHit):
         failpoint("create.after_response")
+
+
+def test_the_readme_lists_every_failpoint() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**Failpoints.**", 1)[1].split("##", 1)[0]
+    listed = set(re.findall(r"`([a-z]+\.[a-z_]+)`", section))
+    assert listed == set(FAILPOINTS)
