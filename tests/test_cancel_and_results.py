@@ -334,6 +334,15 @@ def test_a_crash_between_fetching_and_storing_a_one_time_result_is_reported(
     assert fake.counts["results"] == 1
 
 
+def test_a_one_time_result_refused_with_an_error_is_fetched_again(ledger: Store, fake: FakeProvider) -> None:
+    """A 503 hands nothing over, so fetching a one-time result again is safe (found by the simulation)."""
+    cfg = config(fake, result={"kind": "one_time"})
+    op_id = submit(ledger, cfg, {"fake": {"result": "flaky", "flaky": 1}})
+    work(ledger, cfg)
+    assert ledger.get(op_id).state is S.SUCCEEDED and fake.counts["results"] == 2
+    assert [o["http_status"] for o in ledger.observations(op_id) if o["kind"] == "result_fetch"] == [503, 200]
+
+
 def test_a_batch_with_two_failed_items_out_of_500(db_url: str, ledger: Store, fake: FakeProvider) -> None:
     cfg = config(
         fake, result={"content_type": "application/x-ndjson", "batch": {"id": "$.custom_id", "error": "$.error"}}

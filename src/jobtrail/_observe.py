@@ -283,7 +283,7 @@ class CollectFlow:
             return await self._finish(op, provider, canonical_bytes(result), "application/json", None, "synchronous")
         attempts = op.polls + 1
         one_time = provider.capabilities.result == "one_time"
-        if one_time and op.polls > 0:
+        if one_time and op.polls > self._recorded_fetches(op):
             return await self._unavailable(
                 op,
                 f"the one-time result was fetched (attempt {op.polls}) but storing it "
@@ -312,14 +312,24 @@ class CollectFlow:
             content_type = next((v for k, v in resp.headers.items() if k.lower() == "content-type"), None)
             return await self._finish(op, provider, resp.raw, content_type, resp.headers, f"fetched {ref or 'result'}")
         why = f"result fetch {attempts} failed (HTTP {resp.http_status or 'no answer'})"
-        if one_time or attempts >= MAX_RESULT_ATTEMPTS:
-            give_up = "a one-time result cannot be fetched twice" if one_time else f"gave up after {attempts} attempts"
+        # an error answer, or a connection that was never made, handed nothing over; silence or 410 may have
+        not_sent = resp.http_status is None and isinstance(resp.body, dict) and resp.body.get("error") == "not_sent"
+        maybe_consumed = resp.http_status == 410 or (resp.http_status is None and not not_sent)
+        if (one_time and maybe_consumed) or attempts >= MAX_RESULT_ATTEMPTS:
+            give_up = (
+                "a one-time result may have been handed over and cannot be fetched again"
+                if one_time and maybe_consumed
+                else f"gave up after {attempts} attempts"
+            )
             return await self._unavailable(op, f"{why}; {give_up}", resp.http_status)
         next_at = now + int(provider.backoff.after(resp.retry_after_s, attempts, self.rng) * _US)
         return await self.writer.reschedule(
             op,
             {"polls": attempts, "next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"},
         )
+
+    def _recorded_fetches(self, op: Operation) -> int:
+        return sum(1 for o in self.store.observations(op.operation_id) if o["kind"] == "result_fetch")
 
     async def _unavailable(self, op: Operation, reason: str, status: int | None) -> Operation:
         return await self.writer.transition(

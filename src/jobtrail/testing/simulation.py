@@ -167,11 +167,12 @@ class SimWorld:
         self.counts: Counter[str] = Counter()
         self.creates_by_token: Counter[str] = Counter()
         self.cancels_by_job: Counter[str] = Counter()
+        #: finished jobs whose result fetch was refused at least once (503, gone)
+        self.refused_results: set[str] = set()
         #: tokens for which the provider knowingly broke idempotency (a new job on a replay)
         self.broken_tokens: set[str] = set()
         self.rejected_tokens: set[str] = set()
         self.corrupt_served: set[str] = set()
-        self.refused_results: set[str] = set()
         self.trace: list[str] = []
         self.events: list[tuple[str, int, bytes]] = []
         self._event_ids = 0
@@ -349,6 +350,7 @@ class SimWorld:
             return self._json(404, {"title": "no result yet"})
         job.fetches += 1
         if self._fault({"unavailable": 0.08}) or (job.result_mode == "flaky" and job.fetches <= job.flaky):
+            self.refused_results.add(job.id)
             return self._json(503, {"title": "result store unavailable"})
         if job.result_mode == "missing":
             self.refused_results.add(job.id)
@@ -501,6 +503,7 @@ class _Sim:
         self.crash_rng = Random(self.rng.getrandbits(64))
         self.crash_rate = self.rng.choice((0.0, 0.05, 0.15))
         self.crashes = 0
+        self.crash_points: dict[str, set[str]] = defaultdict(set)
         self.workers: list[_SimWorker] = []
         self.worker_serial = 0
         self.op_ids: list[str] = []
@@ -596,7 +599,8 @@ class _Sim:
         op = sim_worker.pending.pop(self.rng.randrange(len(sim_worker.pending)))
         try:
             await sim_worker.worker._handle(op)
-        except Crash:
+        except Crash as crash:
+            self.crash_points[op.operation_id].add(str(crash))
             # the process died: its claims stay on the records until their leases expire
             self.workers[self.workers.index(sim_worker)] = self.new_worker()
 
@@ -685,6 +689,14 @@ class _Sim:
 # -- the invariants ----------------------------------------------------------------------------
 
 
+#: how an operation may end once its remote job ended so: collected, or a recorded reason why not
+_ENDINGS = {
+    "succeeded": {State.SUCCEEDED, State.RESULT_UNAVAILABLE, State.RESULT_VALIDATION_FAILED, State.NEEDS_ATTENTION},
+    "failed": {State.FAILED, State.NEEDS_ATTENTION},
+    "cancelled": {State.CANCELLED, State.NEEDS_ATTENTION},
+}
+
+
 def _evidence_kinds(store: Store, operation_id: str) -> list[tuple[str, str]]:
     kinds = []
     for entry in store.history(operation_id):
@@ -736,12 +748,17 @@ def check(sim: _Sim, db_path: Path, log_text: str) -> list[str]:
             problems.append(f"{name}: cancelled but the provider's job is {remote}")
         elif op.state is State.FAILED and remote != "failed" and token not in world.rejected_tokens:
             problems.append(f"{name}: failed but the provider neither failed the job ({remote}) nor rejected it")
+        elif op.state is State.RESULT_UNAVAILABLE and not (
+            (job is not None and job.id in world.refused_results)
+            or "collect.after_fetch" in sim.crash_points[operation_id]
+        ):
+            problems.append(f"{name}: result_unavailable, but every fetch was answered and no fetch was lost")
         elif op.state is State.RESULT_VALIDATION_FAILED and (job is None or job.id not in world.corrupt_served):
             problems.append(f"{name}: result_validation_failed but no corrupted result was served")
         if op.state in FINAL_STATES and op.state is not State.SUCCEEDED and not op.state_reason:
             problems.append(f"{name}: ends without a reason")
-        if remote == "succeeded" and op.state is not State.SUCCEEDED and not op.state_reason:
-            problems.append(f"{name}: the remote job succeeded, it is not collected, and no reason is recorded")
+        if remote in _ENDINGS and op.state not in _ENDINGS[remote]:
+            problems.append(f"{name}: the remote job {remote}, but the operation ended {op.state.value}")
         if op.state not in FINAL_STATES and op.state is not State.NEEDS_ATTENTION:
             problems.append(f"{name}: still {op.state.value} after the provider calmed down ({op.state_reason})")
         if op.state is State.NEEDS_ATTENTION and not op.state_reason:
