@@ -5,13 +5,17 @@ from __future__ import annotations
 import random
 import secrets
 import time
+from collections.abc import Callable
+
+#: where random bits come from; only the deterministic simulation replaces it (see :func:`use_entropy`)
+_randbits: Callable[[int], int] = secrets.randbits
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
 def _ulid(now_ms: int | None = None) -> str:
     ms = int(time.time() * 1000) if now_ms is None else now_ms
-    value = (ms << 80) | secrets.randbits(80)
+    value = (ms << 80) | _randbits(80)
     chars = []
     for _ in range(26):
         chars.append(_CROCKFORD[value & 31])
@@ -26,13 +30,13 @@ def new_operation_id(now_ms: int | None = None) -> str:
 
 def new_idempotency_token() -> str:
     """128 random bits, hex. Never reused for another request fingerprint."""
-    return secrets.token_hex(16)
+    return f"{_randbits(128):032x}"
 
 
 def new_trace_id() -> str:
     """A W3C trace-context trace id: 32 lowercase hex, never all zeros."""
     while True:
-        trace_id = secrets.token_hex(16)
+        trace_id = f"{_randbits(128):032x}"
         if trace_id != "0" * 32:
             return trace_id
 
@@ -42,3 +46,12 @@ def traceparent(trace_id: str) -> str:
     # a span id identifies, it does not protect: no need for the OS's entropy on every request
     span_id = f"{random.getrandbits(64) or 1:016x}"
     return f"00-{trace_id}-{span_id}-01"
+
+
+def use_entropy(randbits: Callable[[int], int] | None) -> None:
+    """Draw ids and tokens from ``randbits`` (a seeded simulation's), or from the OS again (None).
+
+    Never in production: tokens must be unpredictable.
+    """
+    global _randbits  # noqa: PLW0603 - one process-wide source, by design
+    _randbits = randbits or secrets.randbits

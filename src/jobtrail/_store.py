@@ -687,7 +687,7 @@ class Store:
                 sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
                 *_filters(providers, states),
             )
-            .order_by(ops.c.next_action_at_us)
+            .order_by(ops.c.next_action_at_us, ops.c.operation_id)
             .limit(limit)
         )
         if self.dialect == "postgresql":
@@ -704,7 +704,8 @@ class Store:
         )
         with self._errors("claiming operations"), self.engine.begin() as conn:
             rows = conn.execute(stmt).mappings().all()
-        return [_operation(row) for row in rows]
+        # RETURNING promises no order: earliest due first, as the claim chose them
+        return sorted((_operation(row) for row in rows), key=lambda op: (op.next_action_at_us, op.operation_id))
 
     def next_due_us(
         self, *, providers: Sequence[str] | None = None, states: Sequence[State] | None = None

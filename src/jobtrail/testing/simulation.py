@@ -61,11 +61,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from random import Random
-from typing import Any
+from typing import Any, ClassVar
 
 from starlette.requests import Request
 
-from jobtrail import _failpoints
+from jobtrail import _failpoints, _ids
 from jobtrail._audit import verify
 from jobtrail._cancel import request_cancel
 from jobtrail._client import AsyncJobtrail
@@ -465,11 +465,13 @@ class SeedReport:
     elapsed_s: float
     trace: list[str] = field(default_factory=list)
     ignore_keys: bool = False
+    #: PostgreSQL URL the seed ran on (None: SQLite)
+    db: str | None = None
     #: how each operation ended, and why
     notes: list[str] = field(default_factory=list)
 
     def replay_command(self) -> str:
-        flags = " --ignore-keys" if self.ignore_keys else ""
+        flags = (" --ignore-keys" if self.ignore_keys else "") + (f" --db '{self.db}'" if self.db else "")
         return f"python -m jobtrail.testing.simulation --seed {self.seed}{flags} --verbose"
 
 
@@ -480,7 +482,7 @@ class _SimWorker:
 
 
 class _Sim:
-    def __init__(self, seed: int, db_path: Path, *, ignore_keys: bool = False) -> None:
+    def __init__(self, seed: int, db: str, *, migrate: bool, ignore_keys: bool = False) -> None:
         self.seed = seed
         self.rng = Random(seed)
         self.clock = VirtualClock()
@@ -498,7 +500,7 @@ class _Sim:
         self.config = provider_config(self.rng)
         parsed = parse_config(self.config, f"<simulation seed {seed}>")
         self.provider = SimProvider(parsed, self.world)
-        self.store = Store.open(db_path, clock=self.clock, migrate=False)
+        self.store = Store.open(db, clock=self.clock, migrate=migrate)
         self.receiver = Receiver(self.store, {PROVIDER: parsed.webhooks})
         self.crash_rng = Random(self.rng.getrandbits(64))
         self.crash_rate = self.rng.choice((0.0, 0.05, 0.15))
@@ -705,7 +707,7 @@ def _evidence_kinds(store: Store, operation_id: str) -> list[tuple[str, str]]:
     return kinds
 
 
-def check(sim: _Sim, db_path: Path, log_text: str) -> list[str]:
+def check(sim: _Sim, ledger: _Ledger, log_text: str) -> list[str]:
     """Every invariant of the module docstring; returns what was violated (empty: none)."""
     store, world = sim.store, sim.world
     problems: list[str] = []
@@ -775,36 +777,87 @@ def check(sim: _Sim, db_path: Path, log_text: str) -> list[str]:
     if not report.ok:
         problems.append(f"audit verify failed: {report}")
     store.close()
-    problems += _canary_hits(db_path, log_text, world.canary)
+    forms = {world.canary, base64.b64encode(world.canary.encode()).decode()[:16], urllib.parse.quote(world.canary)}
+    problems += [f"canary secret ({form!r}) in {where}" for form in forms for where in ledger.holding(form)]
+    problems += [f"canary secret ({form!r}) in the log" for form in forms if form in log_text]
     return problems
-
-
-def _canary_hits(db_path: Path, log_text: str, canary: str) -> list[str]:
-    with contextlib.closing(sqlite3.connect(db_path)) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    forms = {canary, base64.b64encode(canary.encode()).decode()[:16], urllib.parse.quote(canary)}
-    hits = []
-    for path in db_path.parent.glob(db_path.name + "*"):
-        data = path.read_bytes()
-        hits += [f"canary secret ({form!r}) in {path.name}" for form in forms if form.encode() in data]
-    hits += [f"canary secret ({form!r}) in the log" for form in forms if form in log_text]
-    return hits
 
 
 # -- running many seeds ------------------------------------------------------------------------
 
 
-_TEMPLATE: dict[str, Path] = {}
+class _Ledger:
+    """Where one seed's records live, and how to search everything stored for a secret."""
+
+    url: str
+    migrate: bool
+
+    def holding(self, needle: str) -> list[str]:
+        raise NotImplementedError
+
+    def drop(self) -> None:
+        raise NotImplementedError
 
 
-def _template(work: Path) -> Path:
-    """A migrated, empty ledger copied for each seed (migrating costs 0.2 s, a copy 1 ms)."""
-    key = str(work)
-    if key not in _TEMPLATE:
-        path = work / "template.db"
-        Store.open(path).close()
-        _TEMPLATE[key] = path
-    return _TEMPLATE[key]
+class _SqliteLedger(_Ledger):
+    #: a migrated, empty ledger per work directory, copied for each seed (migrating costs 0.2 s, a copy 1 ms)
+    templates: ClassVar[dict[str, Path]] = {}
+
+    def __init__(self, work: Path, seed: int) -> None:
+        key = str(work)
+        if key not in self.templates:
+            Store.open(work / "template.db").close()
+            self.templates[key] = work / "template.db"
+        self.path = work / f"seed-{seed}.db"
+        shutil.copyfile(self.templates[key], self.path)
+        self.url = str(self.path)
+        self.migrate = False
+
+    def holding(self, needle: str) -> list[str]:
+        with contextlib.closing(sqlite3.connect(self.path)) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        files = self.path.parent.glob(self.path.name + "*")
+        return [f.name for f in files if needle.encode() in f.read_bytes()]
+
+    def drop(self) -> None:
+        for path in self.path.parent.glob(self.path.name + "*"):
+            path.unlink()
+
+
+class _PostgresLedger(_Ledger):
+    """A schema of its own per seed, dropped afterwards."""
+
+    def __init__(self, base_url: str, seed: int) -> None:
+        import secrets
+
+        import sqlalchemy as sa
+
+        self.schema = f"jtsim_{seed}_{secrets.token_hex(3)}"
+        self.engine = sa.create_engine(base_url.replace("postgresql://", "postgresql+psycopg://", 1))
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE SCHEMA {self.schema}")
+        joiner = "&" if "?" in base_url else "?"
+        self.url = f"{base_url}{joiner}options=-csearch_path%3D{self.schema}"
+        self.migrate = True
+
+    def holding(self, needle: str) -> list[str]:
+        import sqlalchemy as sa
+
+        found = []
+        with self.engine.connect() as conn:
+            tables = conn.execute(
+                sa.text("SELECT table_name FROM information_schema.tables WHERE table_schema = :s"), {"s": self.schema}
+            ).scalars()
+            for table in list(tables):
+                rows = conn.exec_driver_sql(f'SELECT t::text FROM {self.schema}."{table}" t').scalars()  # noqa: S608
+                if any(needle in row for row in rows):
+                    found.append(f"table {table}")
+        return found
+
+    def drop(self) -> None:
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA {self.schema} CASCADE")
+        self.engine.dispose()
 
 
 def _work_dir() -> Path:
@@ -821,33 +874,38 @@ class _Capture(logging.Handler):
         self.buffer.write(self.format(record) + "\n")
 
 
-def run_seed(seed: int, *, work: Path | None = None, max_steps: int = 300, ignore_keys: bool = False) -> SeedReport:
-    """Run one seed to the end and check the invariants."""
+def run_seed(
+    seed: int, *, work: Path | None = None, db: str | None = None, max_steps: int = 300, ignore_keys: bool = False
+) -> SeedReport:
+    """Run one seed to the end and check the invariants (on SQLite, or on PostgreSQL at ``db``)."""
     started = time.perf_counter()
-    own = work is None
-    work = work or _work_dir()
-    db_path = work / f"seed-{seed}.db"
-    shutil.copyfile(_template(work), db_path)
+    own = work is None and db is None
+    if db is None:
+        work = work or _work_dir()
+        ledger: _Ledger = _SqliteLedger(work, seed)
+    else:
+        ledger = _PostgresLedger(db, seed)
     install_log_redaction()
     capture = _Capture()
     _log.addHandler(capture)
     old_level = _log.level
     _log.setLevel(logging.INFO)
-    sim = _Sim(seed, db_path, ignore_keys=ignore_keys)
+    sim = _Sim(seed, ledger.url, migrate=ledger.migrate, ignore_keys=ignore_keys)
     old_handler = _failpoints.set_handler(sim._failpoint)
+    _ids.use_entropy(Random(seed).getrandbits)  # ids and tokens too, so claim order replays on every engine
     try:
         steps = asyncio.run(_drive(sim, max_steps))
-        violations = check(sim, db_path, capture.buffer.getvalue())
+        violations = check(sim, ledger, capture.buffer.getvalue())
     finally:
         _failpoints.set_handler(old_handler)
+        _ids.use_entropy(None)
         _log.removeHandler(capture)
         _log.setLevel(old_level)
         sim.store.close()
-        for path in work.glob(db_path.name + "*"):
-            path.unlink()
-        if own:
+        ledger.drop()
+        if own and work is not None:
             shutil.rmtree(work, ignore_errors=True)
-            _TEMPLATE.pop(str(work), None)
+            _SqliteLedger.templates.pop(str(work), None)
     return SeedReport(
         seed=seed,
         violations=violations,
@@ -860,6 +918,7 @@ def run_seed(seed: int, *, work: Path | None = None, max_steps: int = 300, ignor
         trace=sim.trace,
         notes=sim.notes,
         ignore_keys=ignore_keys,
+        db=db,
     )
 
 
@@ -872,19 +931,21 @@ async def _drive(sim: _Sim, max_steps: int) -> int:
     return steps
 
 
-def run_seeds(seeds: range, *, on_report: Any = None, ignore_keys: bool = False) -> list[SeedReport]:
-    """Run many seeds in one work directory; returns every report."""
+def run_seeds(
+    seeds: range, *, on_report: Any = None, db: str | None = None, ignore_keys: bool = False
+) -> list[SeedReport]:
+    """Run many seeds (in one work directory on SQLite); returns every report."""
     work = _work_dir()
     reports = []
     try:
         for seed in seeds:
-            report = run_seed(seed, work=work, ignore_keys=ignore_keys)
+            report = run_seed(seed, work=work, db=db, ignore_keys=ignore_keys)
             reports.append(report)
             if on_report is not None:
                 on_report(report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        _TEMPLATE.pop(str(work), None)
+        _SqliteLedger.templates.pop(str(work), None)
     return reports
 
 
@@ -902,6 +963,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="simulate a provider that silently ignores idempotency keys (shows the checker catching duplicates)",
     )
+    parser.add_argument("--db", help="run on PostgreSQL at this URL (a schema per seed) instead of SQLite")
     args = parser.parse_args(argv)
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else range(args.start, args.start + args.seeds)
     failed: list[SeedReport] = []
@@ -927,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  - {problem}", file=sys.stderr)
             print(f"  replay: {report.replay_command()}", file=sys.stderr)
 
-    run_seeds(seeds, on_report=on_report, ignore_keys=args.ignore_keys)
+    run_seeds(seeds, on_report=on_report, db=args.db, ignore_keys=args.ignore_keys)
     elapsed = time.perf_counter() - started
     print(
         f"{len(seeds)} seeds in {elapsed:.1f} s ({len(seeds) / elapsed:.1f} seeds/s); "
