@@ -17,6 +17,8 @@ import pytest
 
 from jobtrail.testing import FakeProvider, send_webhook
 
+from processes import finish, start_worker
+
 
 def jobtrail(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -40,27 +42,9 @@ def test_submit_worker_wait(db_url: str, fake: FakeProvider, tmp_path: Path) -> 
     submitted = jobtrail("--db", db_url, "submit", "--provider", str(provider), "--request", '{"n": 1}', "--json")
     assert submitted.returncode == 0, submitted.stderr
     op_id = json.loads(submitted.stdout.splitlines()[0])["operation_id"]
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jobtrail",
-            "--db",
-            db_url,
-            "worker",
-            "--provider",
-            str(provider),
-            "--until-settled",
-            "--timeout",
-            "60",
-            "--lease",
-            "10",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = start_worker(db_url, provider, "w1", "--until-settled", "--timeout", "60", "--lease", "10")
     waited = jobtrail("--db", db_url, "wait", op_id, "--timeout", "60", "--json")
-    worker.wait(60)
+    assert finish(worker)[0] == 0
     assert waited.returncode == 0, waited.stderr
     doc = json.loads(waited.stdout)
     assert doc["settled"] is True and doc["state"] == "succeeded"

@@ -162,12 +162,21 @@ def fresh(store: Store, provider: Any) -> Operation:
     return asyncio.run(go())
 
 
-def consistent(store: Store, op: Operation) -> Operation:
-    """Nothing lost, the chain intact, and any state but the hoped-for one explained."""
-    now = store.get(op.operation_id)
-    assert now.version >= op.version
+def answered(world: tuple[Store, Any], raw: RawServer, answer: bytes, op: Operation, flow: Any) -> Operation:
+    """One step of ``flow`` on ``op`` while the provider answers ``answer``; nothing lost, the chain intact."""
+    store, provider = world
+    raw.answer = answer
+
+    async def go() -> Operation:
+        try:
+            return await flow(store, Writer(store), actor="fuzz").advance(op, provider)
+        finally:
+            await provider.aclose()
+
+    after = store.get(asyncio.run(go()).operation_id)
+    assert after.version >= op.version
     assert verify(store).ok
-    return now
+    return after
 
 
 @FUZZ
@@ -177,15 +186,7 @@ def test_any_create_answer_is_recorded_and_never_taken_for_a_job_it_does_not_nam
 ) -> None:
     store, provider = world
     op = fresh(store, provider)
-    raw.answer = answer
-
-    async def go() -> Operation:
-        try:
-            return await CreateFlow(store, writer=Writer(store), actor="fuzz").advance(op, provider)
-        finally:
-            await provider.aclose()
-
-    after = consistent(store, asyncio.run(go()))
+    after = answered(world, raw, answer, op, lambda s, w, actor: CreateFlow(s, writer=w, actor=actor))
     assert after.attempts == 1
     assert after.state in {S.CREATE_PENDING, S.CREATE_UNKNOWN, S.RECONCILIATION, S.ACCEPTED, S.FAILED}
     if after.state is S.ACCEPTED:
@@ -195,26 +196,14 @@ def test_any_create_answer_is_recorded_and_never_taken_for_a_job_it_does_not_nam
     assert [o["kind"] for o in store.observations(op.operation_id)][-1:] == ["create_response"]
 
 
-def accepted(store: Store, provider: Any) -> Operation:
-    return drive(store, fresh(store, provider), S.ACCEPTED)
-
-
 @FUZZ
 @given(answer=responses)
 def test_any_status_answer_is_an_observation_and_only_a_mapped_state_ends_the_job(
     world: tuple[Store, Any], raw: RawServer, answer: bytes
 ) -> None:
     store, provider = world
-    op = accepted(store, provider)
-    raw.answer = answer
-
-    async def go() -> Operation:
-        try:
-            return await ObserveFlow(store, Writer(store), actor="fuzz").advance(op, provider)
-        finally:
-            await provider.aclose()
-
-    after = consistent(store, asyncio.run(go()))
+    op = drive(store, fresh(store, provider), S.ACCEPTED)
+    after = answered(world, raw, answer, op, ObserveFlow)
     polls = [o for o in store.observations(op.operation_id) if o["kind"] == "status_poll"]
     assert len(polls) == 1
     if after.state in (S.RESULT_COLLECTING, S.FAILED, S.CANCELLED):
@@ -236,15 +225,7 @@ def test_any_result_answer_is_stored_verified_or_refused_with_a_reason(
 ) -> None:
     store, provider = world
     op = drive(store, fresh(store, provider), S.RESULT_COLLECTING)
-    raw.answer = answer
-
-    async def go() -> Operation:
-        try:
-            return await CollectFlow(store, Writer(store), actor="fuzz").advance(op, provider)
-        finally:
-            await provider.aclose()
-
-    after = consistent(store, asyncio.run(go()))
+    after = answered(world, raw, answer, op, CollectFlow)
     assert after.state in (S.RESULT_COLLECTING, S.SUCCEEDED, S.RESULT_VALIDATION_FAILED, S.RESULT_UNAVAILABLE)
     if after.state is S.SUCCEEDED:
         _, data = read_result(store, op.operation_id)

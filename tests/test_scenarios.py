@@ -72,8 +72,16 @@ def wait_for(what: Callable[[], bool], seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
-def crash_at(point: str) -> dict[str, str]:
-    return {"JOBTRAIL_FAILPOINTS": f"{point}=exit"}
+def crashed_worker(
+    db_url: str, tmp_path: Path, fake: FakeProvider, body: Any, point: str, name: str = "doomed"
+) -> tuple[str, Path]:
+    """Submit one operation and run a worker that the failpoint kills at ``point``."""
+    op_id = submit(db_url, fake.provider_config(), body)
+    provider = provider_file(tmp_path, fake)
+    env = {"JOBTRAIL_FAILPOINTS": f"{point}=exit"}
+    code, _, _ = finish(start_worker(db_url, provider, name, *SETTLE, env=env))
+    assert code == 137, "the failpoint killed the worker"
+    return op_id, provider
 
 
 def test_1_the_provider_commits_the_create_but_the_response_is_dropped(
@@ -94,10 +102,7 @@ def test_1_the_provider_commits_the_create_but_the_response_is_dropped(
 def test_2_the_worker_dies_after_storing_the_job_id_before_the_first_poll(
     db_url: str, tmp_path: Path, fake: FakeProvider
 ) -> None:
-    op_id = submit(db_url, fake.provider_config(), {"scenario": 2})
-    provider = provider_file(tmp_path, fake)
-    code, _, _ = finish(start_worker(db_url, provider, "doomed", *SETTLE, env=crash_at("create.after_job_id")))
-    assert code == 137, "the failpoint killed the worker"
+    op_id, provider = crashed_worker(db_url, tmp_path, fake, {"scenario": 2}, "create.after_job_id")
     op, _ = ledger(db_url, op_id)
     assert op.state is S.ACCEPTED and op.lease_owner == "doomed"
     settle(db_url, provider, "w2")
@@ -192,10 +197,7 @@ def port_open(port: int) -> bool:
 def test_5_a_worker_restarts_after_its_lease_expired_while_another_holds_a_new_one(
     db_url: str, tmp_path: Path, fake: FakeProvider
 ) -> None:
-    op_id = submit(db_url, fake.provider_config(), {"scenario": 5})
-    provider = provider_file(tmp_path, fake)
-    code, _, _ = finish(start_worker(db_url, provider, "a", *SETTLE, env=crash_at("create.after_attempt")))
-    assert code == 137
+    op_id, provider = crashed_worker(db_url, tmp_path, fake, {"scenario": 5}, "create.after_attempt", name="a")
     dead, _ = ledger(db_url, op_id)
     assert dead.lease_owner == "a" and dead.attempts == 1
     # b's create is answered slowly, so b holds the new lease while a comes back
@@ -220,10 +222,7 @@ def test_5_a_worker_restarts_after_its_lease_expired_while_another_holds_a_new_o
 def test_6_the_worker_dies_after_the_remote_commit_before_the_local_confirmation(
     db_url: str, tmp_path: Path, fake: FakeProvider
 ) -> None:
-    op_id = submit(db_url, fake.provider_config(), {"scenario": 6})
-    provider = provider_file(tmp_path, fake)
-    code, _, _ = finish(start_worker(db_url, provider, "doomed", *SETTLE, env=crash_at("create.after_response")))
-    assert code == 137
+    op_id, provider = crashed_worker(db_url, tmp_path, fake, {"scenario": 6}, "create.after_response")
     assert fake.counts["jobs_created"] == 1
     before, _ = ledger(db_url, op_id)
     assert before.state is S.CREATE_PENDING and before.remote_job_id is None, "the commit never reached the ledger"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 from conftest import PG_URL, require_pg
@@ -27,6 +28,9 @@ def test_every_seed_keeps_every_invariant(start: int) -> None:
     assert not failures, "\n".join(failures)
     # the schedules really are hostile: crashes happened and every kind of ending was reached
     assert sum(r.crashes for r in reports) > CHUNK
+    assert sum(r.stale for r in reports) > 0, "some worker lost its lease and had its writes refused"
+    seen = sum((r.faults for r in reports), Counter())
+    assert seen["webhooks_duplicate"] > 0 and seen["webhooks_forged"] > 0 and seen["replayed"] > 0
     endings = set().union(*(r.final for r in reports))
     assert {"succeeded", "cancelled", "failed", "needs_attention", "result_unavailable"} <= endings
 
