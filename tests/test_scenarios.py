@@ -295,3 +295,25 @@ def test_9_the_result_download_fails_twice_then_succeeds_and_a_corrupted_result(
     assert reason in (op.state_reason or "")
     assert fake.counts["results"] == fetches and fake.counts["jobs_created"] == 1
     assert_audit_verifies(db_url)
+
+
+def test_a_cancel_recorded_between_a_crash_and_the_restart_never_causes_a_second_create(
+    db_url: str, tmp_path: Path, fake: FakeProvider
+) -> None:
+    """Found by the simulation (seed 143): a person's cancel recorded after an attempt whose outcome was
+    lost hid that attempt, and the next worker sent the create again; on a provider without tokens that
+    is a second job."""
+    tokenless = {"create": {"token": {"in": "none"}}, "reconcile": {"modes": []}}
+    op_id = submit(db_url, fake.provider_config(**tokenless), {"scenario": "cancel-after-crash"})
+    provider = provider_file(tmp_path, fake, **tokenless)
+    env = {"JOBTRAIL_FAILPOINTS": "create.after_response=exit"}
+    code, _, _ = finish(start_worker(db_url, provider, "doomed", *SETTLE, env=env))
+    assert code == 137 and fake.counts["jobs_created"] == 1
+    code, out, err = jobtrail(db_url, "cancel", op_id, "--by", "alice", "--reason", "changed my mind")
+    assert code == 0, out + err
+    settle(db_url, provider, "w2")
+    op, causes = ledger(db_url, op_id)
+    assert op.state is S.NEEDS_ATTENTION and "at-most-once" in (op.state_reason or "")
+    assert fake.counts["creates_received"] == 1 and fake.counts["jobs_created"] == 1
+    assert causes.count("create_attempt") == 1
+    assert_audit_verifies(db_url)

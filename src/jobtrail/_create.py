@@ -87,7 +87,11 @@ class CreateFlow:
         if deadline is not None and now >= deadline:
             return await self._deadline_passed(op, now)
         if op.state is State.CREATE_PENDING:
-            last = self.store.last_entry(op.operation_id) if op.attempts > 0 else None
+            # other facts (a person's cancel request) may have been recorded since: look only at
+            # what can follow an attempt in this state, its "not sent" or a later proof of absence
+            last = (
+                self.store.last_entry(op.operation_id, causes=_ATTEMPT_AND_OUTCOMES) if op.attempts > 0 else None
+            )
             if last is not None and last.cause == CreateAttempt.kind:
                 # the process that sent attempt N died before recording its outcome
                 return await self.writer.transition(
@@ -517,6 +521,10 @@ class CreateFlow:
                 if wait > 0:
                     await sleep(wait)
         return op
+
+
+#: what settles an attempt while the operation stays create_pending (every other outcome leaves the state)
+_ATTEMPT_AND_OUTCOMES = (CreateAttempt.kind, CreateNotSent.kind, ProvedAbsent.kind)
 
 
 def _ids(request_id: str | None) -> tuple[str, ...]:

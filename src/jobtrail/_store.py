@@ -716,12 +716,16 @@ class Store:
             value = conn.execute(query).scalar()
         return None if value is None else int(value)
 
-    def last_entry(self, operation_id: str) -> HistoryEntry | None:
+    def last_entry(self, operation_id: str, *, causes: Sequence[str] = ()) -> HistoryEntry | None:
+        """The newest history entry (whose cause is one of ``causes``, when given)."""
+        where = [t.history.c.operation_id == operation_id]
+        if causes:
+            where.append(t.history.c.cause.in_(list(causes)))
         with self._read() as conn:
             row = (
                 conn.execute(
                     sa.select(t.history)
-                    .where(t.history.c.operation_id == operation_id)
+                    .where(*where)
                     .order_by(t.history.c.seq.desc())
                     .limit(1)
                 )

@@ -148,6 +148,11 @@ class SimJob:
 Answer = tuple[int, dict[str, str], bytes] | tuple[str, str]
 
 
+def key_for(token: str, body: Any) -> str:
+    """What tells one operation's creates apart at the provider: its token, else its request body."""
+    return token or "body:" + json.dumps(body, sort_keys=True)
+
+
 class SimWorld:
     """An in-memory async-job API with IETF ``Idempotency-Key`` semantics and seeded misbehaviour."""
 
@@ -163,10 +168,11 @@ class SimWorld:
         #: honour tokens; False ignores them silently (a contract breach nobody declared)
         self.idempotency = True
         self.jobs: dict[str, SimJob] = {}
-        self.jobs_by_token: dict[str, list[str]] = defaultdict(list)
+        #: by idempotency token, or by request body where none is sent (see :func:`key_for`)
+        self.jobs_by_key: dict[str, list[str]] = defaultdict(list)
         self._keys: dict[str, tuple[str, Answer]] = {}
         self.counts: Counter[str] = Counter()
-        self.creates_by_token: Counter[str] = Counter()
+        self.creates_by_key: Counter[str] = Counter()
         self.cancels_by_job: Counter[str] = Counter()
         #: finished jobs whose result fetch was refused at least once (503, gone)
         self.refused_results: set[str] = set()
@@ -209,7 +215,7 @@ class SimWorld:
             "status": state,
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now // _US)),
             "progress": round(min(1.0, (now - job.created_us) / max(job.duration_us, 1)), 3),
-            "client_reference": job.token,
+            "client_reference": None if job.token.startswith("body:") else job.token,
         }
         if state == "succeeded":
             doc["result_url"] = f"/v1/jobs/{job.id}/result"
@@ -250,9 +256,10 @@ class SimWorld:
 
     def _create(self, headers: Mapping[str, str], body: Any) -> Answer:
         self.counts["creates_received"] += 1
-        token = headers.get("Idempotency-Key", "").strip('"')
-        self.creates_by_token[token] += 1
-        self.jobs_by_token.setdefault(token, [])
+        sent_token = headers.get("Idempotency-Key", "").strip('"')
+        token = key_for(sent_token, body)
+        self.creates_by_key[token] += 1
+        self.jobs_by_key.setdefault(token, [])
         raw = json.dumps(body, sort_keys=True).encode()
         fingerprint = hashlib.sha256(raw).hexdigest()
         fault = self._fault(
@@ -272,7 +279,7 @@ class SimWorld:
         if fault in ("unavailable", "throttled"):
             status = 503 if fault == "unavailable" else 429
             return self._json(status, {"title": fault, "detail": "try later"}, **{"Retry-After": self._retry_after()})
-        known = self._keys.get(token) if token and self.idempotency else None
+        known = self._keys.get(token) if sent_token and self.idempotency else None
         if known is not None and fault != "new_job_on_replay":
             if known[0] != fingerprint:
                 return self._json(422, {"title": "Idempotency-Key reused with a different request"})
@@ -286,7 +293,7 @@ class SimWorld:
         job = self._new_job(token, body)
         status, doc = 201, self._job_doc(job)
         good = self._json(status, doc, Location=f"/v1/jobs/{job.id}", **{"X-Request-Id": f"req_{job.id}"})
-        if token and self.idempotency:
+        if sent_token and self.idempotency:
             self._keys[token] = (fingerprint, good)
         if fault == "lost_after_commit":
             return ("timeout", "no answer within 10 s (simulated)")
@@ -311,7 +318,7 @@ class SimWorld:
             flaky=rng.randint(1, 3),
         )
         self.jobs[job.id] = job
-        self.jobs_by_token[token].append(job.id)
+        self.jobs_by_key[token].append(job.id)
         self.counts["jobs_created"] += 1
         return job
 
@@ -367,19 +374,20 @@ class SimWorld:
         self.counts["lists"] += 1
         if self._fault({"unavailable": 0.05}):
             return self._json(503, {"title": "busy"})
-        return self._json(200, {"data": [self._job_doc(self.jobs[j]) for j in self.jobs_by_token.get(reference, [])]})
+        return self._json(200, {"data": [self._job_doc(self.jobs[j]) for j in self.jobs_by_key.get(reference, [])]})
 
     def _by_client_id(self, token: str) -> Answer:
         self.counts["lookups"] += 1
         if self._fault({"unavailable": 0.05}):
             return self._json(503, {"title": "busy"})
-        ids = self.jobs_by_token.get(token)
+        ids = self.jobs_by_key.get(token)
         return self._json(200, self._job_doc(self.jobs[ids[0]])) if ids else self._json(404, {"title": "no job"})
 
     def _shape(self, path: str) -> str:
         # tokens are random per run; the trace names them by order of first use so a replay compares equal
-        for n, token in enumerate(self.jobs_by_token):
-            path = path.replace(token, f"<token {n}>")
+        for n, token in enumerate(self.jobs_by_key):
+            if not token.startswith("body:"):
+                path = path.replace(token, f"<token {n}>")
         return path
 
     # webhooks
@@ -414,7 +422,12 @@ class SimProvider(HttpProvider):
 
 def provider_config(rng: Random) -> dict[str, Any]:
     """One of the provider contracts the simulation draws from (a file a user could write)."""
-    modes = rng.choice((["replay"], ["replay", "list_by_reference"], ["status_by_client_id"], ["list_by_reference"]))
+    tokenless = rng.random() < 0.15  # no token, no way to look a job up: at-most-once cannot be promised
+    modes: list[str] = (
+        []
+        if tokenless
+        else rng.choice((["replay"], ["replay", "list_by_reference"], ["status_by_client_id"], ["list_by_reference"]))
+    )
     reconcile: dict[str, Any] = {"modes": modes}
     if "list_by_reference" in modes:
         reconcile |= {
@@ -431,7 +444,7 @@ def provider_config(rng: Random) -> dict[str, Any]:
         "timeout_s": 10,
         "create": {
             "path": "/v1/jobs",
-            "token": {"in": "header", "name": "Idempotency-Key", "quoted": True},
+            "token": {"in": "none"} if tokenless else {"in": "header", "name": "Idempotency-Key", "quoted": True},
             "token_retention_s": 86400,
             "job_id": "$.id",
             "status_url": "header:Location",
@@ -730,8 +743,9 @@ def check(sim: _Sim, ledger: _Ledger, log_text: str) -> list[str]:
     for index, operation_id in enumerate(sim.op_ids):
         op = store.get(operation_id)
         name = f"operation {index} ({operation_id}, {op.state.value})"
-        token = op.idempotency_token
-        jobs = world.jobs_by_token.get(token, [])
+        sent = sim.config["create"]["token"]["in"] != "none"
+        token = key_for(op.idempotency_token if sent else "", op.request_body)
+        jobs = world.jobs_by_key.get(token, [])
         history = _evidence_kinds(store, operation_id)
         evidence = [kind for _, kind in history]
         intents += history.count(("person:alice", "cancel_intent"))
@@ -739,9 +753,9 @@ def check(sim: _Sim, ledger: _Ledger, log_text: str) -> list[str]:
             problems.append(
                 f"{name}: {len(jobs)} remote jobs {jobs}; the provider never knowingly broke idempotency for it"
             )
-        if world.creates_by_token[token] > evidence.count("create_attempt"):
+        if world.creates_by_key[token] > evidence.count("create_attempt"):
             problems.append(
-                f"{name}: the provider saw {world.creates_by_token[token]} creates but only "
+                f"{name}: the provider saw {world.creates_by_key[token]} creates but only "
                 f"{evidence.count('create_attempt')} attempts were recorded first"
             )
         if op.remote_job_id is not None and op.remote_job_id not in jobs:
