@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -36,8 +37,12 @@ from jobtrail.testing import FakeProvider, provider_toml
 from helpers import drive
 
 S = State
+#: more with JOBTRAIL_FUZZ_EXAMPLES=2000 (the default keeps the suite quick)
+EXAMPLES = int(os.environ.get("JOBTRAIL_FUZZ_EXAMPLES", "120"))
 FUZZ = settings(
-    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
@@ -241,8 +246,6 @@ WHSEC = "whsec_" + "ZnV6ei13ZWJob29rLXNlY3JldC1vZi0zMi1ieXRlcyE="
 
 @pytest.fixture(scope="module")
 def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Store]]:
-    import os
-
     from test_webhooks import serve
 
     os.environ["WHSEC_FUZZ"] = WHSEC
@@ -269,7 +272,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> int:
 header_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=st.one_of(bodies.filter(lambda b: len(b) < 200_000), json_values.map(lambda v: json.dumps(v).encode())),
     webhook_id=header_text,
@@ -314,7 +317,7 @@ BASE["base_url"] = "http://127.0.0.1:9"
 KEYS = [(None, k) for k in BASE] + [(t, k) for t, v in BASE.items() if isinstance(v, dict) for k in v]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=EXAMPLES * 2, deadline=None)
 @given(
     where=st.sampled_from(KEYS),
     value=st.one_of(json_values, st.just("env:"), st.just("sk_live_abcdefabcdef1234567890")),
@@ -349,7 +352,7 @@ def test_a_wrong_provider_file_is_refused_with_the_key_that_is_wrong(
         pytest.fail(f"not a ConfigError: {type(exc).__name__}: {exc}")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(text=st.text(max_size=300))
 def test_a_provider_file_that_is_not_toml_is_refused_clearly(
     tmp_path_factory: pytest.TempPathFactory, text: str
