@@ -31,6 +31,7 @@ def test_every_seed_keeps_every_invariant(start: int) -> None:
     assert sum(r.stale for r in reports) > 0, "some worker lost its lease and had its writes refused"
     seen = sum((r.faults for r in reports), Counter())
     assert seen["webhooks_duplicate"] > 0 and seen["webhooks_forged"] > 0 and seen["replayed"] > 0
+    assert seen["slow_answers"] > 0
     endings = set().union(*(r.final for r in reports))
     assert {"succeeded", "cancelled", "failed", "needs_attention", "result_unavailable"} <= endings
 

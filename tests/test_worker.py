@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import FakeClock
 
-from jobtrail import AsyncJobtrail, State, Store
+from jobtrail import AsyncJobtrail, CreateAttempt, StaleRecord, State, Store
 from jobtrail._audit import verify
 from jobtrail._http_provider import load_provider
 from jobtrail._worker import Worker
@@ -124,11 +124,11 @@ def test_a_worker_whose_lease_expired_cannot_write(db_url: str, fake: FakeProvid
     jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
     op = asyncio.run(jt.submit("fake", {"x": 1}))
     asyncio.run(jt.providers["fake"].aclose())
-    slow = Worker(store, {"fake": load_provider(fake.provider_config())}, worker_id="slow", lease_s=10)
-    claimed = store.claim("slow", limit=10, lease_s=10)
+    slow = Worker(store, {"fake": load_provider(fake.provider_config())}, worker_id="slow", lease_s=20)
+    claimed = store.claim("slow", limit=10, lease_s=20)
     assert [c.operation_id for c in claimed] == [op.operation_id]
-    clock.advance(11)  # the slow worker was paused past its lease
-    taken = store.claim("fast", limit=10, lease_s=10)
+    clock.advance(21)  # the slow worker was paused past its lease
+    taken = store.claim("fast", limit=10, lease_s=20)
     assert taken[0].lease_epoch == claimed[0].lease_epoch + 1
 
     async def late() -> None:
@@ -136,10 +136,39 @@ def test_a_worker_whose_lease_expired_cannot_write(db_url: str, fake: FakeProvid
         await slow.providers["fake"].aclose()
 
     asyncio.run(late())
-    assert slow.stats.stale == 1
+    assert slow.stats.lease_too_short == 1 and slow.stats.actions == 0, "a lapsed lease starts nothing"
     current = store.get(op.operation_id)
     assert current.lease_owner == "fast" and current.state is S.CREATE_PENDING and current.attempts == 0
-    assert fake.counts["creates_received"] == 0  # the attempt write was refused, so nothing was sent
+    assert fake.counts["creates_received"] == 0
+    # and had it started, its write would have been refused: the claim raised the fencing epoch
+    with pytest.raises(StaleRecord):
+        store.record(claimed[0], CreateAttempt(attempt=1), actor="worker:slow", changes={"attempts": 1})
+    store.close()
+
+
+def test_an_action_is_not_started_without_enough_lease_left_for_a_provider_call(
+    db_url: str, fake: FakeProvider
+) -> None:
+    """Found by the simulation: a worker resumed late (or deep in a chain of actions) began a one-time
+    result fetch after its lease had lapsed; another worker took over and the fetched result was lost."""
+    clock = FakeClock()
+    store = Store.open(db_url, clock=clock)
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+    op = asyncio.run(jt.submit("fake", {"x": 2}))
+    asyncio.run(jt.providers["fake"].aclose())
+    config = fake.provider_config(timeout_s=5, connect_timeout_s=1)
+    late = Worker(store, {"fake": load_provider(config)}, worker_id="late", lease_s=10)
+    claimed = store.claim("late", limit=1, lease_s=10)
+    clock.advance(4.5)  # 5.5 s of lease left, a call may take 6 s
+
+    async def go() -> None:
+        await late._handle(claimed[0])
+        await late.providers["fake"].aclose()
+
+    asyncio.run(go())
+    assert late.stats.lease_too_short == 1 and fake.counts["creates_received"] == 0
+    current = store.get(op.operation_id)
+    assert current.attempts == 0 and current.lease_owner is None, "the lease is handed back at once"
     store.close()
 
 

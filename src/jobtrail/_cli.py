@@ -395,12 +395,6 @@ def worker(
     for path in provider_files:
         adapter = load_provider(path)
         adapters[adapter.name] = adapter
-        slowest = adapter.config.timeout_s + adapter.config.connect_timeout_s
-        if lease_s <= slowest:
-            raise ConfigError(
-                f"--lease {lease_s:g} must exceed provider {adapter.name}'s slowest call "
-                f"({slowest:g} s: timeout_s + connect_timeout_s)"
-            )
     runner = Worker(_store(ctx), adapters, worker_id=worker_id, concurrency=concurrency, lease_s=lease_s)
 
     async def run() -> Any:

@@ -173,6 +173,12 @@ class Provider(Protocol):
         ...
 
 
+def slowest_call_s(provider: Provider) -> float:
+    """The longest one call to ``provider`` can take (its time-outs; 0 when it declares none)."""
+    config = getattr(provider, "config", None)
+    return float(getattr(config, "timeout_s", 0.0) or 0.0) + float(getattr(config, "connect_timeout_s", 0.0) or 0.0)
+
+
 def guarantees(provider: Provider) -> dict[str, Any]:
     """What a provider's declared contract lets jobtrail promise (``jobtrail providers check``)."""
     from jobtrail._record import DEFAULT_CREATE_DEADLINE

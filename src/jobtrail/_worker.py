@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from jobtrail._cancel import CancelFlow
 from jobtrail._canonical import rfc3339
 from jobtrail._create import CREATE_PHASE, CreateFlow
-from jobtrail._errors import JobtrailError, StaleRecord
+from jobtrail._errors import ConfigError, JobtrailError, StaleRecord
 from jobtrail._observe import CollectFlow, ObserveFlow
-from jobtrail._provider import Provider
+from jobtrail._provider import Provider, slowest_call_s
 from jobtrail._record import Operation
 from jobtrail._results import Check
 from jobtrail._states import AUTOMATIC_STATES, State
@@ -52,6 +52,8 @@ class WorkerStats:
     claims: int = 0
     actions: int = 0
     stale: int = 0
+    #: actions not started because too little of the lease was left to finish a provider call
+    lease_too_short: int = 0
     errors: int = 0
     transactions: int = 0
     writes: int = 0
@@ -94,6 +96,15 @@ class Worker:
         self.lease_s = lease_s
         self.batch = batch
         self.idle_s = idle_s
+        self._slowest_us = {}
+        for name, provider in self.providers.items():
+            slowest = slowest_call_s(provider)
+            if lease_s <= slowest:
+                raise ConfigError(
+                    f"--lease {lease_s:g} must exceed provider {name}'s slowest call "
+                    f"({slowest:g} s: timeout_s + connect_timeout_s)"
+                )
+            self._slowest_us[name] = int(slowest * _US)
         self.writer = BatchWriter(store)
         rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
         actor = f"worker:{self.worker_id}"
@@ -174,14 +185,20 @@ class Worker:
             # an action that leaves the next one due at once (accepted after a replay, the job
             # finished at this poll) continues under the same lease instead of a new claim
             for _ in range(_CHAIN):
+                if not self._lease_covers_a_call(op):
+                    # paused, or a long chain: too little lease left to finish a provider call, so the
+                    # action is not started (it could outlive the lease while another worker takes over)
+                    self.stats.lease_too_short += 1
+                    break
                 new = await self._step(op, provider)
                 self.stats.actions += 1
                 self.stats.by_state[new.state.value] = self.stats.by_state.get(new.state.value, 0) + 1
                 due = new.next_action_at_us
-                if new is op or new.state not in WORKED_STATES or due is None or due > self.store.clock():
-                    break
+                stop = new is op or new.state not in WORKED_STATES or due is None or due > self.store.clock()
                 op = new
-            await self.writer.release(new)
+                if stop:
+                    break
+            await self.writer.release(op)
         except StaleRecord as exc:
             # our lease was taken over, or someone changed the record: the new owner acts
             self.stats.stale += 1
@@ -190,6 +207,11 @@ class Worker:
             self.stats.errors += 1
             log.error("worker %s: %s failed in %s: %s", self.worker_id, op.operation_id, op.state.value, exc)
             await self._back_off(op, exc)
+
+    def _lease_covers_a_call(self, op: Operation) -> bool:
+        if op.lease_expires_at_us is None:
+            return True
+        return op.lease_expires_at_us - self.store.clock() > self._slowest_us[op.provider]
 
     async def _step(self, op: Operation, provider: Provider) -> Operation:
         if op.state in CREATE_PHASE:

@@ -56,7 +56,7 @@ import tempfile
 import time
 import urllib.parse
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -174,8 +174,8 @@ class SimWorld:
         self.counts: Counter[str] = Counter()
         self.creates_by_key: Counter[str] = Counter()
         self.cancels_by_job: Counter[str] = Counter()
-        #: finished jobs whose result fetch was refused at least once (503, gone)
-        self.refused_results: set[str] = set()
+        #: finished jobs whose result fetch was refused (503, gone) or whose answer never arrived
+        self.undelivered_results: set[str] = set()
         #: tokens for which the provider knowingly broke idempotency (a new job on a replay)
         self.broken_tokens: set[str] = set()
         self.rejected_tokens: set[str] = set()
@@ -358,10 +358,10 @@ class SimWorld:
             return self._json(404, {"title": "no result yet"})
         job.fetches += 1
         if self._fault({"unavailable": 0.08}) or (job.result_mode == "flaky" and job.fetches <= job.flaky):
-            self.refused_results.add(job.id)
+            self.undelivered_results.add(job.id)
             return self._json(503, {"title": "result store unavailable"})
         if job.result_mode == "missing":
-            self.refused_results.add(job.id)
+            self.undelivered_results.add(job.id)
             return self._json(404, {"title": "the result is gone"})
         data = job.result_bytes()
         digest = hashlib.sha256(data).hexdigest()
@@ -382,6 +382,13 @@ class SimWorld:
             return self._json(503, {"title": "busy"})
         ids = self.jobs_by_key.get(token)
         return self._json(200, self._job_doc(self.jobs[ids[0]])) if ids else self._json(404, {"title": "no job"})
+
+    def slow(self) -> float | None:
+        """Seconds the answer to the request just handled is late (None: on time)."""
+        if self._fault({"slow": 0.1}):
+            self.counts["slow_answers"] += 1
+            return self.rng.choice((2.0, 8.0, 15.0))
+        return None
 
     def _shape(self, path: str) -> str:
         # tokens are random per run; the trace names them by order of first use so a replay compares equal
@@ -410,11 +417,27 @@ class SimProvider(HttpProvider):
     def __init__(self, config: Any, world: SimWorld) -> None:
         super().__init__(config)
         self.world = world
+        #: run while a slow request is in flight: other workers act meanwhile (set by the scheduler)
+        self.meanwhile: Callable[[], Awaitable[None]] | None = None
 
     async def _transport(
         self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
     ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
         answer = self.world.handle(method, url, headers, body)
+        slow = self.world.slow()
+        if slow:
+            # the provider has done its part; the answer takes a while (past the time-out: never arrives),
+            # and the rest of the world goes on meanwhile: leases expire, other workers claim and act
+            timeout = self.config.timeout_s
+            self.world.clock.advance(min(slow, timeout))
+            self.world.trace.append(f"{self.world.clock()} slow answer ({slow} s)")
+            if self.meanwhile is not None:
+                await self.meanwhile()
+            if slow > timeout:
+                parts = urllib.parse.urlsplit(url).path.strip("/").split("/")
+                if parts[-1] == "result":  # a result that never arrived counts as not delivered
+                    self.world.undelivered_results.add(urllib.parse.unquote(parts[2]))
+                return ("timeout", f"no answer within {timeout:g} s (simulated)")
         if len(answer) == 3:
             return answer[0], answer[1], answer[2][:max_bytes]
         return answer
@@ -516,6 +539,10 @@ class _Sim:
         self.config = provider_config(self.rng)
         parsed = parse_config(self.config, f"<simulation seed {seed}>")
         self.provider = SimProvider(parsed, self.world)
+        self.provider.meanwhile = self._meanwhile
+        self._nested = False
+        #: the worker whose action is running (a slow request lets the others act meanwhile)
+        self._active: _SimWorker | None = None
         self.store = Store.open(db, clock=self.clock, migrate=migrate)
         self.receiver = Receiver(self.store, {PROVIDER: parsed.webhooks})
         self.crash_rng = Random(self.rng.getrandbits(64))
@@ -618,18 +645,35 @@ class _Sim:
         if claimed:
             self.trace.append(f"{self.clock()} {sim_worker.worker.worker_id} claims {len(claimed)}")
 
-    async def _handle_one(self) -> None:
-        busy = [w for w in self.workers if w.pending]
+    async def _meanwhile(self) -> None:
+        """While one request is slow, another worker claims and acts (one level deep)."""
+        if self._nested:
+            return
+        others = [w for w in self.workers if w is not self._active]
+        if not others:
+            return
+        self._nested = True
+        try:
+            self._claim(self.rng.choice(others))
+            await self._handle_one(among=others)
+        finally:
+            self._nested = False
+
+    async def _handle_one(self, among: list[_SimWorker] | None = None) -> None:
+        busy = [w for w in (among or self.workers) if w.pending]
         if not busy:
             return
         sim_worker = self.rng.choice(busy)
         op = sim_worker.pending.pop(self.rng.randrange(len(sim_worker.pending)))
+        outer, self._active = self._active, sim_worker
         try:
             await sim_worker.worker._handle(op)
         except Crash as crash:
             self.crash_points[op.operation_id].add(str(crash))
             # the process died: its claims stay on the records until their leases expire
             self.replace(sim_worker)
+        finally:
+            self._active = outer
 
     def _advance(self) -> None:
         due = self.store.next_due_us(providers=(PROVIDER,), states=WORKED_STATES)
@@ -780,7 +824,7 @@ def check(sim: _Sim, ledger: _Ledger, log_text: str) -> list[str]:
         elif op.state is State.FAILED and remote != "failed" and token not in world.rejected_tokens:
             problems.append(f"{name}: failed but the provider neither failed the job ({remote}) nor rejected it")
         elif op.state is State.RESULT_UNAVAILABLE and not (
-            (job is not None and job.id in world.refused_results)
+            (job is not None and job.id in world.undelivered_results)
             or "collect.after_fetch" in sim.crash_points[operation_id]
         ):
             problems.append(f"{name}: result_unavailable, but every fetch was answered and no fetch was lost")
