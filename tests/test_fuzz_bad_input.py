@@ -18,11 +18,10 @@ import socket
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jobtrail import AsyncJobtrail, ConfigError, JobtrailError, Operation, State, Store
@@ -39,6 +38,7 @@ from helpers import drive
 S = State
 #: more with JOBTRAIL_FUZZ_EXAMPLES=2000 (the default keeps the suite quick)
 EXAMPLES = int(os.environ.get("JOBTRAIL_FUZZ_EXAMPLES", "120"))
+pytestmark = pytest.mark.timeout(120 + EXAMPLES)
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -150,11 +150,12 @@ def raw() -> Iterator[RawServer]:
 
 
 @pytest.fixture
-def world(raw: RawServer, tmp_path: Path) -> Iterator[tuple[Store, Any]]:
+def world(raw: RawServer, db_url: str) -> Iterator[tuple[Store, Any]]:
+    """The provider answering through ``raw``, and a ledger on each engine (PostgreSQL text holds no NUL)."""
     config = FakeProvider(port=raw.port).provider_config()
     config["base_url"] = f"http://127.0.0.1:{raw.port}"
     config["timeout_s"] = 5
-    store = Store.open(tmp_path / "fuzz.db")
+    store = Store.open(db_url)
     yield store, load_provider(config)
     store.close()
 
@@ -186,6 +187,8 @@ def answered(world: tuple[Store, Any], raw: RawServer, answer: bytes, op: Operat
 
 @FUZZ
 @given(answer=responses)
+@example(answer=http(201, [], b'{"id": "\\u0000"}'))  # found by fuzzing: a NUL job id was taken
+@example(answer=http(201, [(b"X-Request-Id", b"\xe7\xe4")], '{"id": "j\u00e9"}'.encode("latin-1")))
 def test_any_create_answer_is_recorded_and_never_taken_for_a_job_it_does_not_name(
     world: tuple[Store, Any], raw: RawServer, answer: bytes
 ) -> None:
@@ -195,7 +198,9 @@ def test_any_create_answer_is_recorded_and_never_taken_for_a_job_it_does_not_nam
     assert after.attempts == 1
     assert after.state in {S.CREATE_PENDING, S.CREATE_UNKNOWN, S.RECONCILIATION, S.ACCEPTED, S.FAILED}
     if after.state is S.ACCEPTED:
-        assert after.remote_job_id and after.remote_job_id.encode() in answer, "a job id the provider never gave"
+        job_id = after.remote_job_id or ""
+        assert job_id.isprintable(), "an unusable job id was taken"
+        assert job_id.encode() in answer or json.dumps(job_id)[1:-1].encode() in answer, "a job id never given"
     else:
         assert after.state_reason, "a doubtful or refused create says why"
     assert [o["kind"] for o in store.observations(op.operation_id)][-1:] == ["create_response"]
@@ -203,6 +208,8 @@ def test_any_create_answer_is_recorded_and_never_taken_for_a_job_it_does_not_nam
 
 @FUZZ
 @given(answer=responses)
+@example(answer=http(200, [], b'{"status": "running", "result_url": "/r\\u0000", "updated_at": "\\u0000"}'))
+@example(answer=http(200, [], b'{"status": "running", "effects": ""}'))  # found by fuzzing: unreadable record
 def test_any_status_answer_is_an_observation_and_only_a_mapped_state_ends_the_job(
     world: tuple[Store, Any], raw: RawServer, answer: bytes
 ) -> None:

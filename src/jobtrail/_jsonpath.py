@@ -7,9 +7,29 @@ from typing import Any
 
 from jobtrail._errors import ConfigError
 
+#: longest identifier, state, reference or time accepted from a provider
+MAX_TEXT = 2048
+
 
 def extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
-    """Read a value by ``$.a.b[0]`` (JSON) or ``header:Name``; None when absent."""
+    """Read a value by ``$.a.b[0]`` (JSON) or ``header:Name``; None when absent or unusable.
+
+    Unusable: control characters (no id, state or reference has them, and PostgreSQL text cannot
+    hold NUL), U+FFFD (the answer was not UTF-8, so the value is not what the provider meant) or
+    more than :data:`MAX_TEXT` characters.
+    """
+    text = _extract(path, body, headers)
+    if text is None or len(text) > MAX_TEXT or "\ufffd" in text or any(_is_control(c) for c in text):
+        return None
+    return text
+
+
+def _is_control(char: str) -> bool:
+    code = ord(char)
+    return code < 32 or 127 <= code < 160
+
+
+def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
     if not path:
         return None
     if path.startswith("header:"):
