@@ -275,7 +275,6 @@ def test_webhooks_settle_an_operation_long_before_its_next_poll(db_url: str, led
         while not server.started:
             time.sleep(0.01)
         op = accepted_op(ledger, cfg)
-        first_poll_due = (ledger.get(op.operation_id).next_action_at_us - ledger.clock()) / 1e6
         started = time.monotonic()
         run_worker(ledger, cfg, lambda: ledger.get(op.operation_id).state is S.SUCCEEDED, 20)
         settled_after = time.monotonic() - started
@@ -286,10 +285,11 @@ def test_webhooks_settle_an_operation_long_before_its_next_poll(db_url: str, led
         assert finished_event.startswith(f"evt_{op.remote_job_id}")
         assert [s for e, s in fake.webhook_deliveries if e == finished_event] == [202, 200]  # duplicate refused
         print(
-            f"\nwebhook to settled: {settled_after:.2f} s after the worker started (job 0.5 s; "
-            f"the first scheduled poll was {first_poll_due:.1f} s away)"
+            f"\nwebhook to settled: {settled_after:.2f} s after the worker started (job 0.5 s; polls 27-33 s apart)"
         )
-        assert settled_after < first_poll_due
+        # polls are 27-33 s apart (30 s, 10 % jitter) and the worker ran at most 20 s: only the
+        # webhook can have brought the poll forward (a measured duration would depend on the machine)
+        assert settled_after < 27
     finally:
         fake.stop()
 
