@@ -30,7 +30,8 @@ from processes import assert_audit_verifies, assert_one_worker_per_lease, finish
 S = State
 #: fast polls so a scenario ends in seconds
 FAST = {"poll": {"initial_s": 0.1, "factor": 1.5, "cap_s": 0.3}, "retry": {"initial_s": 0.1, "factor": 2, "cap_s": 0.5}}
-SETTLE = ("--until-settled", "--timeout", "90", "--lease", "4")
+#: a 5 s client time-out (a loaded machine never turns a slow answer into a lost one), so leases of 7 s
+SETTLE = ("--until-settled", "--timeout", "90", "--lease", "7")
 
 
 @pytest.fixture
@@ -51,7 +52,8 @@ def submit(db_url: str, config: dict[str, Any], body: Any) -> str:
 
 
 def provider_file(tmp_path: Path, fake: FakeProvider, **overrides: Any) -> Path:
-    return fake.write_provider_file(tmp_path / "fake.toml", connect_timeout_s=1.0, **{**FAST, **overrides})
+    settings = {"timeout_s": 5.0, "connect_timeout_s": 1.0, **FAST, **overrides}
+    return fake.write_provider_file(tmp_path / "fake.toml", **settings)
 
 
 def settle(db_url: str, provider: Path, name: str = "w1", env: dict[str, str] | None = None) -> None:
@@ -152,7 +154,7 @@ def test_4_the_same_webhook_arrives_twice_and_out_of_order(db_url: str, tmp_path
     try:
         # slow polls: what moves the operation along is mostly the webhooks
         overrides = {"webhooks": {"secrets": ["env:WHSEC_SCENARIO"]}, "poll": {"initial_s": 3, "factor": 1, "cap_s": 3}}
-        provider = fake.write_provider_file(tmp_path / "fake.toml", connect_timeout_s=1.0, **overrides)
+        provider = provider_file(tmp_path, fake, **overrides)
         receiver = start_cli(db_url, "webhooks", "serve", "--provider", str(provider), "--port", str(port), env=env)
         wait_for(lambda: port_open(port))
         ids = [submit(db_url, fake.provider_config(), {"scenario": 4, "n": n}) for n in range(3)]
