@@ -31,12 +31,16 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
-@contextmanager
-def serve(store: Store, cfg: dict[str, Any]) -> Iterator[str]:
-    """The receiver for ``cfg``'s provider, on a real uvicorn server on 127.0.0.1."""
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve(store: Store, cfg: dict[str, Any], port: int | None = None) -> Iterator[str]:
+    """The receiver for ``cfg``'s provider, on a real uvicorn server on 127.0.0.1 (at ``port``, or a free one)."""
+    port = port or free_port()
     provider = load_provider(cfg)
     app = webhook_app(store, {provider.name: provider.config.webhooks})
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
@@ -255,9 +259,7 @@ def test_an_event_for_an_unknown_job_is_kept_and_matched_later(ledger: Store, fa
 
 def test_webhooks_settle_an_operation_long_before_its_next_poll(db_url: str, ledger: Store, secret: str) -> None:
     """Polls every 30 s; the job ends after 0.5 s; the provider's webhook brings the poll forward."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     fake = FakeProvider(
         job_duration_s=0.5,
         webhook_url=f"http://127.0.0.1:{port}/webhooks/fake",
@@ -267,26 +269,16 @@ def test_webhooks_settle_an_operation_long_before_its_next_poll(db_url: str, led
     fake.start()
     try:
         cfg = cfg_for(fake)
-        provider = load_provider(cfg)
-        app = webhook_app(ledger, {"fake": provider.config.webhooks})
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.01)
-        op = accepted_op(ledger, cfg)
-        started = time.monotonic()
-        run_worker(ledger, cfg, lambda: ledger.get(op.operation_id).state is S.SUCCEEDED, 20)
-        settled_after = time.monotonic() - started
-        server.should_exit = True
-        thread.join(10)
+        with serve(ledger, cfg, port):
+            op = accepted_op(ledger, cfg)
+            started = time.monotonic()
+            run_worker(ledger, cfg, lambda: ledger.get(op.operation_id).state is S.SUCCEEDED, 20)
+            settled_after = time.monotonic() - started
         assert ledger.get(op.operation_id).state is S.SUCCEEDED
         finished_event = next(e for e, status in fake.webhook_deliveries if e.endswith("_succeeded"))
         assert finished_event.startswith(f"evt_{op.remote_job_id}")
         assert [s for e, s in fake.webhook_deliveries if e == finished_event] == [202, 200]  # duplicate refused
-        print(
-            f"\nwebhook to settled: {settled_after:.2f} s after the worker started (job 0.5 s; polls 27-33 s apart)"
-        )
+        print(f"\nwebhook to settled: {settled_after:.2f} s after the worker started (job 0.5 s; polls 27-33 s apart)")
         # polls are 27-33 s apart (30 s, 10 % jitter) and the worker ran at most 20 s: only the
         # webhook can have brought the poll forward (a measured duration would depend on the machine)
         assert settled_after < 27
@@ -297,9 +289,7 @@ def test_webhooks_settle_an_operation_long_before_its_next_poll(db_url: str, led
 @pytest.mark.parametrize("faults", [{"wrong_signature"}, {"reorder", "delay"}], ids=["forged", "reordered"])
 def test_misbehaving_deliveries_never_decide_an_ending(ledger: Store, secret: str, faults: set[str]) -> None:
     """Forged deliveries are refused; reordered, delayed ones only bring polls forward; polling still ends it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     fake = FakeProvider(
         job_duration_s=0.5,
         webhook_url=f"http://127.0.0.1:{port}/webhooks/fake",
@@ -311,25 +301,10 @@ def test_misbehaving_deliveries_never_decide_an_ending(ledger: Store, secret: st
         cfg = fake.provider_config(
             webhooks={"secrets": ["env:WHSEC_CURRENT"]}, poll={"initial_s": 0.3, "factor": 1, "cap_s": 0.3}
         )
-        provider = load_provider(cfg)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                webhook_app(ledger, {"fake": provider.config.webhooks}),
-                host="127.0.0.1",
-                port=port,
-                log_level="warning",
-                lifespan="off",
-            )
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.01)
-        op = accepted_op(ledger, cfg)
-        run_worker(ledger, cfg, lambda: ledger.get(op.operation_id).state is S.SUCCEEDED, 20)
-        time.sleep(0.8)  # let late deliveries arrive
-        server.should_exit = True
-        thread.join(10)
+        with serve(ledger, cfg, port):
+            op = accepted_op(ledger, cfg)
+            run_worker(ledger, cfg, lambda: ledger.get(op.operation_id).state is S.SUCCEEDED, 20)
+            time.sleep(0.8)  # let late deliveries arrive
         assert ledger.get(op.operation_id).state is S.SUCCEEDED
         statuses = {status for _, status in fake.webhook_deliveries}
         if "wrong_signature" in faults:
