@@ -77,15 +77,20 @@ def assert_one_worker_per_lease(fake: FakeProvider) -> None:
         assert epochs == sorted(epochs), f"{job}: polls under an older lease after a newer one"
 
 
-def jobtrail(db_url: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str, str]:
-    """Run ``jobtrail --db DB ARGS...`` in a new process; returns (exit code, stdout, stderr)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "jobtrail", "--db", db_url, *args],
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``jobtrail ARGS...`` in a new process, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "jobtrail", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def jobtrail(db_url: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str, str]:
+    """Run ``jobtrail --db DB ARGS...``; returns (exit code, stdout, stderr)."""
+    done = cli("--db", db_url, *args, env=env, timeout=timeout)
     return done.returncode, done.stdout, done.stderr
 
 

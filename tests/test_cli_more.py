@@ -17,17 +17,9 @@ import pytest
 
 from jobtrail.testing import FakeProvider, send_webhook
 
-from processes import finish, start_worker
+from processes import cli, finish, start_worker
 
-
-def jobtrail(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jobtrail", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+jobtrail = cli
 
 
 @pytest.fixture

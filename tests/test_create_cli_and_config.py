@@ -22,15 +22,9 @@ from jobtrail._backoff import Backoff, parse_retry_after
 from jobtrail._http_provider import load_provider, parse_config
 from jobtrail.testing import FakeProvider, Fault, provider_toml
 
+from processes import cli
 
-def jobtrail(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jobtrail", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+jobtrail = cli
 
 
 # -- provider files --------------------------------------------------------------------------
