@@ -259,7 +259,7 @@ def test_missing_credential_is_a_clear_error_and_nothing_is_sent(
 @pytest.fixture
 def provider_file(tmp_path: Path, fake: FakeProvider) -> Path:
     path = tmp_path / "fake.toml"
-    config = fake.provider_config()
+    config = fake.provider_config(connect_timeout_s=1.0)
     config["create"] = {k: v for k, v in config["create"].items()}
     path.write_text(provider_toml(config))
     return path
@@ -351,6 +351,8 @@ def test_a_process_killed_mid_create_is_finished_by_the_next_one(
         '{"job": "x"}',
         "--key",
         "crash",
+        "--lease",
+        "4",
         env={"JOBTRAIL_FAILPOINTS": f"{point}=exit"},
     )
     assert died.returncode == 137
@@ -373,7 +375,10 @@ def test_a_process_killed_mid_create_is_finished_by_the_next_one(
     assert fake.jobs_for(op.idempotency_token) == [op.remote_job_id]
     assert fake.counts["jobs_created"] == 1
     causes = [e.cause for e in store.history(op_id)]
-    assert "ambiguous_create" in causes  # the unrecorded outcome was treated as doubt, not as failure
+    if point == "create.after_observation":  # the answer was stored: it settles the attempt, nothing is re-sent
+        assert "ambiguous_create" not in causes and fake.counts["creates_received"] == sent_before
+    else:  # no answer stored: the unrecorded outcome is treated as doubt, not as failure
+        assert "ambiguous_create" in causes
     if point == "create.after_attempt":
         assert sent_before == 0  # died before sending: the replay is the first request
     assert verify(store).ok

@@ -1,3 +1,3 @@
-from jobtrail._cli import main
+from jobtrail._entry import main
 
 main()

@@ -120,7 +120,6 @@ class CancelFlow:
         if op.state is not State.CANCEL_REQUESTED or op.polls > 0:
             return op
         now = self.store.clock()
-        first_poll = now + int(provider.poll_backoff.delay(1, self.rng) * _US)
         if not provider.capabilities.cancel:
             return await self.writer.reschedule(
                 op,
@@ -138,6 +137,9 @@ class CancelFlow:
         failpoint("cancel.after_attempt")
         resp = await provider.cancel(op)
         failpoint("cancel.after_response")
+        # the next request is timed from the answer (a slow answer must not bring it forward)
+        answered = self.store.clock()
+        first_poll = answered + int(provider.poll_backoff.delay(1, self.rng) * _US)
         await self.writer.observe(
             op.operation_id,
             kind="cancel_response",
@@ -164,7 +166,7 @@ class CancelFlow:
                 },
             )
         if status == 0 and provider.capabilities.cancel_idempotent:
-            retry = now + int(provider.backoff.after(resp.retry_after_s, 1, self.rng) * _US)
+            retry = answered + int(provider.backoff.after(resp.retry_after_s, 1, self.rng) * _US)
             return await self.writer.reschedule(
                 op,
                 {

@@ -26,7 +26,7 @@ from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import Secret, install_log_redaction
 from jobtrail._results import describe, stored_result
-from jobtrail._states import FINAL_STATES, State
+from jobtrail._states import FINAL_STATES, SETTLED_STATES, State
 from jobtrail._store import Store
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
@@ -235,6 +235,13 @@ _EXIT_FOR_STATE = {State.FAILED: EXIT_NEGATIVE, State.NEEDS_ATTENTION: EXIT_NEED
 @click.option("--cancel-deadline", default="30m", show_default=True)
 @click.option("--no-send", is_flag=True, help="Only record the operation; a worker sends it later.")
 @click.option(
+    "--lease",
+    "lease_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds this process holds the operation while it sends the create (default: the provider's "
+    "slowest call plus time to record its outcome). A worker takes over only after it runs out.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -253,6 +260,7 @@ def submit(
     result_deadline: str,
     cancel_deadline: str,
     no_send: bool,
+    lease_s: float | None,
     as_json: bool,
 ) -> None:
     """Record an operation (durable before anything is sent), print its id, then drive its create.
@@ -266,7 +274,7 @@ def submit(
     from jobtrail._client import AsyncJobtrail
 
     body = _request(request_text)
-    jt = AsyncJobtrail(store=_store(ctx), providers=[provider_file], actor=f"cli:{caller}")
+    jt = AsyncJobtrail(store=_store(ctx), providers=[provider_file], actor=f"cli:{caller}", lease_s=lease_s)
     provider = next(iter(jt.providers))
 
     async def run() -> Operation:
@@ -363,7 +371,13 @@ def providers_check(provider_file: str, as_json: bool) -> None:
     show_default=True,
     help="Seconds a claim lasts; must exceed the slowest provider call.",
 )
-@click.option("--until-settled", is_flag=True, help="Exit when no operation needs an automatic action.")
+@click.option(
+    "--until-settled",
+    is_flag=True,
+    help="Exit once every operation is settled: ended, waiting for a person, or escalated "
+    "(cancellation_unconfirmed and result_timed_out are still polled slowly while the worker runs, "
+    "but nothing automatic is expected to end them soon, so they do not keep it waiting).",
+)
 @click.option("--timeout", type=click.FloatRange(min=0), help="Exit after this many seconds.")
 @click.option("--id", "worker_id", help="Worker identity on leases and observations (default host:pid).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run's statistics as an object at exit.")
@@ -398,9 +412,13 @@ def worker(
     runner = Worker(_store(ctx), adapters, worker_id=worker_id, concurrency=concurrency, lease_s=lease_s)
 
     async def run() -> Any:
+        from jobtrail import _entry
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, runner.stop)
+        if _entry.early_signals:  # asked to stop while still starting: claim nothing, exit cleanly
+            runner.stop()
         return await runner.run(until_settled=until_settled, timeout=timeout)
 
     stats = asyncio.run(run())
@@ -519,7 +537,6 @@ def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
 
 
 #: states in which waiting is over: an ending, or a person must look
-SETTLED = FINAL_STATES | {State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT}
 _WAIT_EXIT = {
     State.SUCCEEDED: EXIT_OK,
     State.CANCELLED: EXIT_OK,
@@ -554,7 +571,7 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     if status is not None:
         status.start()
     try:
-        while op.state not in SETTLED and time.monotonic() < deadline:
+        while op.state not in SETTLED_STATES and time.monotonic() < deadline:
             time.sleep(0.2)
             op = store.get(operation_id)
             if status is not None:
@@ -562,7 +579,7 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     finally:
         if status is not None:
             status.stop()
-    settled = op.state in SETTLED
+    settled = op.state in SETTLED_STATES
     if as_json:
         _emit_json({**op.to_json(), "settled": settled})
     else:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -13,11 +14,12 @@ from datetime import timedelta
 from typing import Any
 
 from jobtrail._cancel import CancelOutcome, request_cancel
-from jobtrail._create import CreateFlow
-from jobtrail._errors import ConfigError
+from jobtrail._create import CREATE_PHASE, CreateFlow
+from jobtrail._errors import ConfigError, StaleRecord
 from jobtrail._failpoints import failpoint
 from jobtrail._http_provider import HttpProvider, load_provider
-from jobtrail._provider import Provider
+from jobtrail._offload import Offload, threads
+from jobtrail._provider import Provider, slowest_call_s
 from jobtrail._record import (
     DEFAULT_CANCEL_DEADLINE,
     DEFAULT_CREATE_DEADLINE,
@@ -26,10 +28,15 @@ from jobtrail._record import (
     OperationSpec,
 )
 from jobtrail._results import read_result
-from jobtrail._store import Store
+from jobtrail._store import SQLITE_BUSY_TIMEOUT_MS, Store
 from jobtrail._tasks import Task, open_task
+from jobtrail._worker import default_worker_id
+from jobtrail._writer import Writer
 
 log = logging.getLogger("jobtrail")
+#: how often a caller whose operation another owner is acting on looks again
+_OWNER_POLL_S = 0.05
+_US = 1_000_000
 
 
 class AsyncJobtrail:
@@ -40,6 +47,9 @@ class AsyncJobtrail:
         providers: provider objects, or paths to provider TOML files.
         actor: who this process is, as recorded in the history.
         store: an already open :class:`Store` (instead of ``db``).
+        io: where database and file work runs (threads by default: never on the event loop).
+        lease_s: how long this client holds an operation's lease while it sends a create itself
+            (default: long enough for the provider's slowest call and the writes around it).
     """
 
     def __init__(
@@ -50,16 +60,22 @@ class AsyncJobtrail:
         actor: str = "jobtrail",
         store: Store | None = None,
         retention_policy: str = "warn",
+        io: Offload = threads,
+        lease_s: float | None = None,
     ) -> None:
         self.store = store or Store.open(db)
+        self.lease_s = lease_s
         self.actor = actor
+        self.io = io
+        #: the lease owner this client records when it sends a create itself
+        self.owner = f"client:{default_worker_id()}"
         if retention_policy not in ("warn", "refuse"):
             raise ConfigError(f"retention_policy must be 'warn' or 'refuse', not {retention_policy!r}")
         self.retention_policy = retention_policy
         self.providers: dict[str, Provider] = {}
         for provider in providers:
             self.add_provider(provider)
-        self._flow = CreateFlow(self.store, actor=actor)
+        self._flow = CreateFlow(self.store, writer=Writer(self.store, io=io), actor=actor)
 
     def add_provider(self, provider: Provider | str | os.PathLike[str] | Mapping[str, Any]) -> Provider:
         if isinstance(provider, str | os.PathLike | Mapping):
@@ -106,7 +122,7 @@ class AsyncJobtrail:
             result_deadline=result_deadline,
             cancel_deadline=cancel_deadline,
         )
-        op, _ = self.store.create_operation(spec, actor=caller)
+        op, _ = await self.io(self.store.create_operation, spec, actor=caller)
         failpoint("create.after_record")
         return op
 
@@ -159,33 +175,89 @@ class AsyncJobtrail:
         """
         adapter = self.provider(provider)
         specs = [self._spec(adapter, provider, request, None, **options) for request in requests]
-        return [op for op, _ in self.store.create_operations(specs, actor=options.get("caller", "unknown"))]
+        made = await self.io(self.store.create_operations, specs, actor=options.get("caller", "unknown"))
+        return [op for op, _ in made]
 
     async def task(self, task_id: str, *, caller: str = "unknown") -> Task:
         """Open a task by id, or resume it after a restart (its steps are read back from the ledger)."""
-        return open_task(self, task_id, caller)
+        return await self.io(open_task, self, task_id, caller)
 
     async def advance_create(self, operation_id: str) -> Operation:
-        """Do the operation's next create-phase action if it is due (one step)."""
-        op = self.store.get(operation_id)
-        return await self._flow.advance(op, self.provider(op.provider))
+        """Do the operation's next create-phase action if it is due (one step), as its lease owner.
+
+        If another owner (a worker) holds the operation's lease, nothing is done
+        here and the record is returned as it stands: that owner acts.
+        """
+        op = await self.io(self.store.get, operation_id)
+        provider = self.provider(op.provider)
+        leased = await self.io(self.store.lease, operation_id, self.owner, lease_s=self._lease_s(provider))
+        if leased is None:
+            return op
+        return await self._advance_leased(leased, provider)
 
     async def drive_create(self, operation_id: str) -> Operation:
-        """Drive the create to its end: accepted, result_collecting, failed or needs_attention."""
-        op = self.store.get(operation_id)
-        return await self._flow.run(op, self.provider(op.provider))
+        """Drive the create to its end: accepted, result_collecting, failed or needs_attention.
+
+        One owner at a time: each action is taken under the operation's lease
+        (with a fencing epoch), from before its attempt is recorded until its
+        outcome is. While a worker holds the lease, the worker acts and this
+        waits for the outcome; a create is never sent by two processes at once.
+        """
+        op = await self.io(self.store.get, operation_id)
+        provider = self.provider(op.provider)
+        lease_s = self._lease_s(provider)
+        while op.state in CREATE_PHASE:
+            leased = await self.io(self.store.lease, operation_id, self.owner, lease_s=lease_s)
+            if leased is None:  # another owner is acting: its outcome, not ours, comes next
+                await asyncio.sleep(_OWNER_POLL_S)
+                op = await self.io(self.store.get, operation_id)
+                continue
+            op = await self._advance_leased(leased, provider)
+            if op.state in CREATE_PHASE and op.next_action_at_us is not None:
+                wait = (op.next_action_at_us - self.store.clock()) / _US
+                if wait > 0:
+                    await asyncio.sleep(wait)
+        return op
+
+    async def _advance_leased(self, op: Operation, provider: Provider) -> Operation:
+        """One create-phase action under the lease just taken; the lease is given back after it."""
+        try:
+            new = await self._flow.advance(op, provider)
+        except StaleRecord:
+            # someone changed the record (a person's cancel, a takeover after our lease lapsed): read it again
+            return await self.io(self.store.get, op.operation_id)
+        await self._flow.writer.release(new)
+        return dataclasses.replace(new, lease_owner=None, lease_expires_at_us=None)
+
+    def _lease_s(self, provider: Provider) -> float:
+        """Long enough to finish the slowest provider call and record its outcome (each write may wait
+        out a busy database)."""
+        slowest = slowest_call_s(provider)
+        if self.lease_s is not None:
+            if self.lease_s <= slowest:
+                raise ConfigError(
+                    f"a lease of {self.lease_s:g} s must exceed provider {provider.name}'s slowest call "
+                    f"({slowest:g} s: timeout_s + connect_timeout_s)"
+                )
+            return self.lease_s
+        return slowest + 3 * SQLITE_BUSY_TIMEOUT_MS / 1000 + 5
 
     async def cancel(
         self, operation_id: str, *, requested_by: str, reason: str, expected_effect: str = ""
     ) -> CancelOutcome:
         """Record a cancel intent (durable before anything is sent); a worker sends it once."""
-        return request_cancel(
-            self.store, operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
+        return await self.io(
+            request_cancel,
+            self.store,
+            operation_id,
+            requested_by=requested_by,
+            reason=reason,
+            expected_effect=expected_effect,
         )
 
     async def result(self, operation_id: str) -> tuple[dict[str, Any], bytes]:
         """The stored result (verified against its sha256), or ResultMissing saying why there is none."""
-        return read_result(self.store, operation_id)
+        return await self.io(read_result, self.store, operation_id)
 
     async def aclose(self) -> None:
         for provider in self.providers.values():

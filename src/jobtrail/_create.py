@@ -27,13 +27,14 @@ from jobtrail._evidence import (
     CreateNotSent,
     DeadlinePassed,
     DefinitiveRejection,
+    HumanDecision,
     ProvedAbsent,
     ReconciliationStarted,
     SynchronousResult,
 )
 from jobtrail._failpoints import failpoint
 from jobtrail._observe import adopt_orphans
-from jobtrail._provider import CreateOutcome, LookupOutcome, Provider, ReconcileMode
+from jobtrail._provider import CreateOutcome, LookupOutcome, Provider, ReconcileMode, Response
 from jobtrail._record import Operation
 from jobtrail._states import State
 from jobtrail._store import Store
@@ -58,6 +59,7 @@ class CreateFlow:
     ) -> None:
         self.store = store
         self.writer = writer or Writer(store)
+        self.io = self.writer.io
         self.actor = actor
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
 
@@ -83,25 +85,35 @@ class CreateFlow:
                 actor=self.actor,
                 changes={"next_action_at_us": now},
             )
+        open_attempt = op.attempts > 0 and await self._attempt_open(op)
+        if open_attempt:
+            stored = await self.io(self.store.last_observation, op.operation_id, "create_response")
+            if stored is not None and stored["raw"].get("attempt") == op.attempts:
+                # the last owner stored the provider's answer to this attempt, then died before acting
+                # on it: that answer is the evidence, so settle from it without sending anything
+                reason = "replay" if stored["raw"].get("reason") == "replay" else "send"
+                return await self._settle(
+                    op,
+                    provider,
+                    _stored_outcome(stored),
+                    attempt=op.attempts,
+                    reason=reason,
+                    obs_id=int(stored["observation_id"]),
+                )
         deadline = op.create_deadline_us
         if deadline is not None and now >= deadline:
             return await self._deadline_passed(op, now)
         if op.state is State.CREATE_PENDING:
-            # other facts (a person's cancel request) may have been recorded since: look only at
-            # what can follow an attempt in this state, its "not sent" or a later proof of absence
-            last = (
-                self.store.last_entry(op.operation_id, causes=_ATTEMPT_AND_OUTCOMES) if op.attempts > 0 else None
-            )
-            if last is not None and last.cause == CreateAttempt.kind:
-                # the process that sent attempt N died before recording its outcome
+            if open_attempt:
+                # the process that sent attempt N died before any answer to it was stored
                 return await self.writer.transition(
                     op,
                     State.CREATE_UNKNOWN,
                     AmbiguousCreate(
                         error_class="outcome_not_recorded",
                         attempt=op.attempts,
-                        detail=f"attempt {op.attempts} was sent (or about to be) but its outcome was never "
-                        "recorded; the provider may have created the job",
+                        detail=f"attempt {op.attempts} was sent (or about to be) but no answer to it was "
+                        "stored; the provider may have created the job",
                     ),
                     actor=self.actor,
                     changes={
@@ -111,6 +123,15 @@ class CreateFlow:
                 )
             return await self._send(op, provider, reason="send")
         return await self._reconcile(op, provider, now)
+
+    async def _attempt_open(self, op: Operation) -> bool:
+        """Is the latest attempt still without a recorded outcome?
+
+        Other facts (a person's cancel request) may have been recorded since: only
+        what can follow an attempt without leaving the state counts.
+        """
+        last = await self.io(self.store.last_entry, op.operation_id, causes=_ATTEMPT_AND_OUTCOMES)
+        return last is not None and last.cause == CreateAttempt.kind
 
     async def _deadline_passed(self, op: Operation, now: int) -> Operation:
         if op.attempts == 0:
@@ -234,15 +255,25 @@ class CreateFlow:
             | {
                 "outcome": outcome.kind,
                 "remote_job_id": outcome.remote_job_id,
+                "status_url": outcome.status_url,
                 "error_class": outcome.error_class,
                 "detail": outcome.detail,
+                "declared_non_retryable": outcome.declared_non_retryable,
+                "retry_after_s": outcome.response.retry_after_s,
                 "attempt": attempt,
                 "reason": reason,
-            },
+            }
+            | ({"result": outcome.result} if outcome.kind == "synchronous" else {}),
             outcome.response.http_status,
             outcome.response.provider_request_id,
         )
         failpoint("create.after_observation")
+        return await self._settle(op, provider, outcome, attempt=attempt, reason=reason, obs_id=obs_id)
+
+    async def _settle(
+        self, op: Operation, provider: Provider, outcome: CreateOutcome, *, attempt: int, reason: str, obs_id: int
+    ) -> Operation:
+        """Act on the answer to attempt ``attempt`` (just received, or stored by an owner that died)."""
         resp = outcome.response
         if outcome.kind == "confirmed":
             assert outcome.remote_job_id is not None
@@ -399,7 +430,7 @@ class CreateFlow:
     ) -> Operation:
         resp = outcome.response
         # answers to earlier attempts of this token (only possible after more than one attempt)
-        earlier = [j for j in self._earlier_job_ids(op) if j != job_id] if op.attempts > 1 else []
+        earlier = [j for j in await self._earlier_job_ids(op) if j != job_id] if op.attempts > 1 else []
         conflicting = (*others, *earlier)
         if conflicting:
             return await self.writer.transition(
@@ -446,13 +477,13 @@ class CreateFlow:
         )
         failpoint("create.after_job_id")
         if provider.capabilities.webhook_scheme:  # events may have come before we knew the job id
-            adopt_orphans(self.store, provider.name, job_id, op.operation_id)
-            op = self.store.get(op.operation_id)
+            await self.io(adopt_orphans, self.store, provider.name, job_id, op.operation_id)
+            op = await self.io(self.store.get, op.operation_id)
         return op
 
-    def _earlier_job_ids(self, op: Operation) -> list[str]:
+    async def _earlier_job_ids(self, op: Operation) -> list[str]:
         ids = []
-        for obs in self.store.observations(op.operation_id):
+        for obs in await self.io(self.store.observations, op.operation_id):
             raw = obs["raw"]
             confirmed = raw.get("outcome") in ("confirmed", "synchronous")
             if obs["kind"] == "create_response" and confirmed and raw.get("remote_job_id"):
@@ -523,8 +554,42 @@ class CreateFlow:
         return op
 
 
-#: what settles an attempt while the operation stays create_pending (every other outcome leaves the state)
-_ATTEMPT_AND_OUTCOMES = (CreateAttempt.kind, CreateNotSent.kind, ProvedAbsent.kind)
+#: an attempt, and what settles one without leaving the create phase (every other outcome leaves it)
+_ATTEMPT_AND_OUTCOMES = (
+    CreateAttempt.kind,
+    CreateNotSent.kind,
+    ProvedAbsent.kind,
+    AmbiguousCreate.kind,
+    ReconciliationStarted.kind,
+    HumanDecision.kind,
+)
+
+
+def _stored_outcome(stored: dict[str, Any]) -> CreateOutcome:
+    """The outcome of an attempt, read back from its stored (redacted) answer."""
+    raw = stored["raw"]
+    kind = raw.get("outcome")
+    if kind not in ("confirmed", "synchronous", "rejected", "ambiguous", "not_sent"):
+        kind = "ambiguous"  # an answer we cannot read back is a doubt, never a confirmation
+    if kind == "confirmed" and not raw.get("remote_job_id"):
+        kind = "ambiguous"
+    response = Response(
+        http_status=stored.get("http_status"),
+        headers=raw.get("headers") or {},
+        body=raw.get("body"),
+        provider_request_id=stored.get("provider_request_id"),
+        retry_after_s=raw.get("retry_after_s"),
+    )
+    return CreateOutcome(
+        kind=kind,
+        response=response,
+        remote_job_id=raw.get("remote_job_id"),
+        status_url=raw.get("status_url"),
+        result=raw.get("result", raw.get("body")),
+        error_class=raw.get("error_class") or ("stored_answer_unreadable" if kind == "ambiguous" else ""),
+        detail=raw.get("detail") or "",
+        declared_non_retryable=bool(raw.get("declared_non_retryable")),
+    )
 
 
 def _ids(request_id: str | None) -> tuple[str, ...]:

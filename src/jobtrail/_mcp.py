@@ -28,11 +28,10 @@ from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import is_secret_name
 from jobtrail._results import ResultMissing, describe, read_result
-from jobtrail._states import FINAL_STATES, State
+from jobtrail._states import SETTLED_STATES, State
 
 #: request keys an agent may not use to reach past the operator's configuration
 _FORBIDDEN_KEYS = {"headers", "base_url", "baseurl", "url", "endpoint", "host", "credential", "credentials"}
-_SETTLED = FINAL_STATES | {State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT}
 _RESULT_INLINE = 64 * 1024
 
 INSTRUCTIONS = """jobtrail runs long jobs on remote APIs for you and keeps them safe across restarts.
@@ -121,12 +120,13 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None) -> MCPS
     @server.tool(description="Where an operation stands, why, and its one next action (use after any restart).")
     @_explained
     async def job_status(operation_id: str) -> dict[str, Any]:
-        return _brief(store.get(operation_id))
+        return _brief(await jt.io(store.get, operation_id))
 
     @server.tool(description="List operations, newest first; filter by state (e.g. needs_attention) or provider.")
     @_explained
     async def list_jobs(state: str | None = None, provider: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        return [_brief(op) for op in store.list_operations(state=state, provider=provider, limit=min(limit, 500))]
+        ops = await jt.io(store.list_operations, state=state, provider=provider, limit=min(limit, 500))
+        return [_brief(op) for op in ops]
 
     @server.tool(
         description="Wait (at most timeout_s seconds, up to 120) until the operation's state changes or "
@@ -134,12 +134,12 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None) -> MCPS
     )
     @_explained
     async def wait_for_change(operation_id: str, timeout_s: float = 30) -> dict[str, Any]:
-        start = store.get(operation_id)
+        start = await jt.io(store.get, operation_id)
         deadline = time.monotonic() + min(max(timeout_s, 0), 120)
         op = start
-        while op.state is start.state and op.state not in _SETTLED and time.monotonic() < deadline:
+        while op.state is start.state and op.state not in SETTLED_STATES and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-            op = store.get(operation_id)
+            op = await jt.io(store.get, operation_id)
         return _brief(op) | {"changed": op.state is not start.state}
 
     @server.tool(
@@ -148,14 +148,14 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None) -> MCPS
     )
     @_explained
     async def cancel_job(operation_id: str, reason: str) -> dict[str, Any]:
-        done = request_cancel(store, operation_id, requested_by=f"agent:{agent}", reason=reason)
+        done = await jt.io(request_cancel, store, operation_id, requested_by=f"agent:{agent}", reason=reason)
         return {"outcome": done.outcome, "message": done.message, **_brief(done.operation)}
 
     @server.tool(description="The collected, validated result of a succeeded job (or why there is none).")
     @_explained
     async def get_result(operation_id: str) -> dict[str, Any]:
         try:
-            row, data = read_result(store, operation_id)
+            row, data = await jt.io(read_result, store, operation_id)
         except ResultMissing as exc:
             return {"operation_id": operation_id, "result": None, "why": str(exc)}
         out = describe(row)
@@ -176,7 +176,7 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None) -> MCPS
     async def jobs_needing_a_person() -> list[dict[str, Any]]:
         waiting = []
         for state in (State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT):
-            waiting += [_brief(op) for op in store.list_operations(state=state, limit=200)]
+            waiting += [_brief(op) for op in await jt.io(store.list_operations, state=state, limit=200)]
         return waiting
 
     return server

@@ -68,6 +68,7 @@ class ObserveFlow:
     def __init__(self, store: Store, writer: Writer, *, actor: str, rng: random.Random | None = None) -> None:
         self.store = store
         self.writer = writer
+        self.io = writer.io
         self.actor = actor
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
 
@@ -117,8 +118,15 @@ class ObserveFlow:
         failpoint("observe.after_status")
         resp = status.response
         polls = op.polls + 1
+        # Retry-After counts from the answer, not from the request: a slow answer must not pull the next poll
+        # ahead of the time the provider asked for
+        answered = self.store.clock()
         delay = provider.poll_backoff.after(resp.retry_after_s, polls, self.rng)
-        next_at = slow if op.state in _SLOW_STATES else now + int(delay * _US)
+        next_at = (
+            answered + int(provider.poll_backoff.cap_s * _US)
+            if op.state in _SLOW_STATES
+            else answered + int(delay * _US)
+        )
         await self.writer.observe(
             op.operation_id,
             kind="status_poll",
@@ -150,7 +158,7 @@ class ObserveFlow:
             http_status=resp.http_status,
             provider_request_id=resp.provider_request_id,
             remote_job_id=op.remote_job_id,
-            observed_at=rfc3339(now),
+            observed_at=rfc3339(answered),
             provider_time=status.provider_time,
             progress=status.progress,
             result_ref=status.result_ref,
@@ -260,6 +268,7 @@ class CollectFlow:
     ) -> None:
         self.store = store
         self.writer = writer
+        self.io = writer.io
         self.actor = actor
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
         self.checks = dict(checks or {})
@@ -278,12 +287,12 @@ class CollectFlow:
             return op
         ref = op.result_ref
         if ref is not None and ref.startswith("observation:"):  # a synchronous result, stored at create
-            stored = self.store.observation(int(ref.split(":", 1)[1]))
+            stored = await self.io(self.store.observation, int(ref.split(":", 1)[1]))
             result = stored["raw"].get("result") if stored else None
             return await self._finish(op, provider, canonical_bytes(result), "application/json", None, "synchronous")
         attempts = op.polls + 1
         one_time = provider.capabilities.result == "one_time"
-        if one_time and op.polls > self._recorded_fetches(op):
+        if one_time and op.polls > await self.io(self.store.count_observations, op.operation_id, "result_fetch"):
             return await self._unavailable(
                 op,
                 f"the one-time result was fetched (attempt {op.polls}) but storing it "
@@ -322,14 +331,12 @@ class CollectFlow:
                 else f"gave up after {attempts} attempts"
             )
             return await self._unavailable(op, f"{why}; {give_up}", resp.http_status)
-        next_at = now + int(provider.backoff.after(resp.retry_after_s, attempts, self.rng) * _US)
+        # counted from the answer (Retry-After means "after this answer"), not from when the fetch was sent
+        next_at = self.store.clock() + int(provider.backoff.after(resp.retry_after_s, attempts, self.rng) * _US)
         return await self.writer.reschedule(
             op,
             {"polls": attempts, "next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"},
         )
-
-    def _recorded_fetches(self, op: Operation) -> int:
-        return sum(1 for o in self.store.observations(op.operation_id) if o["kind"] == "result_fetch")
 
     async def _unavailable(self, op: Operation, reason: str, status: int | None) -> Operation:
         return await self.writer.transition(
@@ -363,8 +370,14 @@ class CollectFlow:
                 actor=self.actor,
                 changes={"state_reason": f"the remote job finished; its result failed validation ({reason})"},
             )
-        row = save_result(
-            self.store, op.operation_id, data, content_type=content_type, checks=checked.checks, summary=checked.summary
+        row = await self.io(
+            save_result,
+            self.store,
+            op.operation_id,
+            data,
+            content_type=content_type,
+            checks=checked.checks,
+            summary=checked.summary,
         )
         summary = checked.summary
         if summary and summary.get("failed"):

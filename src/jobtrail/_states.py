@@ -72,6 +72,13 @@ AUTOMATIC_STATES = frozenset(
 )
 
 
+#: Automatic states a person has already been told about: polled slowly, but nothing automatic is
+#: expected to end them soon, so they count as settled for ``worker --until-settled`` and for waiting callers.
+ESCALATED_STATES = frozenset({State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT})
+#: Ended, waiting for a person, or escalated: what a caller waiting for an operation waits for.
+SETTLED_STATES = FINAL_STATES | {State.NEEDS_ATTENTION} | ESCALATED_STATES
+
+
 class RemoteState(StrEnum):
     """A provider's job state, normalised. Unknown raw states are kept raw elsewhere."""
 

@@ -707,6 +707,50 @@ class Store:
         # RETURNING promises no order: earliest due first, as the claim chose them
         return sorted((_operation(row) for row in rows), key=lambda op: (op.next_action_at_us, op.operation_id))
 
+    def lease(self, operation_id: str, owner: str, *, lease_s: float) -> Operation | None:
+        """Lease one operation, due or not, if nobody holds a live lease on it (raising its epoch).
+
+        Returns None while another owner's lease is live: that owner is acting
+        (or about to) and nobody else may. Raises :class:`OperationNotFound`.
+        """
+        now = self.clock()
+        ops = t.operations
+        stmt = (
+            sa.update(ops)
+            .where(
+                ops.c.operation_id == operation_id,
+                sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
+            )
+            .values(
+                lease_owner=owner,
+                lease_expires_at_us=now + int(lease_s * 1_000_000),
+                lease_epoch=ops.c.lease_epoch + 1,
+            )
+            .returning(*ops.c)
+        )
+        with self._errors("leasing an operation"), self.engine.begin() as conn:
+            row = conn.execute(stmt).mappings().first()
+        if row is None:
+            self.get(operation_id)  # raises if there is no such operation
+            return None
+        return _operation(row)
+
+    def last_observation(self, operation_id: str, kind: str) -> dict[str, Any] | None:
+        """The newest observation of ``kind`` (its raw answer decoded), or None."""
+        obs = t.observations
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    sa.select(obs)
+                    .where(obs.c.operation_id == operation_id, obs.c.kind == kind)
+                    .order_by(obs.c.observation_id.desc())
+                    .limit(1)
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else {**row, "raw": json.loads(row["raw"])}
+
     def next_due_us(
         self, *, providers: Sequence[str] | None = None, states: Sequence[State] | None = None
     ) -> int | None:
@@ -723,12 +767,7 @@ class Store:
             where.append(t.history.c.cause.in_(list(causes)))
         with self._read() as conn:
             row = (
-                conn.execute(
-                    sa.select(t.history)
-                    .where(*where)
-                    .order_by(t.history.c.seq.desc())
-                    .limit(1)
-                )
+                conn.execute(sa.select(t.history).where(*where).order_by(t.history.c.seq.desc()).limit(1))
                 .mappings()
                 .first()
             )

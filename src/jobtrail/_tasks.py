@@ -100,10 +100,14 @@ class Task:
 
     async def step(self, name: str, *, provider: str, request: Any, key: str | None = None) -> StepView:
         """Declare a step (idempotent): its key is durable before anything is sent."""
-        store = self.store
         key = key or f"{self.task_id}/{name}"
         adapter = self.client.provider(provider)
         fingerprint = request_fingerprint(provider, adapter.target, adapter.create_endpoint, request)
+        await self.client.io(self._plan, name, provider, key, fingerprint)
+        return (await self.client.io(self._views, name))[0]
+
+    def _plan(self, name: str, provider: str, key: str, fingerprint: str) -> None:
+        store = self.store
         steps = t.task_steps.c
         with store._errors("planning a task step"), store.engine.begin() as conn:
             row = conn.execute(sa.select(t.task_steps).where(steps.task_id == self.task_id, steps.name == name)).first()
@@ -130,11 +134,10 @@ class Task:
                     "a new step: give it a new name",
                     operation_key=key,
                 )
-        return self._views(name)[0]
 
     async def run(self, name: str, request: Any, **options: Any) -> StepView:
         """Carry out a planned step (or resume it after a restart): submit under its key, drive the create."""
-        row = self._row(name)
+        row = await self.client.io(self._row, name)
         failpoint("task.after_plan")
         operation_id = row.operation_id
         if operation_id is None:
@@ -143,15 +146,18 @@ class Task:
                 raise OperationKeyConflict(
                     f"step {name!r}: the request differs from the planned one", operation_key=row.operation_key
                 )
-            with self.store._errors("recording a step's operation"), self.store.engine.begin() as conn:
-                conn.execute(
-                    sa.update(t.task_steps)
-                    .where(t.task_steps.c.task_id == self.task_id, t.task_steps.c.name == name)
-                    .values(operation_id=op.operation_id)
-                )
+            await self.client.io(self._link, name, op.operation_id)
             operation_id = op.operation_id
         await self.client.drive_create(operation_id)
-        return self._views(name)[0]
+        return (await self.client.io(self._views, name))[0]
+
+    def _link(self, name: str, operation_id: str) -> None:
+        with self.store._errors("recording a step's operation"), self.store.engine.begin() as conn:
+            conn.execute(
+                sa.update(t.task_steps)
+                .where(t.task_steps.c.task_id == self.task_id, t.task_steps.c.name == name)
+                .values(operation_id=operation_id)
+            )
 
     def steps(self) -> list[StepView]:
         """Every step, in order, as it stands now (after a restart too)."""

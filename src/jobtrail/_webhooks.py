@@ -37,6 +37,7 @@ from jobtrail._config import Section
 from jobtrail._errors import ConfigError, StorageError
 from jobtrail._jsonpath import extract
 from jobtrail._observe import pull_poll_forward
+from jobtrail._offload import Offload, threads
 from jobtrail._redact import Secret
 from jobtrail._store import Store
 
@@ -140,10 +141,15 @@ def verify(
 
 
 class Receiver:
-    """Records verified events and brings polls forward. Storage work runs in the request."""
+    """Records verified events and brings polls forward.
 
-    def __init__(self, store: Store, configs: Mapping[str, WebhookConfig]) -> None:
+    Storage work runs off the event loop (``io``), so a database wait never
+    stalls the other deliveries this receiver is answering.
+    """
+
+    def __init__(self, store: Store, configs: Mapping[str, WebhookConfig], *, io: Offload = threads) -> None:
         self.store = store
+        self.io = io
         self.configs = dict(configs)
         self._secrets = {name: cfg.resolve_secrets() for name, cfg in self.configs.items()}
 
@@ -161,10 +167,10 @@ class Receiver:
                 event = parse_json(body)
             except ValueError:
                 raise Refused(400, "malformed JSON", "the body is not valid JSON") from None
-            return self._record(name, config, event_id, timestamp, event)
+            return await self.io(self._record, name, config, event_id, timestamp, event)
         except Refused as no:
             try:
-                self._refused(name, no)
+                await self.io(self._refused, name, no)
             except StorageError as exc:
                 log.error("could not count a refused webhook: %s", exc)
             return problem(no.status, no.title, no.detail)
@@ -277,9 +283,9 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def webhook_app(store: Store, configs: Mapping[str, WebhookConfig]) -> Starlette:
+def webhook_app(store: Store, configs: Mapping[str, WebhookConfig], *, io: Offload = threads) -> Starlette:
     """The ASGI app: mount it in your own app, or run ``jobtrail webhooks serve``."""
     if not configs:
         raise ConfigError('no provider declares [webhooks]; add secrets = ["env:NAME"] to a provider file')
-    receiver = Receiver(store, configs)
+    receiver = Receiver(store, configs, io=io)
     return Starlette(routes=[Route("/webhooks/{provider}", receiver.handle, methods=["POST"])])

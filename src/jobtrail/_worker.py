@@ -26,10 +26,11 @@ from jobtrail._canonical import rfc3339
 from jobtrail._create import CREATE_PHASE, CreateFlow
 from jobtrail._errors import ConfigError, JobtrailError, StaleRecord
 from jobtrail._observe import CollectFlow, ObserveFlow
+from jobtrail._offload import Offload, threads
 from jobtrail._provider import Provider, slowest_call_s
 from jobtrail._record import Operation
 from jobtrail._results import Check
-from jobtrail._states import AUTOMATIC_STATES, State
+from jobtrail._states import AUTOMATIC_STATES, ESCALATED_STATES, State
 from jobtrail._store import Store
 from jobtrail._writer import BatchWriter
 
@@ -37,6 +38,9 @@ log = logging.getLogger("jobtrail")
 _US = 1_000_000
 #: every state with an automatic next action
 WORKED_STATES = tuple(AUTOMATIC_STATES)
+#: states whose next action can settle the operation soon; the escalated ones (a person has been told;
+#: slow polls go on, but nothing automatic is expected to end them) do not keep ``until_settled`` waiting
+ACTIVE_STATES = tuple(s for s in AUTOMATIC_STATES if s not in ESCALATED_STATES)
 #: most actions one claim may chain
 _CHAIN = 4
 
@@ -74,6 +78,7 @@ class Worker:
         idle_s: longest sleep when nothing is due.
         checks: per provider name, the caller's own check of a result (return None/True to accept,
             False or a message to refuse, or raise).
+        io: where database and file work runs (threads, never the event loop; the simulation runs it inline).
     """
 
     def __init__(
@@ -88,6 +93,7 @@ class Worker:
         idle_s: float = 0.5,
         rng: random.Random | None = None,
         checks: Mapping[str, Check] | None = None,
+        io: Offload = threads,
     ) -> None:
         self.store = store
         self.providers = dict(providers)
@@ -105,7 +111,8 @@ class Worker:
                     f"({slowest:g} s: timeout_s + connect_timeout_s)"
                 )
             self._slowest_us[name] = int(slowest * _US)
-        self.writer = BatchWriter(store)
+        self.io = io
+        self.writer = BatchWriter(store, io=io)
         rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
         actor = f"worker:{self.worker_id}"
         self.create = CreateFlow(store, writer=self.writer, actor=actor, rng=rng)
@@ -120,7 +127,11 @@ class Worker:
         self._stopping.set()
 
     async def run(self, *, until_settled: bool = False, timeout: float | None = None) -> WorkerStats:
-        """Work until stopped, or (``until_settled``) until no operation needs an automatic action."""
+        """Work until stopped, or (``until_settled``) until every operation is settled.
+
+        Settled: ended, waiting for a person, or escalated (``cancellation_unconfirmed``,
+        ``result_timed_out``: still polled slowly, but nothing automatic is expected to end them).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         inflight: set[asyncio.Task[None]] = set()
         try:
@@ -128,7 +139,7 @@ class Worker:
                 if deadline is not None and time.monotonic() >= deadline:
                     break
                 capacity = self.concurrency - len(inflight)
-                claimed = self._claim(capacity) if capacity > 0 else []
+                claimed = await self._claim(capacity) if capacity > 0 else []
                 for op in claimed:
                     task = asyncio.create_task(self._handle(op))
                     inflight.add(task)
@@ -136,7 +147,7 @@ class Worker:
                 if claimed:
                     await asyncio.sleep(0)
                     continue
-                if until_settled and not inflight and self._settled():
+                if until_settled and not inflight and await self._settled():
                     self.stats.settled = True
                     break
                 await self._idle(bool(inflight))
@@ -149,9 +160,10 @@ class Worker:
                 await provider.aclose()
         return self.stats
 
-    def _claim(self, capacity: int) -> list[Operation]:
+    async def _claim(self, capacity: int) -> list[Operation]:
         try:
-            claimed = self.store.claim(
+            claimed = await self.io(
+                self.store.claim,
                 self.worker_id,
                 limit=min(self.batch, capacity),
                 lease_s=self.lease_s,
@@ -165,15 +177,16 @@ class Worker:
         self.stats.claimed += len(claimed)
         return claimed
 
-    def _settled(self) -> bool:
-        return self.store.next_due_us(providers=tuple(self.providers), states=WORKED_STATES) is None
+    async def _settled(self) -> bool:
+        due = await self.io(self.store.next_due_us, providers=tuple(self.providers), states=ACTIVE_STATES)
+        return due is None
 
     async def _idle(self, busy: bool) -> None:
         wait = self.idle_s
         if busy:
             wait = 0.005
         else:
-            due = self.store.next_due_us(providers=tuple(self.providers), states=WORKED_STATES)
+            due = await self.io(self.store.next_due_us, providers=tuple(self.providers), states=WORKED_STATES)
             if due is not None:
                 wait = min(wait, max(0.001, (due - self.store.clock()) / _US))
         with contextlib.suppress(TimeoutError):
@@ -225,7 +238,7 @@ class Worker:
     async def _back_off(self, op: Operation, exc: Exception) -> None:
         """An unexpected error: keep the record as it is, try again later, say why on the record."""
         try:
-            current = self.store.get(op.operation_id)
+            current = await self.io(self.store.get, op.operation_id)
             if current.lease_epoch != op.lease_epoch or current.state in (State.NEEDS_ATTENTION,):
                 return
             delay = self.providers[op.provider].backoff.after(None, max(current.attempts, 1))

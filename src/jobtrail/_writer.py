@@ -1,9 +1,11 @@
 """The async front of :meth:`Store.apply`: one transaction per write, or group commit.
 
-Flows write through a :class:`Writer`. The worker uses :class:`BatchWriter`:
-every write requested in one turn of the event loop lands in one transaction
-(one commit, one fsync), and each caller resumes only once its write is
-durable, so "durable before the send" still holds for every create attempt.
+Flows write through a :class:`Writer`, and read through its :attr:`Writer.io`,
+so no SQL runs on the event loop thread. The worker uses :class:`BatchWriter`:
+every write requested while a commit is running (or in the loop turn that
+started it) lands in the next transaction (one commit, one fsync), and each
+caller resumes only once its own write is durable, so "durable before the
+send" holds for every create attempt exactly as with one transaction per write.
 """
 
 from __future__ import annotations
@@ -14,19 +16,25 @@ from typing import Any
 
 from jobtrail._errors import StaleRecord
 from jobtrail._evidence import Evidence
+from jobtrail._offload import Offload, threads
 from jobtrail._record import Operation
 from jobtrail._states import State
 from jobtrail._store import Change, Observe, Release, Reschedule, Store, Write
 
+#: callers woken per loop turn after a commit (see BatchWriter._settle)
+_WAKE_PER_TURN = 32
+
 
 class Writer:
-    """Writes each item in its own transaction, at once."""
+    """Writes each item in its own transaction, at once, off the event loop."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, io: Offload = threads) -> None:
         self.store = store
+        #: where blocking reads and writes run (threads; inline only in the simulation)
+        self.io = io
 
     async def apply(self, item: Write) -> Any:
-        return self.store.apply([item])[0]
+        return (await self.io(self.store.apply, [item]))[0]
 
     async def transition(
         self,
@@ -65,12 +73,18 @@ class Writer:
 
 
 class BatchWriter(Writer):
-    """Group commit: all writes requested in one loop turn share one transaction."""
+    """Group commit: writes queue while a commit runs, and the next commit takes them all.
 
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
+    One commit is in flight at a time, so the size of a group follows the load
+    (and the database's latency), not how many answers happen to arrive in one
+    loop turn.
+    """
+
+    def __init__(self, store: Store, *, io: Offload = threads) -> None:
+        super().__init__(store, io=io)
         self._pending: list[tuple[Write, asyncio.Future[Any]]] = []
-        self._scheduled = False
+        self._committing = False
+        self._commits: set[asyncio.Task[None]] = set()
         self.transactions = 0
         self.writes = 0
 
@@ -78,38 +92,75 @@ class BatchWriter(Writer):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((item, future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
+        if not self._committing:
+            self._committing = True
+            # one loop turn first: every write this turn asks for joins the same transaction
+            loop.call_soon(self._start)
         return await future
 
-    def _flush(self) -> None:
-        self._scheduled = False
+    def _start(self) -> None:
         batch, self._pending = self._pending, []
-        if not batch:
-            return
+        task = asyncio.get_running_loop().create_task(self._commit(batch))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+
+    async def _commit(self, batch: list[tuple[Write, asyncio.Future[Any]]]) -> None:
         try:
-            results = self.store.apply([item for item, _ in batch])
-            self.transactions += 1
-            self.writes += len(batch)
+            outcomes = await self.io(self._apply_all, [item for item, _ in batch])
+        except Exception as exc:  # the database itself failed: every caller hears it
+            outcomes = [(False, exc)] * len(batch)
+        except BaseException:  # cancelled (the loop is closing): nobody may hang on a future
+            for _, future in batch:
+                future.cancel()
+            self._next()
+            raise
+        self._settle(batch, outcomes)
+        self._next()
+
+    def _settle(self, batch: list[tuple[Write, asyncio.Future[Any]]], outcomes: list[tuple[bool, Any]]) -> None:
+        """Wake the writers, a bounded number per loop turn.
+
+        A commit that waited (on a lock held elsewhere, say) may complete hundreds of
+        writes at once; waking every caller in one turn would hold the loop for all
+        of their next steps, and timers (time-outs of calls in flight) would wait.
+        """
+        for (_, future), (ok, value) in zip(batch[:_WAKE_PER_TURN], outcomes[:_WAKE_PER_TURN], strict=True):
+            if future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        if len(batch) > _WAKE_PER_TURN:
+            asyncio.get_running_loop().call_soon(self._settle, batch[_WAKE_PER_TURN:], outcomes[_WAKE_PER_TURN:])
+
+    def _next(self) -> None:
+        if self._pending:
+            asyncio.get_running_loop().call_soon(self._start)
+        else:
+            self._committing = False
+
+    def _apply_all(self, items: list[Write]) -> list[tuple[bool, Any]]:
+        """One transaction for all; if it fails, each on its own so each caller gets its own answer."""
+        try:
+            results = self.store.apply(items)
         except Exception:
-            # one bad write (a refused transition, a storage error) must not fail its neighbours:
-            # apply them one by one so each caller gets its own answer
-            for item, future in batch:
-                try:
-                    result = self.store.apply([item])[0]
-                    self.transactions += 1
-                    self.writes += 1
-                except Exception as exc:
-                    if not future.done():
-                        future.set_exception(exc)
-                else:
-                    if not future.done():
-                        future.set_result(result)
-            return
-        for (_, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+            # one bad write (a refused transition, a storage error) must not fail its neighbours
+            if len(items) == 1:
+                raise
+        else:
+            self.transactions += 1
+            self.writes += len(items)
+            return [(True, result) for result in results]
+        outcomes: list[tuple[bool, Any]] = []
+        for item in items:
+            try:
+                outcomes.append((True, self.store.apply([item])[0]))
+                self.transactions += 1
+                self.writes += 1
+            except Exception as exc:
+                outcomes.append((False, exc))
+        return outcomes
 
 
 def _operation(result: Any) -> Operation:

@@ -71,6 +71,7 @@ from jobtrail._cancel import request_cancel
 from jobtrail._client import AsyncJobtrail
 from jobtrail._errors import JobtrailError
 from jobtrail._http_provider import HttpProvider, parse_config
+from jobtrail._offload import inline
 from jobtrail._record import Operation
 from jobtrail._redact import install_log_redaction
 from jobtrail._results import read_result
@@ -546,7 +547,7 @@ class _Sim:
         #: the worker whose action is running (a slow request lets the others act meanwhile)
         self._active: _SimWorker | None = None
         self.store = Store.open(db, clock=self.clock, migrate=migrate)
-        self.receiver = Receiver(self.store, {PROVIDER: parsed.webhooks})
+        self.receiver = Receiver(self.store, {PROVIDER: parsed.webhooks}, io=inline)
         self.crash_rng = Random(self.rng.getrandbits(64))
         self.crash_rate = self.rng.choice((0.0, 0.05, 0.15))
         self.crashes = 0
@@ -577,6 +578,7 @@ class _Sim:
             worker_id=f"w{self.worker_serial}",
             lease_s=LEASE_S,
             rng=Random(self.rng.getrandbits(64)),
+            io=inline,
         )
         return _SimWorker(worker)
 
@@ -586,7 +588,7 @@ class _Sim:
         self.workers[self.workers.index(old)] = self.new_worker()
 
     async def run(self, max_steps: int) -> int:
-        jt = AsyncJobtrail(store=self.store, providers=[self.provider], actor="sim")
+        jt = AsyncJobtrail(store=self.store, providers=[self.provider], actor="sim", io=inline)
         planned = self.rng.randint(1, 6)
         self.workers = [self.new_worker() for _ in range(self.rng.randint(1, 3))]
         steps = 0
@@ -599,7 +601,7 @@ class _Sim:
             if action == "submit" and len(self.op_ids) < planned:
                 await self._submit(jt)
             elif action == "claim":
-                self._claim(self.rng.choice(self.workers))
+                await self._claim(self.rng.choice(self.workers))
             elif action == "handle":
                 await self._handle_one()
             elif action == "clock":
@@ -641,8 +643,8 @@ class _Sim:
         self.op_ids.append(op.operation_id)
         self.trace.append(f"{self.clock()} submit {n}")
 
-    def _claim(self, sim_worker: _SimWorker) -> None:
-        claimed = sim_worker.worker._claim(self.rng.randint(1, 3))
+    async def _claim(self, sim_worker: _SimWorker) -> None:
+        claimed = await sim_worker.worker._claim(self.rng.randint(1, 3))
         sim_worker.pending.extend(claimed)
         if claimed:
             self.trace.append(f"{self.clock()} {sim_worker.worker.worker_id} claims {len(claimed)}")
@@ -656,7 +658,7 @@ class _Sim:
             return
         self._nested = True
         try:
-            self._claim(self.rng.choice(others))
+            await self._claim(self.rng.choice(others))
             await self._handle_one(among=others)
         finally:
             self._nested = False
@@ -749,7 +751,7 @@ class _Sim:
         for _ in range(max_rounds):
             while self.world.events:
                 await self._deliver(forged=False)
-            claimed = worker._claim(100)
+            claimed = await worker._claim(100)
             for op in claimed:
                 await worker._handle(op)
             if claimed:
