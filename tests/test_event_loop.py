@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -216,7 +215,9 @@ def test_a_lock_held_elsewhere_never_stalls_the_calls_in_flight(tmp_path: Path, 
     assert "ambiguous_create" not in causes
 
 
-def test_the_webhook_receiver_and_the_mcp_server_answer_while_a_lock_is_held(tmp_path: Path) -> None:
+def test_the_webhook_receiver_and_the_mcp_server_answer_while_a_lock_is_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The receiver keeps answering (a delivery waits for the lock, the loop does not) and the MCP tools read
     and write without stalling the loop."""
     from jobtrail._mcp import build_server
@@ -225,7 +226,7 @@ def test_the_webhook_receiver_and_the_mcp_server_answer_while_a_lock_is_held(tmp
 
     db = str(tmp_path / "jobs.db")
     secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks example shape
-    os.environ["JOBTRAIL_TEST_WHSEC"] = secret
+    monkeypatch.setenv("JOBTRAIL_TEST_WHSEC", secret)
     fake = FakeProvider(job_duration_s=30).start()
     config = fake.provider_config(webhooks={"secrets": ["env:JOBTRAIL_TEST_WHSEC"], "job_id": "$.data.id"})
 

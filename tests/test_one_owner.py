@@ -73,7 +73,7 @@ async def _mcp_submits(db_url: str, provider: Path, n: int) -> list[dict[str, An
                 "submit_job", {"provider": "fake", "request": {"via": "mcp", "i": i}, "operation_key": f"mcp-{i}"}
             )
             text = "".join(getattr(c, "text", "") for c in answer.content)
-            answers.append({"error": text} if answer.isError else {"ok": text})
+            answers.append({"error": text} if answer.is_error else {"ok": text})
     return answers
 
 
@@ -174,3 +174,32 @@ def test_a_new_owner_settles_an_attempt_from_the_answer_the_last_one_stored(
     assert "ambiguous_create" not in causes and "cannot_tell" not in causes
     assert "confirmed_create" in causes
     assert_audit_verifies(db_url)
+
+
+def test_a_cancel_while_the_submitter_sends_does_not_keep_the_operation_leased(db_url: str) -> None:
+    """A person's cancel lands while the submitting process waits for the create's answer: the submitter's
+    next write is refused as stale, and it still gives the lease back at once (no worker waits it out)."""
+    from jobtrail.testing import Fault
+
+    fake = FakeProvider(job_duration_s=30).start()
+    fake.script(Fault.delay(1.0))
+
+    async def scenario() -> tuple[Any, float]:
+        async with AsyncJobtrail(db_url, providers=[fake.provider_config(timeout_s=5)], lease_s=60) as jt:
+            op = await jt.submit("fake", {"n": 1})
+            started = time.monotonic()
+            driving = asyncio.create_task(jt.drive_create(op.operation_id))
+            await asyncio.sleep(0.4)
+            await jt.cancel(op.operation_id, requested_by="alice", reason="wrong input")
+            await driving
+            return await asyncio.to_thread(jt.store.get, op.operation_id), time.monotonic() - started
+
+    try:
+        op, took = asyncio.run(scenario())
+    finally:
+        fake.stop()
+    assert took < 30, "drive_create waited out its own lease"
+    assert op.lease_owner is None
+    # the stored answer settled the create without a second request; the cancel waits for a worker
+    assert op.state is S.ACCEPTED and op.remote_job_id and op.cancel_requested_by == "alice"
+    assert fake.counts["creates_received"] == 1 and fake.counts["jobs_created"] == 1

@@ -207,31 +207,39 @@ class AsyncJobtrail:
         provider = self.provider(op.provider)
         lease_s = self._lease_s(provider)
         while op.state in CREATE_PHASE:
+            now = self.store.clock()
+            held = op.lease_owner is not None and (op.lease_expires_at_us or 0) > now
+            due_in = ((op.next_action_at_us or now) - now) / _US
+            if held or due_in > 0:
+                # another owner is acting (its outcome, not ours, comes next), or nothing is due yet:
+                # look again by reading, never by taking write locks in a loop
+                await asyncio.sleep(_OWNER_POLL_S if held else due_in)
+                op = await self.io(self.store.get, operation_id)
+                continue
             leased = await self.io(self.store.lease, operation_id, self.owner, lease_s=lease_s)
-            if leased is None:  # another owner is acting: its outcome, not ours, comes next
-                await asyncio.sleep(_OWNER_POLL_S)
+            if leased is None:  # taken between our read and our claim
                 op = await self.io(self.store.get, operation_id)
                 continue
             op = await self._advance_leased(leased, provider)
-            if op.state in CREATE_PHASE and op.next_action_at_us is not None:
-                wait = (op.next_action_at_us - self.store.clock()) / _US
-                if wait > 0:
-                    await asyncio.sleep(wait)
         return op
 
     async def _advance_leased(self, op: Operation, provider: Provider) -> Operation:
-        """One create-phase action under the lease just taken; the lease is given back after it."""
+        """One create-phase action under the lease just taken; the lease is given back after it, whatever
+        happens (the release is fenced by our epoch, so it never frees a successor's lease)."""
         try:
             new = await self._flow.advance(op, provider)
         except StaleRecord:
             # someone changed the record (a person's cancel, a takeover after our lease lapsed): read it again
-            return await self.io(self.store.get, op.operation_id)
-        await self._flow.writer.release(new)
-        return dataclasses.replace(new, lease_owner=None, lease_expires_at_us=None)
+            new = await self.io(self.store.get, op.operation_id)
+        finally:
+            await self._flow.writer.release(op)
+        if new.lease_epoch == op.lease_epoch:
+            return dataclasses.replace(new, lease_owner=None, lease_expires_at_us=None)
+        return new
 
     def _lease_s(self, provider: Provider) -> float:
-        """Long enough to finish the slowest provider call and record its outcome (each write may wait
-        out a busy database)."""
+        """Long enough for one create action: a send or replay, a cross-checking lookup, and the writes
+        around them (each may wait out a busy database)."""
         slowest = slowest_call_s(provider)
         if self.lease_s is not None:
             if self.lease_s <= slowest:
@@ -240,7 +248,7 @@ class AsyncJobtrail:
                     f"({slowest:g} s: timeout_s + connect_timeout_s)"
                 )
             return self.lease_s
-        return slowest + 3 * SQLITE_BUSY_TIMEOUT_MS / 1000 + 5
+        return 2 * slowest + 3 * SQLITE_BUSY_TIMEOUT_MS / 1000 + 5
 
     async def cancel(
         self, operation_id: str, *, requested_by: str, reason: str, expected_effect: str = ""

@@ -9,15 +9,13 @@ path, re-sending only with the same token and only inside the create deadline.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from jobtrail._canonical import canonical_bytes, rfc3339
+from jobtrail._canonical import canonical_bytes, compact_json, rfc3339
 from jobtrail._evidence import (
     AmbiguousCreate,
     CannotTell,
@@ -36,6 +34,7 @@ from jobtrail._failpoints import failpoint
 from jobtrail._observe import adopt_orphans
 from jobtrail._provider import CreateOutcome, LookupOutcome, Provider, ReconcileMode, Response
 from jobtrail._record import Operation
+from jobtrail._redact import REDACTED
 from jobtrail._states import State
 from jobtrail._store import Store
 from jobtrail._writer import Writer
@@ -539,20 +538,6 @@ class CreateFlow:
             op.operation_id, kind=kind, raw=raw, http_status=status, provider_request_id=request_id
         )
 
-    # -- driving to the end of the create phase ---------------------------------------------------
-
-    async def run(
-        self, op: Operation, provider: Provider, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    ) -> Operation:
-        """Advance until the operation leaves the create phase, sleeping between due times."""
-        while op.state in CREATE_PHASE:
-            op = await self.advance(op, provider)
-            if op.state in CREATE_PHASE and op.next_action_at_us is not None:
-                wait = (op.next_action_at_us - self._now()) / _US
-                if wait > 0:
-                    await sleep(wait)
-        return op
-
 
 #: an attempt, and what settles one without leaving the create phase (every other outcome leaves it)
 _ATTEMPT_AND_OUTCOMES = (
@@ -571,7 +556,12 @@ def _stored_outcome(stored: dict[str, Any]) -> CreateOutcome:
     kind = raw.get("outcome")
     if kind not in ("confirmed", "synchronous", "rejected", "ambiguous", "not_sent"):
         kind = "ambiguous"  # an answer we cannot read back is a doubt, never a confirmation
-    if kind == "confirmed" and not raw.get("remote_job_id"):
+    # what was stored went through the redactor: a job id or result it masked is no longer the
+    # provider's, and an answer kept without its result cannot give it back, so both are doubts
+    # (a provider with tokens is then replayed; one without says so plainly)
+    if kind == "confirmed" and (not raw.get("remote_job_id") or REDACTED in str(raw["remote_job_id"])):
+        kind = "ambiguous"
+    if kind == "synchronous" and ("result" not in raw or REDACTED in compact_json(raw["result"])):
         kind = "ambiguous"
     response = Response(
         http_status=stored.get("http_status"),
@@ -585,8 +575,8 @@ def _stored_outcome(stored: dict[str, Any]) -> CreateOutcome:
         response=response,
         remote_job_id=raw.get("remote_job_id"),
         status_url=raw.get("status_url"),
-        result=raw.get("result", raw.get("body")),
-        error_class=raw.get("error_class") or ("stored_answer_unreadable" if kind == "ambiguous" else ""),
+        result=raw.get("result"),
+        error_class=raw.get("error_class") or ("stored_answer_unusable" if kind == "ambiguous" else ""),
         detail=raw.get("detail") or "",
         declared_non_retryable=bool(raw.get("declared_non_retryable")),
     )

@@ -172,7 +172,8 @@ async def _run(db: str, console: Console) -> bool:
                 await asyncio.sleep(0.05)
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(10)
-        held = sum(1 for sc in scenarios if store.get(sc.operation_id).lease_owner == "demo-worker-1")
+        leases = [(await jt.io(store.get, sc.operation_id)).lease_owner for sc in scenarios]
+        held = leases.count("demo-worker-1")
         console.print(
             f"  killed demo-worker-1 (kill -9) after {good.counts['status'] - polls} polls, holding {held} "
             "lease(s); another worker continues from the record alone"
@@ -180,7 +181,8 @@ async def _run(db: str, console: Console) -> bool:
 
         # 3. a person cancels a job that finishes at that very moment
         racing = next(sc for sc in scenarios if sc.options.get("cancel") == "finish_first")
-        done = request_cancel(
+        done = await jt.io(
+            request_cancel,
             store,
             racing.operation_id,
             requested_by="demo-operator",
@@ -200,7 +202,8 @@ async def _run(db: str, console: Console) -> bool:
         task = asyncio.create_task(worker.run(until_settled=True, timeout=45))
         with console.status("") as status:
             while not task.done():
-                states = Counter(store.get(sc.operation_id).state.value for sc in scenarios)
+                ops = [await jt.io(store.get, sc.operation_id) for sc in scenarios]
+                states = Counter(op.state.value for op in ops)
                 status.update("demo-worker-2: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
                 await asyncio.sleep(0.2)
         await task

@@ -21,8 +21,25 @@ def _remember(signum: int, frame: FrameType | None) -> None:
     early_signals.add(signum)
 
 
+#: global options that take a value (``jobtrail --db X worker``)
+_VALUED = frozenset({"--db"})
+
+
+def _command(args: list[str]) -> str | None:
+    """The subcommand, skipping the global options before it."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _VALUED:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def main() -> None:
-    if "worker" in sys.argv[1:]:
+    if _command(sys.argv[1:]) == "worker":
         signal.signal(signal.SIGTERM, _remember)
         signal.signal(signal.SIGINT, _remember)
     from jobtrail._cli import main as cli_main

@@ -122,11 +122,9 @@ class ObserveFlow:
         # ahead of the time the provider asked for
         answered = self.store.clock()
         delay = provider.poll_backoff.after(resp.retry_after_s, polls, self.rng)
-        next_at = (
-            answered + int(provider.poll_backoff.cap_s * _US)
-            if op.state in _SLOW_STATES
-            else answered + int(delay * _US)
-        )
+        if op.state in _SLOW_STATES:  # a person has been told: the slow pace, or later if the provider asks
+            delay = max(provider.poll_backoff.cap_s, delay)
+        next_at = answered + int(delay * _US)
         await self.writer.observe(
             op.operation_id,
             kind="status_poll",

@@ -203,7 +203,7 @@ class Store:
     def _errors(self, doing: str) -> Iterator[None]:
         try:
             yield
-        except (sa.exc.DBAPIError, sqlite3.Error, psycopg.Error) as exc:
+        except (sa.exc.DBAPIError, sa.exc.TimeoutError, sqlite3.Error, psycopg.Error) as exc:
             raise StorageError(_explain_db_error(self.engine, doing, exc)) from exc
 
     @contextlib.contextmanager

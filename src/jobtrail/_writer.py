@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from jobtrail._errors import StaleRecord
+from jobtrail._errors import StaleRecord, StorageError
 from jobtrail._evidence import Evidence
 from jobtrail._offload import Offload, threads
 from jobtrail._record import Operation
@@ -144,8 +144,10 @@ class BatchWriter(Writer):
         """One transaction for all; if it fails, each on its own so each caller gets its own answer."""
         try:
             results = self.store.apply(items)
+        except StorageError:
+            raise  # the database itself failed (locked past its time-out, gone): every caller hears it at once
         except Exception:
-            # one bad write (a refused transition, a storage error) must not fail its neighbours
+            # one refused write (a transition without its evidence) must not fail its neighbours
             if len(items) == 1:
                 raise
         else:
