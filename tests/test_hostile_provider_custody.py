@@ -25,8 +25,9 @@ from aiohttp import web
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail._egress import EgressPolicy, UrlRefused, is_special, origin_of, parse_host_rule
 from jobtrail._errors import ConfigError
-from jobtrail._http_provider import load_provider, parse_config
+from jobtrail._http_provider import HttpProvider, load_provider, parse_config
 from jobtrail._jsonpath import extract
+from jobtrail._provider import guarantees
 from jobtrail._redact import Secret
 from jobtrail._results import read_result
 from jobtrail._worker import Worker
@@ -140,6 +141,8 @@ class Hostile:
         self.create_status = 201
         self.location = ""
         self.job_id = "job-1"
+        self.state = "succeeded"
+        self.redirect_to = ""
         self.server = HttpListener("127.0.0.1", self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -149,7 +152,9 @@ class Hostile:
                 return web.Response(status=self.create_status, headers={"Location": self.location})
             return web.json_response({"id": self.job_id, "status": "queued"}, status=self.create_status)
         if request.method == "GET" and path == f"/v1/jobs/{self.job_id}":
-            return web.json_response({"id": self.job_id, "status": "succeeded", "result_url": self.result_url})
+            return web.json_response({"id": self.job_id, "status": self.state, "result_url": self.result_url})
+        if request.method == "GET" and path == "/v1/redirect":
+            return web.Response(status=302, headers={"Location": self.redirect_to})
         if request.method == "GET" and path == f"/v1/jobs/{self.job_id}/result":
             return web.json_response({"from": "provider"})
         return web.json_response({"error": "not found"}, status=404)
@@ -329,6 +334,21 @@ def test_without_a_credential_the_provider_still_cannot_pick_an_address(store: S
     assert w.side.connections == 0 and len(fetches(store, op_id)) == 1
 
 
+def test_a_redirect_on_a_result_fetch_is_not_followed(store: Store, canary: str) -> None:
+    async def go() -> tuple[str, World]:
+        async with world() as w:
+            w.hostile.result_url = "/v1/redirect"
+            w.hostile.redirect_to = f"http://127.0.0.2:{w.side.port}/steal"
+            return await run_one(store, w.config()), w
+
+    op_id, w = asyncio.run(go())
+    assert w.side.connections == 0 and w.leaked_elsewhere(canary) == []
+    seen = fetches(store, op_id)
+    assert 1 <= len(seen) <= 5 and all(f["error"]["error"] == "redirect" for f in seen)
+    assert f"127.0.0.2:{w.side.port}" in seen[0]["error"]["detail"]
+    assert store.get(op_id).state is State.RESULT_UNAVAILABLE
+
+
 # -- a create answered with a redirect ------------------------------------------------------------------
 
 
@@ -368,6 +388,25 @@ def test_a_job_id_carrying_the_credential_is_unusable_and_never_stored(store: St
     assert canary not in (op.state_reason or "")
     # the create, then one replay of the same token: the same unusable answer stops it
     assert w.hostile.posts() == 2
+
+
+def test_a_state_carrying_the_credential_is_not_stored(store: Store, canary: str) -> None:
+    async def go() -> tuple[str, World]:
+        async with world() as w:
+            w.hostile.state = f"running {canary}"
+            jt = AsyncJobtrail(store=store, providers=[w.config()])
+            op = await jt.submit("hostile", {"input": "x"})
+            await jt.aclose()
+            worker = Worker(store, {"hostile": load_provider(w.config())}, worker_id="w1", idle_s=0.02)
+            await worker.run(timeout=1.0)
+            return op.operation_id, w
+
+    op_id, w = asyncio.run(go())
+    op = store.get(op_id)
+    polls = [o for o in store.observations(op_id) if o["kind"] == "status_poll"]
+    assert polls and op.state is State.OBSERVING and op.remote_state is None
+    assert all(o["remote_state"] == "unknown" and o["raw_state"] is None for o in polls)
+    assert len([m for m, _, _ in w.hostile.server.requests if m == "GET"]) == len(polls)
 
 
 def test_extract_refuses_values_carrying_a_registered_credential() -> None:
@@ -445,6 +484,11 @@ def test_a_valid_file_with_every_new_key_loads() -> None:
     assert [(r.host, r.wildcard) for r in config.download_hosts] == [
         ("storage.example.com", False),
         ("s3.amazonaws.com", True),
+    ]
+    # `jobtrail providers check` tells the operator where result links may lead
+    assert guarantees(HttpProvider(config))["download_hosts"] == [
+        "https://storage.example.com",
+        "https://*.s3.amazonaws.com",
     ]
 
 

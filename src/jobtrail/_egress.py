@@ -160,6 +160,9 @@ class HostRule:
             return origin.host.endswith("." + self.host) and _ip(origin.host) is None
         return origin.host == self.host
 
+    def __str__(self) -> str:
+        return str(Origin(self.scheme, ("*." if self.wildcard else "") + self.host, self.port))
+
     @property
     def is_address(self) -> bool:
         return not self.wildcard and _ip(self.host) is not None
