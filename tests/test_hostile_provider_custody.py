@@ -19,11 +19,20 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp.abc
 import pytest
 from aiohttp import web
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._egress import EgressPolicy, UrlRefused, is_special, origin_of, parse_host_rule
+from jobtrail._egress import (
+    AddressRefused,
+    EgressPolicy,
+    PublicOnlyResolver,
+    UrlRefused,
+    is_special,
+    origin_of,
+    parse_host_rule,
+)
 from jobtrail._errors import ConfigError
 from jobtrail._http_provider import HttpProvider, load_provider, parse_config
 from jobtrail._jsonpath import extract
@@ -604,3 +613,43 @@ def test_special_addresses(address: str, special: bool) -> None:
     import ipaddress
 
     assert is_special(ipaddress.ip_address(address)) is special
+
+
+class _FixedAnswers(aiohttp.abc.AbstractResolver):
+    """A resolver whose answers are set by the test: one name, several addresses (as DNS may give)."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = addresses
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[Any]:
+        return [
+            {"hostname": host, "host": a, "port": port, "family": family, "proto": 0, "flags": 0}
+            for a in self.addresses
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("addresses", "refused"),
+    [
+        (["93.184.216.34"], False),
+        (["93.184.216.34", "127.0.0.1"], True),  # one bad address among good ones refuses the name
+        (["10.0.0.7"], True),
+        (["::ffff:169.254.169.254"], True),
+        (["2606:4700:4700::1111", "fd00::1"], True),
+    ],
+)
+def test_every_resolved_address_is_checked(addresses: list[str], refused: bool) -> None:
+    async def go() -> list[Any]:
+        resolver = PublicOnlyResolver()
+        await resolver.close()
+        resolver._inner = _FixedAnswers(addresses)  # type: ignore[assignment]
+        return await resolver.resolve("storage.example.com", 443)
+
+    if refused:
+        with pytest.raises(AddressRefused, match=r"storage\.example\.com"):
+            asyncio.run(go())
+    else:
+        assert [a["host"] for a in asyncio.run(go())] == addresses
