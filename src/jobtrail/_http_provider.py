@@ -587,6 +587,7 @@ class HttpProvider:
         self.egress = EgressPolicy(config.base_url, config.download_hosts)
         self._session: aiohttp.ClientSession | None = None
         self._foreign: aiohttp.ClientSession | None = None
+        self._foreign_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- plumbing -------------------------------------------------------------------
@@ -605,13 +606,13 @@ class HttpProvider:
     def _foreign_client(self) -> aiohttp.ClientSession:
         """For declared download hosts: no provider headers, names resolved to public addresses only."""
         loop = asyncio.get_running_loop()
-        if self._foreign is None or self._loop is not loop or self._foreign.closed:
+        if self._foreign is None or self._foreign_loop is not loop or self._foreign.closed:
             self._foreign = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.config.max_connections, resolver=PublicOnlyResolver()),
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
                 headers={"User-Agent": _USER_AGENT},
             )
-            self._loop = loop
+            self._foreign_loop = loop
         return self._foreign
 
     async def aclose(self) -> None:
