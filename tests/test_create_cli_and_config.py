@@ -229,8 +229,10 @@ def test_credentials_never_go_to_a_url_the_provider_hands_back(
     jt = AsyncJobtrail(store=store, providers=[fake.provider_config(credential="env:FAKE_API_KEY")])
     op = asyncio.run(jt.submit("fake", {"n": 1}))
     provider = jt.providers["fake"]
-    with pytest.raises(ConfigError, match="refusing to send credentials"):
-        asyncio.run(provider.fetch_result(op, "https://evil.example.net/steal"))
+    # refused before any connection, with the host and the key that would allow it
+    refused = asyncio.run(provider.fetch_result(op, "https://evil.example.net/steal"))
+    assert refused.http_status is None and refused.body["error"] == "refused"
+    assert "evil.example.net" in refused.body["detail"] and "result.download_hosts" in refused.body["detail"]
     asyncio.run(provider.aclose())
     store.close()
 

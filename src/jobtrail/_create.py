@@ -363,19 +363,22 @@ class CreateFlow:
                 not_sent=outcome,
                 obs_id=obs_id,
             )
-        if op.state is State.RECONCILIATION and outcome.error_class == "malformed_response":
+        redirected = outcome.error_class == "redirect"  # re-sending a redirected POST only repeats it
+        if redirected or (op.state is State.RECONCILIATION and outcome.error_class == "malformed_response"):
             # the replay repeats the same unreadable answer: waiting cannot settle it
             return await self.writer.transition(
                 op,
                 State.NEEDS_ATTENTION,
                 CannotTell(
-                    reason="malformed_response",
+                    reason=outcome.error_class,
                     detail=outcome.detail,
                 ),
                 actor=self.actor,
                 changes={
                     "next_action_at_us": None,
-                    "state_reason": (
+                    "state_reason": outcome.detail
+                    if redirected
+                    else (
                         f"the provider's answers carry no job id ({outcome.detail}); check the provider "
                         "file's create.job_id, then look for the job in the provider's console"
                     ),

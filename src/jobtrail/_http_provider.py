@@ -13,6 +13,7 @@ import base64
 import ipaddress
 import json
 import os
+import string
 import time
 import tomllib
 import urllib.parse
@@ -23,13 +24,24 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yarl
 
 from jobtrail._backoff import Backoff, parse_retry_after
 from jobtrail._canonical import parse_json
 from jobtrail._config import Section
+from jobtrail._egress import (
+    AddressRefused,
+    EgressPolicy,
+    HostRule,
+    PublicOnlyResolver,
+    UrlRefused,
+    origin_of,
+    parse_host_rule,
+    refusal_body,
+)
 from jobtrail._errors import ConfigError
 from jobtrail._ids import traceparent
-from jobtrail._jsonpath import extract, extract_any
+from jobtrail._jsonpath import extract, extract_any, parse_path, why_unusable
 from jobtrail._provider import (
     Capabilities,
     CreateOutcome,
@@ -163,15 +175,60 @@ class HttpProviderConfig:
     webhook_scheme: str | None
     webhooks: Any = None
     resume: bool = False
+    #: hosts (besides base_url's origin) that result links may point to; fetched without the credential
+    download_hosts: tuple[HostRule, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _endpoint(section: Section | None, default_method: str) -> Endpoint | None:
+#: what a provider-file path may name in braces
+PLACEHOLDERS = ("job_id", "token", "trace_id")
+
+
+def _endpoint(section: Section | None, default_method: str, base_url: str) -> Endpoint | None:
     if section is None:
         return None
     method = section.choice("method", ("GET", "POST", "PUT", "DELETE", "PATCH"), default_method)
     path = section.text("path", "a path such as /v1/jobs/{job_id}")
+    _check_url_path(section, "path", path, base_url)
     return Endpoint(method, path)
+
+
+def _check_url_path(section: Section, key: str, path: str, base_url: str) -> None:
+    """A path below base_url (or a URL at exactly its origin) naming only known placeholders."""
+    try:
+        fields = [(name, conv, spec) for _, name, spec, conv in string.Formatter().parse(path) if name is not None]
+    except ValueError as exc:
+        section.fail(
+            key, f"a path whose braces name placeholders ({exc}; write {{{{ and }}}} for literal braces)", path
+        )
+    for name, conv, spec in fields:
+        if name not in PLACEHOLDERS or conv or spec:
+            section.fail(key, "a path naming only the placeholders {" + "}, {".join(PLACEHOLDERS) + "}", path)
+    if path.startswith(("http://", "https://")):
+        try:
+            same = origin_of(path.format(**{n: "x" for n in PLACEHOLDERS})) == origin_of(base_url)
+        except UrlRefused as exc:
+            section.fail(key, f"a path below base_url, or a URL at its origin ({exc.reason})", path)
+        if not same:
+            section.fail(
+                key,
+                "a path below base_url, or a URL at exactly its origin (scheme, host, port): "
+                "the credential goes nowhere else",
+                path,
+            )
+    elif not path.startswith("/"):
+        section.fail(key, "a path starting with / (below base_url)", path)
+
+
+def _json_path(section: Section, key: str, default: Any = None, *, expected: str = "a JSON path") -> Any:
+    """A JSON path value, parsed now so a typo is a load-time error naming file and key."""
+    value = section.text(key, expected, default)
+    if isinstance(value, str) and not value.startswith("header:"):
+        try:
+            parse_path(value)
+        except ConfigError as exc:
+            section.fail(key, f"{expected} ({exc})", value)
+    return value
 
 
 def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProviderConfig:
@@ -188,6 +245,12 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
             "a URL without user:password (reference the credential by name instead)",
             default_redactor.url(base_url),
         )
+    try:
+        origin_of(base_url)
+    except UrlRefused as exc:
+        top.fail("base_url", f"an absolute http(s) URL ({exc.reason})", base_url)
+    if parts.query or parts.fragment:
+        top.fail("base_url", "a URL without a query or fragment", default_redactor.url(base_url))
     target = top.text("target", "free text naming what the jobs act on", parts.hostname)
     credential = None
     cred_ref = top._get("credential", None)
@@ -229,12 +292,21 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         from jobtrail._webhooks import parse_webhooks
 
         webhooks = parse_webhooks(webhooks_s)
+        # a delivery's timestamp is accepted within +-tolerance_s, so a replay can arrive up to
+        # 2 x tolerance_s after the first copy: the de-duplication record must outlive that
+        if webhooks.retention_s < 2 * webhooks.tolerance_s:
+            webhooks_s.fail(
+                "retention_days",
+                f"at least twice tolerance_s ({2 * webhooks.tolerance_s:g} s = "
+                f"{2 * webhooks.tolerance_s / 86400:.6g} days), or a replayed event is accepted again",
+                webhooks.retention_s / 86400,
+            )
     target_kind = "standard" if webhooks is not None else None
     resume = top.flag("resume", False)
 
     create_s = top.table("create", required=True)
     assert create_s is not None
-    create = _endpoint(create_s, "POST")
+    create = _endpoint(create_s, "POST", base_url)
     assert create is not None
     token_s = create_s.table("token")
     if token_s is None:
@@ -247,21 +319,26 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     retention = create_s.number("token_retention_s", "seconds the provider keeps tokens", None)
     job_id = create_s.text("job_id", "where the job id is: a JSON path like $.id, or header:Location", "$.id")
     _check_path(create_s, "job_id", job_id)
-    status_url = create_s.text("status_url", "header:Location, header:Operation-Location or a JSON path", None)
-    sync_result = create_s.text("sync_result", "a JSON path to a result returned with HTTP 200", None)
-    error_code = create_s.text("error_code", "a JSON path to the provider's error code", None)
+    _json_path(create_s, "job_id", "$.id")
+    status_url = _json_path(
+        create_s, "status_url", expected="header:Location, header:Operation-Location or a JSON path"
+    )
+    sync_result = _json_path(create_s, "sync_result", expected="a JSON path to a result returned with HTTP 200")
+    error_code = _json_path(create_s, "error_code", expected="a JSON path to the provider's error code")
     non_retryable = frozenset(create_s.strings("non_retryable", "a list of error codes", []))
     create_s.done()
 
     status_s = top.table("status")
-    status = _endpoint(status_s, "GET")
+    status = _endpoint(status_s, "GET", base_url)
     state_path, progress_path, result_ref, time_path, effects_path = "$.status", None, None, None, None
     if status_s is not None:
-        state_path = status_s.text("state", "a JSON path to the job's state", "$.status")
-        progress_path = status_s.text("progress", "a JSON path to progress (0..1 or 0..100)", None)
-        result_ref = status_s.text("result_ref", "a JSON path to the result's URL or id", None)
-        time_path = status_s.text("time", "a JSON path to the provider's timestamp of this status", None)
-        effects_path = status_s.text("effects", "a JSON path to the partial effects the provider reports", None)
+        state_path = _json_path(status_s, "state", "$.status", expected="a JSON path to the job's state")
+        progress_path = _json_path(status_s, "progress", expected="a JSON path to progress (0..1 or 0..100)")
+        result_ref = _json_path(status_s, "result_ref", expected="a JSON path to the result's URL or id")
+        time_path = _json_path(status_s, "time", expected="a JSON path to the provider's timestamp of this status")
+        effects_path = _json_path(
+            status_s, "effects", expected="a JSON path to the partial effects the provider reports"
+        )
         status_s.done()
 
     states_s = top.table("states")
@@ -277,18 +354,33 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
             states[raw] = RemoteState(normal)
 
     cancel_s = top.table("cancel")
-    cancel = _endpoint(cancel_s, "POST")
+    cancel = _endpoint(cancel_s, "POST", base_url)
     cancel_idempotent = False
     if cancel_s is not None:
         cancel_idempotent = cancel_s.flag("idempotent", False)
         cancel_s.done()
 
     result_s = top.table("result")
-    result = _endpoint(result_s, "GET") if result_s is not None and "path" in result_s.data else None
+    result = _endpoint(result_s, "GET", base_url) if result_s is not None and "path" in result_s.data else None
     result_kind = "safe_read"
     result_spec = ResultSpec()
+    download_hosts: tuple[HostRule, ...] = ()
     if result_s is not None:
         result_kind = result_s.choice("kind", ("safe_read", "one_time"), "safe_read")
+        entries = result_s.strings(
+            "download_hosts", 'a list of hosts such as "storage.example.com" or "*.s3.amazonaws.com"', []
+        )
+        rules = []
+        for entry in entries:
+            try:
+                rules.append(parse_host_rule(entry))
+            except ValueError as exc:
+                result_s.fail(
+                    "download_hosts",
+                    f'hosts such as "storage.example.com", "*.s3.amazonaws.com" or "http://10.0.0.5:9000" ({exc})',
+                    entry,
+                )
+        download_hosts = tuple(rules)
         if result is None:
             result_s._get("method", None)
         result_spec = _result_spec(result_s, source)
@@ -306,13 +398,15 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
             rec_s.fail("modes", "a list of: replay, list_by_reference, status_by_client_id", names)
         if ReconcileMode.STATUS_BY_CLIENT_ID in modes:
             path = rec_s.text("status_path", "a path with {token}, e.g. /v1/jobs/by-client-id/{token}")
+            _check_url_path(rec_s, "status_path", path, base_url)
             lookup_status = Endpoint("GET", path)
         if ReconcileMode.LIST_BY_REFERENCE in modes:
             path = rec_s.text("list_path", "a path with {token}, e.g. /v1/jobs?client_reference={token}")
+            _check_url_path(rec_s, "list_path", path, base_url)
             lookup_list = Endpoint("GET", path)
-            list_items = rec_s.text("items", "a JSON path to the list of jobs", "$.data")
-            list_reference = rec_s.text(
-                "reference", "a JSON path (inside one job) to our reference", "$.client_reference"
+            list_items = _json_path(rec_s, "items", "$.data", expected="a JSON path to the list of jobs")
+            list_reference = _json_path(
+                rec_s, "reference", "$.client_reference", expected="a JSON path (inside one job) to our reference"
             )
         rec_s.done()
     if token.where == "none" and modes:
@@ -366,6 +460,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         webhook_scheme=target_kind,
         webhooks=webhooks,
         resume=resume,
+        download_hosts=download_hosts,
     )
 
 
@@ -387,8 +482,8 @@ def _result_spec(section: Section, source: str) -> ResultSpec:
     if batch_s is not None:
         batch_s.choice("format", ("jsonl",), "jsonl")
         batch = BatchFormat(
-            id_path=batch_s.text("id", "a JSON path to each item's id", "$.custom_id"),
-            error_path=batch_s.text("error", "a JSON path that is set on failed items", "$.error"),
+            id_path=_json_path(batch_s, "id", "$.custom_id", expected="a JSON path to each item's id"),
+            error_path=_json_path(batch_s, "error", "$.error", expected="a JSON path that is set on failed items"),
         )
         batch_s.done()
     min_records = section.number("min_records", "a count >= 0", None)
@@ -397,7 +492,7 @@ def _result_spec(section: Section, source: str) -> ResultSpec:
         max_bytes=int(section.number("max_bytes", "bytes (a number > 0)", 256 * 1024 * 1024, minimum=1)),
         checksum_header=None if checksum is None else checksum[len("header:") :],
         schema=schema,
-        records_path=section.text("records", "a JSON path to the list of records", None),
+        records_path=_json_path(section, "records", expected="a JSON path to the list of records"),
         min_records=None if min_records is None else int(min_records),
         batch=batch,
         check=section.text("check", "a named check package.module:function", None),
@@ -489,7 +584,10 @@ class HttpProvider:
         self.backoff = config.backoff
         self.result_spec = config.result_spec
         self.poll_backoff = config.poll_backoff
+        self.egress = EgressPolicy(config.base_url, config.download_hosts)
         self._session: aiohttp.ClientSession | None = None
+        self._foreign: aiohttp.ClientSession | None = None
+        self._foreign_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- plumbing -------------------------------------------------------------------
@@ -505,10 +603,23 @@ class HttpProvider:
             self._loop = loop
         return self._session
 
+    def _foreign_client(self) -> aiohttp.ClientSession:
+        """For declared download hosts: no provider headers, names resolved to public addresses only."""
+        loop = asyncio.get_running_loop()
+        if self._foreign is None or self._foreign_loop is not loop or self._foreign.closed:
+            self._foreign = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections, resolver=PublicOnlyResolver()),
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
+                headers={"User-Agent": _USER_AGENT},
+            )
+            self._foreign_loop = loop
+        return self._foreign
+
     async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        for session in (self._session, self._foreign):
+            if session is not None and not session.closed:
+                await session.close()
+        self._session = self._foreign = None
 
     def _url(self, path: str, op: Operation, **extra: str) -> str:
         values = {
@@ -517,6 +628,7 @@ class HttpProvider:
             "trace_id": op.trace_id,
             **extra,
         }
+        # only provider-file paths are formatted (checked at load); a provider's answer never is
         filled = path.format(**{k: urllib.parse.quote(v, safe="") for k, v in values.items()})
         if filled.startswith(("http://", "https://")):
             return filled
@@ -545,16 +657,30 @@ class HttpProvider:
         max_bytes: int = _MAX_BODY,
         keep_raw: bool = False,
     ) -> Response | tuple[str, str]:
-        """One request. Returns the response, or (error_class, detail) with error_class
-        ``not_sent`` when the request provably never left (connection refused/failed)."""
-        if self.config.credential is not None and not url.startswith(self.config.base_url):
-            # credentials go only to the configured host, never to a URL a response handed us
-            raise ConfigError(
-                f"refusing to send credentials to {default_redactor.url(url)}: "
-                f"not under base_url {self.config.base_url}"
-            )
+        """One request to the provider's own origin (credential and provider headers attached).
+
+        Returns the response, or (error_class, detail) with error_class ``not_sent`` when the
+        request provably never left (connection refused/failed)."""
+        try:
+            home = self.egress.judge(url).home
+        except UrlRefused as exc:
+            home, why = False, exc.reason
+        else:
+            why = f"not the origin of base_url ({self.egress.home})"
+        if not home:
+            # provider-file paths are checked at load and answers are judged before they get here:
+            # reaching this line is a bug, and the credential must not go out because of it
+            raise ConfigError(f"refusing to send a request to {default_redactor.url(url)}: {why}")
         headers = {**self._headers(op), **extra_headers}
         answer = await self._transport(method, url, headers, body, max_bytes + 1)
+        return self._response(answer, max_bytes, keep_raw)
+
+    def _response(
+        self,
+        answer: tuple[int, dict[str, str], bytes] | tuple[str, str],
+        max_bytes: int,
+        keep_raw: bool,
+    ) -> Response | tuple[str, str]:
         if len(answer) == 2:
             return answer
         status, raw_headers, raw = answer
@@ -606,6 +732,29 @@ class HttpProvider:
         except aiohttp.ClientError as exc:
             return ("client_error", f"{type(exc).__name__}: {exc}")
 
+    async def _foreign_transport(
+        self, url: yarl.URL, max_bytes: int
+    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+        """A GET to a declared download host: no credential, no provider headers, no redirects."""
+        try:
+            async with self._foreign_client().get(url, allow_redirects=False) as resp:
+                raw = await _read_at_most(resp, max_bytes)
+                return resp.status, {k: v for k, v in resp.headers.items()}, raw
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, AddressRefused):
+                return ("refused", str(exc.os_error))
+            return ("not_sent", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ConnectionTimeoutError as exc:
+            return ("not_sent", f"{type(exc).__name__}: {exc}")
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            return ("timeout", f"no answer within {self.config.timeout_s:g} s ({type(exc).__name__})")
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            return ("connection_reset", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientPayloadError as exc:
+            return ("incomplete_response", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientError as exc:
+            return ("client_error", f"{type(exc).__name__}: {exc}")
+
     # -- the contract --------------------------------------------------------------------------
 
     async def create(self, op: Operation) -> CreateOutcome:
@@ -642,6 +791,22 @@ class HttpProvider:
                 error_class=f"provider_error:{code}",
                 detail=f"HTTP {status}, code {code}",
             )
+        if 300 <= status < 400:
+            # never followed: a redirected POST may or may not have made a job, and re-sending it
+            # only repeats the redirect, so the create stops for a person (see CreateFlow)
+            location = next((v for k, v in resp.headers.items() if k.lower() == "location"), None)
+            where = default_redactor.url(location) if location else "no Location header"
+            return CreateOutcome(
+                kind="ambiguous",
+                response=resp,
+                error_class="redirect",
+                detail=(
+                    f"the create was answered with HTTP {status} redirecting to {where}; redirects are not "
+                    "followed and the create is not re-sent (the provider may or may not have made a job). "
+                    "Check base_url and create.path in the provider file, look for a job with this trace id "
+                    "in the provider's console, then resolve"
+                ),
+            )
         if 200 <= status < 300:
             job_id = extract(cfg.job_id, resp.body, resp.headers)
             status_url = extract(cfg.status_url, resp.body, resp.headers)
@@ -650,11 +815,15 @@ class HttpProvider:
                 return CreateOutcome(kind="synchronous", response=resp, remote_job_id=job_id, result=result)
             if job_id:
                 return CreateOutcome(kind="confirmed", response=resp, remote_job_id=job_id, status_url=status_url)
+            unusable = why_unusable(cfg.job_id, resp.body, resp.headers)
             return CreateOutcome(
                 kind="ambiguous",
                 response=resp,
                 error_class="malformed_response",
-                detail=f"HTTP {status} without a job id at {cfg.job_id}; the job may exist",
+                detail=f"HTTP {status} without a job id at {cfg.job_id}; the job may exist"
+                if unusable is None
+                else f"HTTP {status} with an unusable job id at {cfg.job_id} ({unusable}; not stored); "
+                "the job may exist",
             )
         if 400 <= status < 500 and status not in _AMBIGUOUS:
             return CreateOutcome(kind="rejected", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}")
@@ -729,8 +898,35 @@ class HttpProvider:
 
     async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
         cfg = self.config
-        path = result_ref or (cfg.result.path if cfg.result else None)
-        if path is None:
-            raise ConfigError(f"provider {self.name} declares no [result] endpoint and gave no result reference")
-        sent = await self._send("GET", self._url(path, op), op, keep_raw=True, max_bytes=cfg.result_spec.max_bytes)
+        max_bytes = cfg.result_spec.max_bytes
+        if result_ref is None:
+            if cfg.result is None:
+                raise ConfigError(f"provider {self.name} declares no [result] endpoint and gave no result reference")
+            sent = await self._send("GET", self._url(cfg.result.path, op), op, keep_raw=True, max_bytes=max_bytes)
+        else:
+            # a reference the provider handed us: judged by origin, never formatted, never given
+            # the credential unless it points at exactly base_url's origin
+            try:
+                target = self.egress.judge(self.egress.resolve_reference(result_ref))
+            except UrlRefused as exc:
+                return Response(body=refusal_body(exc, url_key="status.result_ref"))
+            if target.home:
+                sent = await self._send("GET", str(target.url), op, keep_raw=True, max_bytes=max_bytes)
+            else:
+                answer = await self._foreign_transport(target.url, max_bytes + 1)
+                if answer[0] == "refused":
+                    refused = UrlRefused(str(answer[1]), target.origin.host)
+                    return Response(body=refusal_body(refused, url_key="status.result_ref"))
+                sent = self._response(answer, max_bytes, keep_raw=True)
+        if isinstance(sent, Response) and 300 <= (sent.http_status or 0) < 400:
+            location = next((v for k, v in sent.headers.items() if k.lower() == "location"), None)
+            shown = default_redactor.url(location) if location else "no Location header"
+            # the raw body stays out; the observation says why nothing was stored
+            return Response(
+                http_status=sent.http_status,
+                headers=sent.headers,
+                provider_request_id=sent.provider_request_id,
+                retry_after_s=sent.retry_after_s,
+                body={"error": "redirect", "detail": f"redirect to {shown} not followed"},
+            )
         return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})

@@ -155,8 +155,8 @@ RULES: dict[tuple[State, State], Rule] = {
     (S.CREATE_PENDING, S.FAILED): Rule((DefinitiveRejection,), "a definitive rejection", _rejection),
     (S.CREATE_PENDING, S.RESULT_COLLECTING): Rule((SynchronousResult,), "a synchronous result"),
     (S.CREATE_PENDING, S.NEEDS_ATTENTION): Rule(
-        (ConflictingJobIds, DeadlinePassed),
-        "two job ids for one token, or the create deadline passed",
+        (ConflictingJobIds, DeadlinePassed, CannotTell),
+        "two job ids for one token, the create deadline passed, or an answer nobody can settle (a redirect)",
         _deadline_or_other("create"),
     ),
     (S.CREATE_UNKNOWN, S.RECONCILIATION): Rule((ReconciliationStarted,), "the reconciliation path taken"),

@@ -319,6 +319,8 @@ class CollectFlow:
             content_type = next((v for k, v in resp.headers.items() if k.lower() == "content-type"), None)
             return await self._finish(op, provider, resp.raw, content_type, resp.headers, f"fetched {ref or 'result'}")
         why = f"result fetch {attempts} failed (HTTP {resp.http_status or 'no answer'})"
+        if isinstance(resp.body, dict) and resp.body.get("error") == "refused":  # no request made; asking again
+            return await self._unavailable(op, str(resp.body.get("detail")), None)  # cannot change the answer
         # an error answer, or a connection that was never made, handed nothing over; silence or 410 may have
         not_sent = resp.http_status is None and isinstance(resp.body, dict) and resp.body.get("error") == "not_sent"
         maybe_consumed = resp.http_status == 410 or (resp.http_status is None and not not_sent)

@@ -229,6 +229,8 @@ def guarantees(provider: Provider) -> dict[str, Any]:
     return {
         "provider": provider.name,
         "base_url": getattr(config, "base_url", None),
+        # the only other places a provider's result links may send jobtrail (without the credential)
+        "download_hosts": [str(rule) for rule in getattr(config, "download_hosts", ())],
         "at_most_once": caps.at_most_once,
         "credential": None if credential is None else credential.describe(),
         "guarantees": {"at-most-once creation": once, "cancel": cancel, "result": result},
