@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from jobtrail import AsyncJobtrail, State, Store
 from jobtrail._http_provider import load_provider
 from jobtrail._webhooks import webhook_app
 from jobtrail._worker import Worker
-from jobtrail.testing import FakeProvider, send_webhook
+from jobtrail.testing import FakeProvider, send_webhook, signed_headers
 
 S = State
 
@@ -338,3 +338,66 @@ def test_a_locked_database_answers_503_so_the_provider_delivers_again(
     assert refused[0] == 503 and refused[1]["title"] == "storage unavailable"
     assert later[0] == 202 and len(webhook_observations(store, op.operation_id)) == 1
     store.close()
+
+
+def _raw_post(url: str, headers: dict[str, str], body: bytes, *, drip_s: float) -> tuple[int, float]:
+    """POST ``body`` one byte every ``drip_s`` seconds over a raw socket; returns (status, seconds to the answer).
+
+    Stops dripping as soon as the server answers (or closes)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    head = f"POST {parts.path} HTTP/1.1\r\nHost: {parts.hostname}\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    started = time.monotonic()
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(head.encode())
+        sock.setblocking(False)
+        answer = b""
+        for byte in body:
+            with suppress(BlockingIOError):
+                answer += sock.recv(4096)
+            if answer:
+                break
+            try:
+                sock.send(bytes([byte]))
+            except OSError:
+                break
+            time.sleep(drip_s)
+        sock.setblocking(True)
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return int(answer.split(b" ", 2)[1]), time.monotonic() - started
+
+
+def test_a_timestamp_of_thousands_of_digits_is_refused_not_a_crash(
+    ledger: Store, fake: FakeProvider, secret: str
+) -> None:
+    with serve(ledger, cfg_for(fake)) as url:
+        body = json.dumps(event("job_x")).encode()
+        headers = {"webhook-id": "evt_1", "webhook-timestamp": "9" * 5000, "webhook-signature": "v1,AAAA"}
+        status, _ = _raw_post(url, headers, body, drip_s=0)
+    assert status == 401
+    assert rows(ledger, "webhook_events") == []
+
+
+def test_an_unsigned_slow_drip_is_refused_before_its_body_arrives(
+    ledger: Store, fake: FakeProvider, secret: str
+) -> None:
+    """A body dripped one byte every 0.2 s without signature headers is answered 401 at once, not read."""
+    with serve(ledger, cfg_for(fake)) as url:
+        status, took = _raw_post(url, {"content-type": "application/json"}, b"x" * 200, drip_s=0.2)
+    assert status == 401 and took < 10  # the whole drip would take 40 s
+
+
+def test_a_signed_slow_drip_is_cut_off_at_the_read_timeout(ledger: Store, fake: FakeProvider, secret: str) -> None:
+    """A signed delivery whose body never finishes arriving is refused after read_timeout_s; nothing is kept."""
+    body = json.dumps(event("job_x") | {"pad": "x" * 200}).encode()
+    with serve(ledger, cfg_for(fake, read_timeout_s=1)) as url:
+        headers = signed_headers(secret, "evt_drip", int(time.time()), body)
+        status, took = _raw_post(url, headers, body, drip_s=0.1)
+    assert status == 408 and took < 10
+    assert rows(ledger, "webhook_events") == []

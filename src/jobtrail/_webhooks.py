@@ -16,9 +16,11 @@ an event we may need minutes later, after a lost create response is reconciled.)
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,6 +58,8 @@ class WebhookConfig:
     job_id: str = "$.data.id"
     reference: str | None = None
     event_type: str = "$.type"
+    #: the longest a delivery may take to arrive whole (a slow drip is cut off, not waited for)
+    read_timeout_s: float = 10.0
 
     def resolve_secrets(self) -> list[Secret]:
         from jobtrail._http_provider import Credential
@@ -78,6 +82,7 @@ def parse_webhooks(section: Section) -> WebhookConfig:
         job_id=section.text("job_id", "a JSON path to the job id in the event", "$.data.id"),
         reference=section.text("reference", "a JSON path to our client reference in the event", None),
         event_type=section.text("type", "a JSON path to the event type", "$.type"),
+        read_timeout_s=section.number("read_timeout_s", "seconds to receive a whole delivery", 10.0, minimum=0.1),
     )
     section.done()
     return config
@@ -98,17 +103,27 @@ def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
     )
 
 
-def verify(
-    body: bytes, headers: Mapping[str, str], secrets: Sequence[Secret], tolerance_s: float, now_s: float
-) -> tuple[str, int]:
-    """Check a Standard Webhooks delivery; returns (event id, timestamp) or raises :class:`Refused`."""
+#: a Unix time in seconds (12 digits reach the year 33658; more is an attack, not a clock)
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_MAX_ID = 256
+_MAX_SIGNATURES = 8192
+
+
+def check_headers(headers: Mapping[str, str], tolerance_s: float, now_s: float) -> tuple[str, int, str]:
+    """What can be refused before the body is read: returns (event id, timestamp, signatures)."""
     event_id = headers.get("webhook-id")
     stamp = headers.get("webhook-timestamp")
     signatures = headers.get("webhook-signature")
     if not event_id or not stamp or not signatures:
         raise Refused(401, "missing signature", "webhook-id, webhook-timestamp and webhook-signature are required")
-    if "." in event_id or not stamp.isdigit():
-        raise Refused(401, "bad signature headers", "webhook-id must not contain '.'; webhook-timestamp is seconds")
+    if "." in event_id or len(event_id) > _MAX_ID or not _TIMESTAMP.fullmatch(stamp):
+        raise Refused(
+            401,
+            "bad signature headers",
+            f"webhook-id must not contain '.' (at most {_MAX_ID} characters); webhook-timestamp is Unix seconds",
+        )
+    if len(signatures) > _MAX_SIGNATURES:
+        raise Refused(401, "bad signature headers", f"webhook-signature is over {_MAX_SIGNATURES} characters")
     timestamp = int(stamp)
     if abs(now_s - timestamp) > tolerance_s:
         raise Refused(
@@ -116,6 +131,14 @@ def verify(
             "timestamp outside tolerance",
             f"the delivery is {abs(now_s - timestamp):.0f} s from now (tolerance {tolerance_s:.0f} s)",
         )
+    return event_id, timestamp, signatures
+
+
+def verify(
+    body: bytes, headers: Mapping[str, str], secrets: Sequence[Secret], tolerance_s: float, now_s: float
+) -> tuple[str, int]:
+    """Check a Standard Webhooks delivery; returns (event id, timestamp) or raises :class:`Refused`."""
+    event_id, timestamp, signatures = check_headers(headers, tolerance_s, now_s)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -159,7 +182,14 @@ class Receiver:
         if config is None:
             return problem(404, "unknown provider", f"no webhooks are configured for provider {name!r}")
         try:
-            body = await _read_limited(request, config.max_bytes)
+            # unsigned, malformed or stale deliveries are refused before a byte of the body is read
+            check_headers(request.headers, config.tolerance_s, self.store.clock() / _US)
+            try:
+                body = await asyncio.wait_for(_read_limited(request, config.max_bytes), config.read_timeout_s)
+            except TimeoutError:
+                raise Refused(
+                    408, "request timeout", f"the body did not arrive within {config.read_timeout_s:g} s"
+                ) from None
             event_id, timestamp = verify(
                 body, request.headers, self._secrets[name], config.tolerance_s, self.store.clock() / _US
             )
