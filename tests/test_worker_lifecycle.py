@@ -85,3 +85,32 @@ def test_the_help_says_what_settled_means() -> None:
         [sys.executable, "-m", "jobtrail", "worker", "--help"], capture_output=True, text=True, timeout=60
     )
     assert "escalated" in done.stdout and "cancellation_unconfirmed" in done.stdout
+
+
+def test_a_worker_whose_ledger_file_is_deleted_stops_with_a_clear_error(tmp_path: Path) -> None:
+    """Deleting the SQLite file under a running worker: it stops (exit 2) naming the file, instead of going on
+    writing into an unlinked file that the next process would never see."""
+    fake = FakeProvider(job_duration_s=300).start()
+    db = tmp_path / "jobs.db"
+    try:
+        provider = write_provider(tmp_path / "fake.toml", fake)
+
+        async def submit() -> None:
+            async with AsyncJobtrail(str(db), providers=[provider]) as jt:
+                await jt.submit_many("fake", [{"n": i} for i in range(5)])
+
+        asyncio.run(submit())
+        proc = start_worker(str(db), provider, "w", "--timeout", "120")
+        deadline = time.monotonic() + 60
+        while fake.counts["status"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        started = time.monotonic()
+        code, _out, err = finish(proc, timeout=60)
+    finally:
+        fake.stop()
+    assert code == 2, err
+    assert time.monotonic() - started < 30
+    assert str(db) in err and "deleted" in err
+    assert not db.exists()

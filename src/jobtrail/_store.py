@@ -163,6 +163,8 @@ class Store:
         self.redactor = redactor or default_redactor
         self.clock = clock
         self.dialect = engine.dialect.name
+        #: (device, inode) of the SQLite file, once seen (see :meth:`check_file`)
+        self._file_identity: tuple[int, int] | None = None
 
     # -- opening ----------------------------------------------------------------
 
@@ -181,6 +183,7 @@ class Store:
         store = cls(engine, redactor=redactor, clock=clock)
         if migrate:
             store.migrate()
+        store.check_file()
         return store
 
     def migrate(self, revision: str = "head") -> None:
@@ -189,6 +192,31 @@ class Store:
 
         with self._errors("upgrading the schema"), self.engine.begin() as conn:
             upgrade(conn, revision)
+
+    def check_file(self) -> None:
+        """Raise :class:`StorageError` if the SQLite file was deleted or replaced since this store first looked.
+
+        SQLite keeps writing to an unlinked file without a word, and the next process
+        would open an empty ledger: a long-running process must stop instead.
+        """
+        path = self.engine.url.database if self.dialect == "sqlite" else None
+        if not path or path == ":memory:":
+            return
+        try:
+            stat = os.stat(path)
+            seen: tuple[int, int] | None = (stat.st_dev, stat.st_ino)
+        except FileNotFoundError:
+            seen = None
+        if self._file_identity is None and seen is not None:
+            self._file_identity = seen
+            return
+        if seen != self._file_identity:
+            what = "deleted" if seen is None else "replaced by another file"
+            raise StorageError(
+                f"the database file {path} was {what} while this process had it open; stopping so that nothing "
+                "more is written where no one will read it. Restore the file (or point --db / JOBTRAIL_DB at "
+                "the right one) and start again"
+            )
 
     def close(self) -> None:
         self.engine.dispose()

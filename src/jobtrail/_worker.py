@@ -43,6 +43,8 @@ WORKED_STATES = tuple(AUTOMATIC_STATES)
 ACTIVE_STATES = tuple(s for s in AUTOMATIC_STATES if s not in ESCALATED_STATES)
 #: most actions one claim may chain
 _CHAIN = 4
+#: how often the worker makes sure its SQLite file is still the one it opened
+_FILE_CHECK_S = 1.0
 
 
 def default_worker_id() -> str:
@@ -134,10 +136,14 @@ class Worker:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         inflight: set[asyncio.Task[None]] = set()
+        checked = 0.0
         try:
             while not self._stopping.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
                     break
+                if time.monotonic() - checked >= _FILE_CHECK_S:  # a deleted ledger stops the worker
+                    await self.io(self.store.check_file)
+                    checked = time.monotonic()
                 capacity = self.concurrency - len(inflight)
                 claimed = await self._claim(capacity) if capacity > 0 else []
                 for op in claimed:
