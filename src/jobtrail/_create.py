@@ -86,8 +86,8 @@ class CreateFlow:
             )
         open_attempt = op.attempts > 0 and await self._attempt_open(op)
         if open_attempt:
-            stored = await self.io(self.store.last_observation, op.operation_id, "create_response")
-            if stored is not None and stored["raw"].get("attempt") == op.attempts:
+            stored = await self.io(self.store.answer_to_attempt, op.operation_id, op.attempts)
+            if stored is not None:
                 # the last owner stored the provider's answer to this attempt, then died before acting
                 # on it: that answer is the evidence, so settle from it without sending anything
                 reason = "replay" if stored["raw"].get("reason") == "replay" else "send"

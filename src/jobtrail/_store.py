@@ -763,21 +763,29 @@ class Store:
             return None
         return _operation(row)
 
-    def last_observation(self, operation_id: str, kind: str) -> dict[str, Any] | None:
-        """The newest observation of ``kind`` (its raw answer decoded), or None."""
+    def answer_to_attempt(self, operation_id: str, attempt: int) -> dict[str, Any] | None:
+        """The stored answer (``create_response`` observation) to create attempt ``attempt``, or None.
+
+        Looks at the newest few only: a late answer to an older attempt (its owner's lease
+        had run out) may have been stored after the one sought.
+        """
         obs = t.observations
         with self._read() as conn:
-            row = (
+            rows = (
                 conn.execute(
                     sa.select(obs)
-                    .where(obs.c.operation_id == operation_id, obs.c.kind == kind)
+                    .where(obs.c.operation_id == operation_id, obs.c.kind == "create_response")
                     .order_by(obs.c.observation_id.desc())
-                    .limit(1)
+                    .limit(8)
                 )
                 .mappings()
-                .first()
+                .all()
             )
-        return None if row is None else {**row, "raw": json.loads(row["raw"])}
+        for row in rows:
+            raw = json.loads(row["raw"])
+            if isinstance(raw, dict) and raw.get("attempt") == attempt:
+                return {**row, "raw": raw}
+        return None
 
     def next_due_us(
         self, *, providers: Sequence[str] | None = None, states: Sequence[State] | None = None
