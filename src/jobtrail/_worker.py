@@ -219,9 +219,12 @@ class Worker:
                     break
             await self.writer.release(op)
         except StaleRecord as exc:
-            # our lease was taken over, or someone changed the record: the new owner acts
+            # our lease was taken over, or someone (a person's cancel) changed the record: drop the operation,
+            # and give the lease back so the next claim acts at once (fenced: a successor's lease stays)
             self.stats.stale += 1
             log.info("worker %s dropped %s: %s", self.worker_id, op.operation_id, exc)
+            with contextlib.suppress(Exception):
+                await self.writer.release(op)
         except Exception as exc:
             self.stats.errors += 1
             log.error("worker %s: %s failed in %s: %s", self.worker_id, op.operation_id, op.state.value, exc)
