@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
 REDACTED = "[REDACTED]"
+#: what stands in for a result that carried a credential
+WITHHELD_CREDENTIAL = "no_credentials: the result carried a configured credential and was not kept"
 
 _HEADER_ALLOW = frozenset(
     {
@@ -423,6 +425,20 @@ class Redactor:
             return [self.value(item) for item in value]
         return value
 
+    def result_value(self, value: Any) -> Any:
+        """A provider's result carried inside a record: kept exactly, or withheld whole.
+
+        Field names never mask a result (``{"key": ..., "code": ...}`` is user data); a result
+        that carries a registered credential in any encoding is replaced by ``{"withheld": ...}``.
+        """
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError, RecursionError):
+            return {"withheld": "the result is not JSON"}
+        if self.contains_secret(text):
+            return {"withheld": WITHHELD_CREDENTIAL}
+        return value
+
     def secret_paths(self, value: Any, path: str = "$") -> list[str]:
         """JSON paths in ``value`` that the redactor would mask (used to refuse request bodies)."""
         found: list[str] = []
@@ -447,6 +463,9 @@ class NullRedactor(Redactor):
 
     def contains_secret(self, data: str | bytes) -> bool:
         return False
+
+    def result_value(self, value: Any) -> Any:
+        return value
 
     def text(self, value: str) -> str:
         return value
