@@ -628,6 +628,11 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
 @click.option("--approver", help="Identity recorded as approving every job this server submits.")
 @click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
 @click.option("--http", "http_port", type=int, help="Serve streamable HTTP on 127.0.0.1:PORT instead of stdio.")
+@click.option(
+    "--shared",
+    is_flag=True,
+    help="Let this agent see, wait on, fetch and cancel every agent's operations (default: only its own).",
+)
 @click.pass_context
 def mcp(
     ctx: click.Context,
@@ -636,19 +641,24 @@ def mcp(
     approver: str | None,
     with_worker: bool,
     http_port: int | None,
+    shared: bool,
 ) -> None:
     """Serve jobtrail's tools to an agent over the Model Context Protocol (stdio by default).
+
+    The server acts for --agent: its tools list, read, wait on, fetch the results of and cancel
+    only the operations that agent submitted; another agent's operation answers like a missing
+    one. Start it with --shared to let the agent act on all operations.
 
     \b
     Example:
       jobtrail --db jobs.db mcp --provider openai.toml --agent research-bot --approver alice --with-worker
     """
     from jobtrail._client import AsyncJobtrail
-    from jobtrail._mcp import build_server
+    from jobtrail._mcp import build_server, serve_stdio
     from jobtrail._worker import Worker
 
     jt = AsyncJobtrail(store=_store(ctx), providers=list(provider_files), actor=f"mcp:{agent}")
-    server = build_server(jt, agent=agent, approver=approver)
+    server = build_server(jt, agent=agent, approver=approver, shared=shared)
 
     async def run() -> None:
         runner = Worker(jt.store, dict(jt.providers), worker_id=f"mcp:{agent}") if with_worker else None
@@ -657,7 +667,7 @@ def mcp(
             if http_port is not None:
                 await server.run_streamable_http_async(host="127.0.0.1", port=http_port)
             else:
-                await server.run_stdio_async()
+                await serve_stdio(server)
         finally:
             if runner is not None and task is not None:
                 runner.stop()

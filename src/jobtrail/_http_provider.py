@@ -251,6 +251,10 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     sync_result = create_s.text("sync_result", "a JSON path to a result returned with HTTP 200", None)
     error_code = create_s.text("error_code", "a JSON path to the provider's error code", None)
     non_retryable = frozenset(create_s.strings("non_retryable", "a list of error codes", []))
+    # request fields an agent may fill with a URL (the MCP guard refuses URLs anywhere else)
+    url_fields = create_s.strings("url_fields", 'JSON paths such as "$.input.image"', [])
+    if any(not f.startswith("$") for f in url_fields):
+        create_s.fail("url_fields", 'JSON paths such as "$.input.image"', url_fields)
     create_s.done()
 
     status_s = top.table("status")
@@ -366,6 +370,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         webhook_scheme=target_kind,
         webhooks=webhooks,
         resume=resume,
+        extra={"url_fields": tuple(url_fields)},
     )
 
 

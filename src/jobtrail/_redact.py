@@ -425,6 +425,17 @@ class Redactor:
             return [self.value(item) for item in value]
         return value
 
+    def looks_like_credential(self, text: str) -> bool:
+        """A registered credential or a known secret format (``Bearer ...``, a JWT, a key prefix,
+        userinfo in a URL), in ``text`` or in any decoding of it (base64, percent, JSON escapes)."""
+        if self.contains_secret(text):
+            return True
+        for candidate in (text, *_decoded_forms(text, deep=True)):
+            hinted = len(candidate) >= _SHORTEST_PATTERN and _STRONG_HINT.search(candidate)
+            if hinted and any(pattern.search(candidate) for pattern, _ in _PATTERNS):
+                return True
+        return False
+
     def result_value(self, value: Any) -> Any:
         """A provider's result carried inside a record: kept exactly, or withheld whole.
 

@@ -651,8 +651,11 @@ class Store:
         state: State | str | None = None,
         provider: str | None = None,
         limit: int | None = 100,
+        caller: str | None = None,
     ) -> list[Operation]:
         query = sa.select(t.operations).order_by(t.operations.c.operation_id.desc())
+        if caller is not None:
+            query = query.where(t.operations.c.caller == caller)
         if state is not None:
             query = query.where(t.operations.c.state == State(state).value)
         if provider is not None:
