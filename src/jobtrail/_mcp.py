@@ -37,7 +37,7 @@ from jobtrail._client import AsyncJobtrail
 from jobtrail._errors import JobtrailError, OperationNotFound, UsageError
 from jobtrail._explain import next_action
 from jobtrail._record import Operation
-from jobtrail._redact import Redactor, default_redactor
+from jobtrail._redact import Redactor, default_redactor, is_credential_field
 from jobtrail._results import ResultMissing, describe, read_result
 from jobtrail._states import FINAL_STATES, State
 
@@ -60,49 +60,6 @@ _URL_KEYS = frozenset(
 _URL_KEY_SUFFIXES = ("url", "uri", "endpoint", "webhook", "callback")
 #: field names that put something on the wire or carry a credential
 _HEADER_KEYS = frozenset({"headers", "header", "requestheaders", "httpheaders", "cookies", "cookie"})
-_CREDENTIAL_KEYS = frozenset(
-    {
-        "authorization",
-        "auth",
-        "apikey",
-        "xapikey",
-        "token",
-        "accesstoken",
-        "refreshtoken",
-        "idtoken",
-        "authtoken",
-        "bearer",
-        "bearertoken",
-        "secret",
-        "clientsecret",
-        "password",
-        "passwd",
-        "credential",
-        "credentials",
-        "privatekey",
-        "secretkey",
-        "accesskey",
-        "accesskeyid",
-        "sessiontoken",
-        "sessionid",
-        "sessionkey",
-    }
-)
-_CREDENTIAL_KEY_SUFFIXES = (
-    "apikey",
-    "secret",
-    "password",
-    "accesstoken",
-    "authtoken",
-    "refreshtoken",
-    "bearertoken",
-    "privatekey",
-    "secretkey",
-    "accesskey",
-    "sessiontoken",
-    "credentials",
-    "credential",
-)
 _WHOLE_URL = re.compile(r"(?is)^\s*(?:[a-z][a-z0-9+.-]*:)?//\S+\s*$")
 
 INSTRUCTIONS = """jobtrail runs long jobs on remote APIs for you and keeps them safe across restarts.
@@ -181,7 +138,7 @@ def guard_request(request: Any, *, url_fields: Iterable[str] = (), redactors: It
                 url_named = n in _URL_KEYS or n.endswith(_URL_KEY_SUFFIXES)
                 if url_named and not _path_matches(sub, allowed):
                     raise _refused(sub, "a URL field the provider does not declare in [create] url_fields")
-                credential_named = n in _CREDENTIAL_KEYS or n.endswith(_CREDENTIAL_KEY_SUFFIXES)
+                credential_named = is_credential_field(name)
                 if credential_named and item not in (None, "", [], {}) and not isinstance(item, bool | int | float):
                     raise _refused(sub, "a credential field")
                 stack.append((sub, item))

@@ -174,9 +174,63 @@ _KV_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+#: field names that name a credential outright (refused in request bodies); narrower than
+#: :func:`is_secret_name`, which masks, so ``code``, ``key`` or ``tokenizer`` are not refused
+_CREDENTIAL_KEYS = frozenset(
+    {
+        "authorization",
+        "auth",
+        "apikey",
+        "xapikey",
+        "token",
+        "accesstoken",
+        "refreshtoken",
+        "idtoken",
+        "authtoken",
+        "bearer",
+        "bearertoken",
+        "secret",
+        "clientsecret",
+        "password",
+        "passwd",
+        "credential",
+        "credentials",
+        "privatekey",
+        "secretkey",
+        "accesskey",
+        "accesskeyid",
+        "sessiontoken",
+        "sessionid",
+        "sessionkey",
+    }
+)
+_CREDENTIAL_KEY_SUFFIXES = (
+    "apikey",
+    "secret",
+    "password",
+    "accesstoken",
+    "authtoken",
+    "refreshtoken",
+    "bearertoken",
+    "privatekey",
+    "secretkey",
+    "accesskey",
+    "sessiontoken",
+    "credentials",
+    "credential",
+)
+
+
 @functools.lru_cache(maxsize=4096)
 def _norm(name: str) -> str:
     return _NON_ALNUM.sub("", name.lower())
+
+
+@functools.lru_cache(maxsize=4096)
+def is_credential_field(name: str) -> bool:
+    """Does a request field's name say it carries a credential (``api_key``, ``Authorization``, ...)?"""
+    n = _norm(name)
+    return n in _CREDENTIAL_KEYS or n.endswith(_CREDENTIAL_KEY_SUFFIXES)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -454,12 +508,14 @@ class Redactor:
         """JSON paths in ``value`` that the redactor would mask (used to refuse request bodies)."""
         found: list[str] = []
         if isinstance(value, str):
-            if self._strong(value) != value:
+            if self._strong(value) != value or self.looks_like_credential(value):
                 found.append(path)
         elif isinstance(value, Mapping):
             for key, item in value.items():
                 sub = f"{path}.{key}"
-                if is_secret_name(str(key)) and _carries_secret(item):
+                if self.looks_like_credential(str(key)):
+                    found.append(f"{path} (a field name)")
+                elif is_credential_field(str(key)) and _carries_secret(item):
                     found.append(sub)
                 else:
                     found.extend(self.secret_paths(item, sub))
