@@ -459,8 +459,9 @@ def test_the_guard_lets_harmless_fields_and_declared_url_fields_through() -> Non
             "session": "s-1",
             "input": {"image": "https://images.example/cat.png", "prompt": "describe https://example.com briefly"},
             "images": [{"image": "x"}],
+            "references": [{"url": "https://a.example/1"}, {"url": "https://a.example/2"}],
         },
-        url_fields=["$.input.image"],
+        url_fields=["$.input.image", "$.references[*].url"],
         redactors=[Redactor()],
     )
 
