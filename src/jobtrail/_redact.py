@@ -354,6 +354,12 @@ class Redactor:
             return True
         return self._split_across_strings(text)
 
+    def _hidden(self, text: str) -> bool:
+        """The cheap check for every string we write: exact forms, then decoding only if it looks encoded."""
+        if any(form in text for form in self._detect):
+            return True
+        return ("\\" in text or "%" in text or "&" in text) and self._found(text, deep=False)
+
     def _found(self, text: str, *, deep: bool = True) -> bool:
         """Exact forms, then the same after undoing encodings (a few rounds, for nestings).
 
@@ -404,7 +410,7 @@ class Redactor:
     def text(self, value: str) -> str:
         value = self._strong(value)
         # a credential we could not find as a substring but can see once decoded: the whole string goes
-        if self._detect and self._found(value, deep=False):
+        if self._detect and self._hidden(value):
             return REDACTED
         if ("=" in value or ":" in value) and _KV_HINT.search(value):
             for pattern, replacement in _KV_PATTERNS:
@@ -572,7 +578,7 @@ def _decoded_forms(text: str, *, deep: bool) -> list[str]:
     forms: list[str] = []
     if "\\" in text:
         forms.append(_unescape_json(text))
-    if "%" in text or "+" in text:
+    if "%" in text:  # a credential's quote_plus form (its spaces as "+") is an exact form already
         forms.append(urllib.parse.unquote_plus(text))
         forms.append(urllib.parse.unquote(text))
     if "&" in text:
