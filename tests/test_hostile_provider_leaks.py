@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from helpers import canary_hits, ledger_bytes
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -39,6 +38,8 @@ from jobtrail._redact import Redactor, install_log_redaction
 from jobtrail._results import read_result
 from jobtrail._worker import Worker
 from jobtrail.testing import provider_toml
+
+from helpers import canary_hits, ledger_bytes
 
 HONEST_RESULT = b'{"code": "x", "key": "y",  "session": "z", "tokens_used": 3}\n'
 SYNC_RESULT = {"code": "x", "key": "y", "session": "z", "tokens_used": 3}
@@ -291,7 +292,9 @@ def test_a_hostile_provider_never_gets_the_credential_stored_shown_or_handed_to_
         calls += [("wait_for_change", {"operation_id": op_id, "timeout_s": 0})]
     answers = asyncio.run(_session(_mcp_params(db_url, provider_file, "agent-a"), calls))
     assert canary_hits(canary, "\n".join(text for _, text in answers)) == []
-    by_call = {(name, args.get("operation_id")): answer for (name, args), (answer, _) in zip(calls, answers, strict=True)}
+    by_call = {
+        (name, args.get("operation_id")): answer for (name, args), (answer, _) in zip(calls, answers, strict=True)
+    }
     assert by_call[("get_result", ids["sync_names"])]["result"] == SYNC_RESULT
     assert by_call[("get_result", ids["honest"])]["result"] == json.loads(HONEST_RESULT)
     assert by_call[("get_result", ids["escaped"])]["result"] is None
@@ -545,9 +548,9 @@ def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Pat
 
 @pytest.fixture
 def ledger_with_result(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    from helpers import op_in
-
     from jobtrail._results import save_result
+
+    from helpers import op_in
 
     db = str(tmp_path / "ledger.db")
     with Store.open(db) as store:
