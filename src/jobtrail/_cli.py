@@ -791,7 +791,6 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
     from jobtrail._results import ResultMissing, read_result
 
     store = _existing_store(ctx)
-    target = _result_target(store, out, force) if out else None
     try:
         row, data = read_result(store, operation_id)
     except ResultMissing as exc:
@@ -799,8 +798,8 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
             _emit_json({"operation_id": operation_id, "result": None, "why": str(exc)})
             sys.exit(EXIT_NEGATIVE)
         _fail(str(exc), EXIT_NEGATIVE)
-    if target is not None:
-        _write_result(target, data, force)
+    if out:
+        _write_result(_result_target(store, out, force), data, force)
     if as_json:
         _emit_json(describe(row) | {"out": out})
     elif not out:
