@@ -312,8 +312,7 @@ class Redactor:
     def __init__(self) -> None:
         self._exact: set[str] = set()
         self._ordered: list[str] = []
-        #: the plain values, their exact encodings and base64 cores: what detection looks for
-        self._plain: list[str] = []
+        #: the exact encodings and base64 cores of the registered values: what detection looks for
         self._detect: list[str] = []
         self._lock = threading.Lock()
 
@@ -330,7 +329,6 @@ class Redactor:
             self._exact |= new
             # longest first, so a base64 form is not half-masked by a shorter one
             self._ordered = sorted(self._exact, key=len, reverse=True)
-            self._plain = sorted({*self._plain, value}, key=len, reverse=True)
             forms = {*self._exact, *_b64_cores(value.encode("utf-8"))}
             forms |= {f.lower() for f in forms if f.isascii() and _HEXISH.fullmatch(f)}
             self._detect = sorted({*self._detect, *forms}, key=len, reverse=True)
