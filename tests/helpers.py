@@ -138,3 +138,73 @@ def op_in(store: Store, state: State, **overrides: Any) -> Operation:
     op, _ = store.create_operation(spec(**overrides))
     op = store.record(op, CreateAttempt(attempt=1), actor="worker", changes={"attempts": 1})
     return drive(store, op, state)
+
+
+# -- the canary scan ------------------------------------------------------------------------------
+
+
+def canary_forms(canary: str) -> dict[str, bytes]:
+    """The canary as it could leak: raw, JSON ``\\u``-escaped, percent-encoded, base64 at any alignment, hex."""
+    import base64
+    import json as _json
+    import urllib.parse
+
+    raw = canary.encode()
+    forms = {
+        "raw": raw,
+        "json_u_escaped": "".join(f"\\u{ord(c):04x}" for c in canary).encode(),
+        "json_u_escaped_upper": "".join(f"\\u{ord(c):04X}" for c in canary).encode(),
+        "json_dumps_ascii": _json.dumps(canary, ensure_ascii=True).encode()[1:-1],
+        "percent": urllib.parse.quote(canary, safe="").encode(),
+        "percent_all": "".join(f"%{b:02X}" for b in raw).encode(),
+        "hex": raw.hex().encode(),
+        "hex_upper": raw.hex().upper().encode(),
+    }
+    for shift in range(3):
+        # whatever precedes it, the middle of its base64 is fixed for each of the three alignments
+        for name, encode in (("base64", base64.b64encode), ("base64url", base64.urlsafe_b64encode)):
+            encoded = encode(b"\0" * shift + raw)
+            forms[f"{name}_{shift}"] = encoded[4 : len(encoded) - 4]
+    return forms
+
+
+def canary_hits(canary: str, haystack: bytes | str) -> list[str]:
+    """Which forms of the canary occur in ``haystack`` (case-insensitively for the hex and escapes)."""
+    data = haystack.encode() if isinstance(haystack, str) else haystack
+    lowered = data.lower()
+    hits = []
+    for name, form in canary_forms(canary).items():
+        if form in data or (name.startswith(("hex", "json_u", "percent_all")) and form.lower() in lowered):
+            hits.append(name)
+    return hits
+
+
+def ledger_bytes(store: Store) -> bytes:
+    """Everything the ledger holds: SQLite files as they are on disk (database, -wal, -shm, journal) and
+    result files; on PostgreSQL every row of every table as text (bytea as hex) plus result files."""
+    from pathlib import Path
+
+    import sqlalchemy as sa
+
+    from jobtrail._results import data_dir
+
+    chunks: list[bytes] = []
+    if store.dialect == "sqlite":
+        path = Path(str(store.engine.url.database))
+        chunks += [
+            p.read_bytes() for p in (path, *(Path(f"{path}{s}") for s in ("-wal", "-shm", "-journal"))) if p.exists()
+        ]
+    else:
+        with store.engine.connect() as conn:
+            names = [
+                r[0]
+                for r in conn.execute(
+                    sa.text("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
+                )
+            ]
+            for name in names:
+                chunks += [str(r[0]).encode() for r in conn.execute(sa.text(f'SELECT x::text FROM "{name}" x'))]
+    results = data_dir(store)
+    if results.exists():
+        chunks += [p.read_bytes() for p in results.rglob("*") if p.is_file()]
+    return b"\n".join(chunks)

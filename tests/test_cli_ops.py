@@ -72,6 +72,7 @@ def test_ops_list_show_history_json(tmp_path: Path) -> None:
 
 def test_errors_are_one_line_with_the_way_out(tmp_path: Path) -> None:
     db = str(tmp_path / "e.db")
+    Store.open(db).close()  # a read command on a missing file says so (tests/test_hostile_provider_leaks.py)
     missing = jobtrail("--db", db, "ops", "show", "op_DOESNOTEXIST")
     assert missing.returncode == 1
     assert missing.stderr.strip().count("\n") == 0 and "jobtrail ops list" in missing.stderr

@@ -65,6 +65,33 @@ def _store(ctx: click.Context) -> Store:
     return store
 
 
+def _sqlite_file(db: str | None) -> Path | None:
+    """The SQLite file ``--db`` (or its defaults) names, or None for a server URL or an in-memory one."""
+    from jobtrail._store import DEFAULT_DB_ENV, default_db_path
+
+    raw = db if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
+    if raw.startswith("sqlite:///"):
+        raw = raw[len("sqlite:///") :].split("?", 1)[0]
+        return Path(raw).expanduser().absolute() if raw and raw != ":memory:" else None
+    if "://" in raw:
+        return None
+    return Path(raw).expanduser().absolute()
+
+
+def _existing_store(ctx: click.Context) -> Store:
+    """For commands that only read: a missing SQLite file is an error, never a fresh empty ledger."""
+    obj: dict[str, Any] = ctx.ensure_object(dict)
+    if "store" not in obj:
+        path = _sqlite_file(obj.get("db"))
+        if path is not None and not path.exists():
+            _fail(
+                f"no database at {path}: there is nothing to read (none was created). "
+                "Point --db (or JOBTRAIL_DB) at your ledger",
+                EXIT_USAGE,
+            )
+    return _store(ctx)
+
+
 @click.group(cls=_Group)
 @click.option(
     "--db",
@@ -106,7 +133,7 @@ def ops_list(ctx: click.Context, state: str | None, provider: str | None, limit:
     Example:
       jobtrail ops list --state needs_attention --json
     """
-    operations = _store(ctx).list_operations(state=state, provider=provider, limit=limit)
+    operations = _existing_store(ctx).list_operations(state=state, provider=provider, limit=limit)
     if as_json:
         _emit_json([op.to_json() for op in operations])
         return
@@ -135,7 +162,7 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     Example:
       jobtrail ops show op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --json
     """
-    store = _store(ctx)
+    store = _existing_store(ctx)
     op = store.get(operation_id)
     result = stored_result(store, operation_id)
     doc = op.to_json()
@@ -167,7 +194,7 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     Example:
       jobtrail ops history op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
     """
-    store = _store(ctx)
+    store = _existing_store(ctx)
     store.get(operation_id)
     entries = store.history(operation_id)
     if as_json:
@@ -500,7 +527,7 @@ def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     Example:
       jobtrail explain op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
     """
-    store = _store(ctx)
+    store = _existing_store(ctx)
     if not operation_id.startswith("op_"):
         from jobtrail._client import AsyncJobtrail
         from jobtrail._tasks import Task
@@ -563,7 +590,7 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     """
     import time
 
-    store = _store(ctx)
+    store = _existing_store(ctx)
     deadline = time.monotonic() + timeout
     op = store.get(operation_id)
     live = sys.stdout.isatty() and not as_json
@@ -645,6 +672,11 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
 @click.option("--approver", help="Identity recorded as approving every job this server submits.")
 @click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
 @click.option("--http", "http_port", type=int, help="Serve streamable HTTP on 127.0.0.1:PORT instead of stdio.")
+@click.option(
+    "--shared",
+    is_flag=True,
+    help="Let this agent see, wait on, fetch and cancel every agent's operations (default: only its own).",
+)
 @click.pass_context
 def mcp(
     ctx: click.Context,
@@ -653,19 +685,24 @@ def mcp(
     approver: str | None,
     with_worker: bool,
     http_port: int | None,
+    shared: bool,
 ) -> None:
     """Serve jobtrail's tools to an agent over the Model Context Protocol (stdio by default).
+
+    The server acts for --agent: its tools list, read, wait on, fetch the results of and cancel
+    only the operations that agent submitted; another agent's operation answers like a missing
+    one. Start it with --shared to let the agent act on all operations.
 
     \b
     Example:
       jobtrail --db jobs.db mcp --provider openai.toml --agent research-bot --approver alice --with-worker
     """
     from jobtrail._client import AsyncJobtrail
-    from jobtrail._mcp import build_server
+    from jobtrail._mcp import build_server, serve_stdio
     from jobtrail._worker import Worker
 
     jt = AsyncJobtrail(store=_store(ctx), providers=list(provider_files), actor=f"mcp:{agent}")
-    server = build_server(jt, agent=agent, approver=approver)
+    server = build_server(jt, agent=agent, approver=approver, shared=shared)
 
     async def run() -> None:
         runner = Worker(jt.store, dict(jt.providers), worker_id=f"mcp:{agent}") if with_worker else None
@@ -674,7 +711,7 @@ def mcp(
             if http_port is not None:
                 await server.run_streamable_http_async(host="127.0.0.1", port=http_port)
             else:
-                await server.run_stdio_async()
+                await serve_stdio(server)
         finally:
             if runner is not None and task is not None:
                 runner.stop()
@@ -714,7 +751,7 @@ def ops_escalation(ctx: click.Context, operation_id: str, as_json: bool, markdow
     """
     from jobtrail._escalation import bundle_markdown, escalation_bundle
 
-    bundle = escalation_bundle(_store(ctx), operation_id)
+    bundle = escalation_bundle(_existing_store(ctx), operation_id)
     if as_json:
         _emit_json(bundle)
     else:
@@ -754,12 +791,15 @@ def cancel(
 @cli.command()
 @click.argument("operation_id")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the result here (default: standard output).")
+@click.option("--force", is_flag=True, help="Replace an existing --out file (never one of the ledger's own files).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result's record (sha256, size, checks, summary).")
 @click.pass_context
-def result(ctx: click.Context, operation_id: str, out: str | None, as_json: bool) -> None:
+def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, as_json: bool) -> None:
     """Write an operation's stored result, verified against its sha256, or say why there is none.
 
-    Exit 0 written, 1 no result (the reason is printed).
+    --out refuses an existing file unless --force, never writes the ledger's own files (database,
+    -wal, -shm, results directory), writes atomically and replaces a symlink rather than following it.
+    Exit 0 written, 1 no result (the reason is printed), 2 the --out target was refused.
 
     \b
     Example:
@@ -767,20 +807,74 @@ def result(ctx: click.Context, operation_id: str, out: str | None, as_json: bool
     """
     from jobtrail._results import ResultMissing, read_result
 
+    store = _existing_store(ctx)
     try:
-        row, data = read_result(_store(ctx), operation_id)
+        row, data = read_result(store, operation_id)
     except ResultMissing as exc:
         if as_json:
             _emit_json({"operation_id": operation_id, "result": None, "why": str(exc)})
             sys.exit(EXIT_NEGATIVE)
         _fail(str(exc), EXIT_NEGATIVE)
     if out:
-        Path(out).write_bytes(data)
+        _write_result(_result_target(store, out, force), data, force)
     if as_json:
         _emit_json(describe(row) | {"out": out})
     elif not out:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
+
+
+def _ledger_files(store: Store) -> tuple[list[Path], Path]:
+    """The ledger's own files (a SQLite database and its journals) and its results directory."""
+    from jobtrail._results import data_dir
+
+    files: list[Path] = []
+    database = store.engine.url.database if store.dialect == "sqlite" else None
+    if database and database != ":memory:":
+        db = Path(database).resolve()
+        files = [db, *(db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal"))]
+    return files, data_dir(store).resolve()
+
+
+def _result_target(store: Store, out: str, force: bool) -> Path:
+    """Where --out may write, checked before anything is read or written."""
+    given = Path(out).expanduser()
+    # the parent resolved, the name not: a symlink at the target is replaced, never followed
+    target = given.absolute().parent.resolve() / given.name
+    files, results_dir = _ledger_files(store)
+    own = target in files or target == results_dir or results_dir in target.parents
+    if not own and os.path.lexists(target) and not target.is_symlink():
+        own = any(f.exists() and os.path.samefile(target, f) for f in files)
+    if own:
+        _fail(f"--out {out} is one of the ledger's own files; write the result somewhere else", EXIT_USAGE)
+    if os.path.lexists(target) and not force:
+        _fail(f"--out {out} already exists; pass --force to replace it, or choose another path", EXIT_USAGE)
+    if os.path.isdir(target) and not target.is_symlink():
+        _fail(f"--out {out} is a directory; name a file", EXIT_USAGE)
+    if not target.parent.is_dir():
+        _fail(f"--out {out}: the directory {target.parent} does not exist", EXIT_USAGE)
+    return target
+
+
+def _write_result(target: Path, data: bytes, force: bool) -> None:
+    """Atomically: a temporary file beside the target, then a rename (or a link that refuses to clobber)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if force:
+            os.replace(tmp, target)  # replaces a symlink itself, not what it points at
+        else:
+            try:
+                os.link(tmp, target)  # fails if something appeared there meanwhile
+            except FileExistsError:
+                _fail(f"--out {target} appeared while writing; pass --force to replace it", EXIT_USAGE)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 # -- audit -------------------------------------------------------------------------
@@ -814,7 +908,7 @@ def audit_verify(ctx: click.Context, anchor_path: str | None, key_env: str | Non
     """
     try:
         anchor = load_anchor(anchor_path) if anchor_path else None
-        report = verify(_store(ctx), anchor=anchor, key=_key_from_env(key_env))
+        report = verify(_existing_store(ctx), anchor=anchor, key=_key_from_env(key_env))
     except JobtrailError as exc:
         if as_json:
             _emit_json({"ok": None, "error": str(exc)})
@@ -854,7 +948,7 @@ def audit_anchor(ctx: click.Context, out: str, key_env: str | None, as_json: boo
     Example:
       JOBTRAIL_ANCHOR_KEY=... jobtrail audit anchor --out /safe/anchor.json --key-env JOBTRAIL_ANCHOR_KEY
     """
-    anchor = make_anchor(_store(ctx), key=_key_from_env(key_env), key_name=key_env)
+    anchor = make_anchor(_existing_store(ctx), key=_key_from_env(key_env), key_name=key_env)
     text = json.dumps(anchor, indent=1, sort_keys=True)
     if out == "-":
         click.echo(text)

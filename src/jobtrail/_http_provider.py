@@ -326,6 +326,10 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     sync_result = _json_path(create_s, "sync_result", expected="a JSON path to a result returned with HTTP 200")
     error_code = _json_path(create_s, "error_code", expected="a JSON path to the provider's error code")
     non_retryable = frozenset(create_s.strings("non_retryable", "a list of error codes", []))
+    # request fields an agent may fill with a URL (the MCP guard refuses URLs anywhere else)
+    url_fields = create_s.strings("url_fields", 'JSON paths such as "$.input.image"', [])
+    if any(not f.startswith("$") for f in url_fields):
+        create_s.fail("url_fields", 'JSON paths such as "$.input.image"', url_fields)
     create_s.done()
 
     status_s = top.table("status")
@@ -461,6 +465,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
         webhooks=webhooks,
         resume=resume,
         download_hosts=download_hosts,
+        extra={"url_fields": tuple(url_fields)},
     )
 
 

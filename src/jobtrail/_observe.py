@@ -29,7 +29,7 @@ from jobtrail._evidence import (
 from jobtrail._failpoints import failpoint
 from jobtrail._provider import Provider
 from jobtrail._record import Operation
-from jobtrail._results import Check, load_check, save_result, validate
+from jobtrail._results import NO_CREDENTIALS_CHECK, NO_CREDENTIALS_REASON, Check, load_check, save_result, validate
 from jobtrail._states import RemoteState, State
 from jobtrail._store import Reschedule, Store
 from jobtrail._writer import Writer
@@ -286,8 +286,12 @@ class CollectFlow:
         ref = op.result_ref
         if ref is not None and ref.startswith("observation:"):  # a synchronous result, stored at create
             stored = await self.io(self.store.observation, int(ref.split(":", 1)[1]))
-            result = stored["raw"].get("result") if stored else None
-            return await self._finish(op, provider, canonical_bytes(result), "application/json", None, "synchronous")
+            raw = stored["raw"] if stored else {}
+            if "withheld" in raw:  # it carried a credential: nothing to store, nothing to hand out
+                return await self._refuse_credential(op)
+            return await self._finish(
+                op, provider, canonical_bytes(raw.get("result")), "application/json", None, "synchronous"
+            )
         attempts = op.polls + 1
         one_time = provider.capabilities.result == "one_time"
         if one_time and op.polls > await self.io(self.store.count_observations, op.operation_id, "result_fetch"):
@@ -347,6 +351,17 @@ class CollectFlow:
             changes={"state_reason": f"the remote job finished; {reason}"},
         )
 
+    async def _refuse_credential(self, op: Operation) -> Operation:
+        return await self.writer.transition(
+            op,
+            State.RESULT_VALIDATION_FAILED,
+            ValidationFailure(check=NO_CREDENTIALS_CHECK, reason=NO_CREDENTIALS_REASON),
+            actor=self.actor,
+            changes={
+                "state_reason": f"the remote job finished; its result failed validation ({NO_CREDENTIALS_REASON})"
+            },
+        )
+
     async def _finish(
         self,
         op: Operation,
@@ -356,6 +371,8 @@ class CollectFlow:
         headers: Mapping[str, str] | None,
         source: str,
     ) -> Operation:
+        if self.store.redactor.contains_secret(data):
+            return await self._refuse_credential(op)
         spec = provider.result_spec
         if headers is None:  # a result that came with the create: no response headers to check a sum against
             spec = dataclasses.replace(spec, checksum_header=None)

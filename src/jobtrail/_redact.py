@@ -15,7 +15,10 @@ Four passes, in this order:
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
+import html
+import json
 import logging
 import re
 import threading
@@ -24,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
 REDACTED = "[REDACTED]"
+#: what stands in for a result that carried a credential
+WITHHELD_CREDENTIAL = "no_credentials: the result carried a configured credential and was not kept"
 
 _HEADER_ALLOW = frozenset(
     {
@@ -169,9 +174,63 @@ _KV_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+#: field names that name a credential outright (refused in request bodies); narrower than
+#: :func:`is_secret_name`, which masks, so ``code``, ``key`` or ``tokenizer`` are not refused
+_CREDENTIAL_KEYS = frozenset(
+    {
+        "authorization",
+        "auth",
+        "apikey",
+        "xapikey",
+        "token",
+        "accesstoken",
+        "refreshtoken",
+        "idtoken",
+        "authtoken",
+        "bearer",
+        "bearertoken",
+        "secret",
+        "clientsecret",
+        "password",
+        "passwd",
+        "credential",
+        "credentials",
+        "privatekey",
+        "secretkey",
+        "accesskey",
+        "accesskeyid",
+        "sessiontoken",
+        "sessionid",
+        "sessionkey",
+    }
+)
+_CREDENTIAL_KEY_SUFFIXES = (
+    "apikey",
+    "secret",
+    "password",
+    "accesstoken",
+    "authtoken",
+    "refreshtoken",
+    "bearertoken",
+    "privatekey",
+    "secretkey",
+    "accesskey",
+    "sessiontoken",
+    "credentials",
+    "credential",
+)
+
+
 @functools.lru_cache(maxsize=4096)
 def _norm(name: str) -> str:
     return _NON_ALNUM.sub("", name.lower())
+
+
+@functools.lru_cache(maxsize=4096)
+def is_credential_field(name: str) -> bool:
+    """Does a request field's name say it carries a credential (``api_key``, ``Authorization``, ...)?"""
+    n = _norm(name)
+    return n in _CREDENTIAL_KEYS or n.endswith(_CREDENTIAL_KEY_SUFFIXES)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -213,6 +272,24 @@ class Secret:
         return hash(("Secret", self._value))
 
 
+def _b64_cores(raw: bytes) -> set[str]:
+    """Substrings every base64 text that carries ``raw`` contains, whatever bytes come before it.
+
+    base64 works on 3-byte groups, so ``raw`` lands at one of three alignments; for each, the
+    characters that depend only on ``raw`` (not on its neighbours) are a fixed string.
+    """
+    cores: set[str] = set()
+    for shift in range(3):
+        encoded = base64.b64encode(b"\0" * shift + raw).decode()
+        start = (shift * 4 + 2) // 3  # characters touched by the padding bytes in front
+        end = (len(raw) + shift) // 3 * 4  # characters touched by whatever follows
+        core = encoded[start:end]
+        if len(core) >= 8:
+            cores.add(core)
+            cores.add(core.replace("+", "-").replace("/", "_"))
+    return cores
+
+
 def _encodings(value: str) -> set[str]:
     raw = value.encode("utf-8")
     forms = {
@@ -235,6 +312,8 @@ class Redactor:
     def __init__(self) -> None:
         self._exact: set[str] = set()
         self._ordered: list[str] = []
+        #: the exact encodings and base64 cores of the registered values: what detection looks for
+        self._detect: list[str] = []
         self._lock = threading.Lock()
 
     # -- registration of injected credentials ---------------------------------
@@ -250,6 +329,74 @@ class Redactor:
             self._exact |= new
             # longest first, so a base64 form is not half-masked by a shorter one
             self._ordered = sorted(self._exact, key=len, reverse=True)
+            forms = {*self._exact, *_b64_cores(value.encode("utf-8"))}
+            forms |= {f.lower() for f in forms if f.isascii() and _HEXISH.fullmatch(f)}
+            self._detect = sorted({*self._detect, *forms}, key=len, reverse=True)
+
+    # -- detection -------------------------------------------------------------------
+
+    def contains_secret(self, data: str | bytes) -> bool:
+        """Does ``data`` carry a registered credential, in any encoding we can undo?
+
+        Looks through JSON ``\\u`` escapes, percent-encoding (also ``+`` for space),
+        HTML entities, base64 (standard and URL-safe, at any alignment), hex, and
+        nestings of these; in a JSON document also through a value split across
+        several strings. Never says *which* credential or where: callers refuse
+        the whole input.
+        """
+        detect = self._detect
+        if not detect:
+            return False
+        text = data.decode("utf-8", errors="replace") if isinstance(data, bytes | bytearray) else str(data)
+        if self._found(text):
+            return True
+        return self._split_across_strings(text)
+
+    def _hidden(self, text: str) -> bool:
+        """The cheap check for every string we write: exact forms, then decoding only if it looks encoded."""
+        if any(form in text for form in self._detect):
+            return True
+        return ("\\" in text or "%" in text or "&" in text) and self._found(text, deep=False)
+
+    def _found(self, text: str, *, deep: bool = True) -> bool:
+        """Exact forms, then the same after undoing encodings (a few rounds, for nestings).
+
+        ``deep`` also decodes base64 and hex runs (their aligned forms are matched exactly
+        either way; decoding finds them nested inside another encoding).
+        """
+        detect = self._detect
+        seen: set[str] = set()
+        frontier = [text]
+        for _ in range(4):
+            nxt: list[str] = []
+            for candidate in frontier:
+                if candidate in seen:
+                    continue
+                seen.add(candidate)
+                if any(form in candidate for form in detect):
+                    return True
+                nxt.extend(c for c in _decoded_forms(candidate, deep=deep) if c not in seen)
+            if not nxt:
+                return False
+            frontier = nxt
+        return any(form in c for c in frontier for form in detect)
+
+    def _split_across_strings(self, text: str) -> bool:
+        # only worth parsing when it looks like JSON and holds more than one string
+        stripped = text.lstrip()
+        if stripped[:1] not in ("{", "[", '"') or text.count('"') < 4 or len(text) > _SPLIT_SCAN_MAX:
+            return False
+        try:
+            document = json.loads(text)
+        except (ValueError, RecursionError):
+            return False
+        pieces: list[str] = []
+        _strings(document, pieces)
+        if len(pieces) < 2:
+            return False
+        joined = "".join(pieces)
+        # short values would match by accident in a long concatenation
+        return any(form in joined for form in self._detect if len(form) >= 8)
 
     def register_basic(self, user: str, password: str) -> None:
         """Also mask the Basic-auth form ``base64(user:password)``."""
@@ -260,6 +407,9 @@ class Redactor:
 
     def text(self, value: str) -> str:
         value = self._strong(value)
+        # a credential we could not find as a substring but can see once decoded: the whole string goes
+        if self._detect and self._hidden(value):
+            return REDACTED
         if ("=" in value or ":" in value) and _KV_HINT.search(value):
             for pattern, replacement in _KV_PATTERNS:
                 value = pattern.sub(replacement, value)
@@ -295,7 +445,11 @@ class Redactor:
     def headers(self, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
         items = headers.items() if isinstance(headers, Mapping) else headers
         out: dict[str, str] = {}
-        for name, value in items:
+        for raw_name, value in items:
+            name = self.text(str(raw_name))
+            if name != raw_name:  # a name that carries a credential: neither it nor its value is kept
+                out[_unique(out, name)] = REDACTED
+                continue
             lower = name.lower()
             if lower in _URL_HEADERS:
                 out[name] = self.url(str(value))
@@ -312,7 +466,10 @@ class Redactor:
         if isinstance(value, Mapping):
             out: dict[str, Any] = {}
             for key, item in value.items():
-                key_s = str(key)
+                key_s = self.text(str(key))
+                if key_s != str(key):  # a key that carries a credential
+                    out[_unique(out, key_s)] = REDACTED
+                    continue
                 if is_secret_name(key_s) and _carries_secret(item):
                     out[key_s] = REDACTED
                 elif _norm(key_s) in ("headers", "responseheaders", "requestheaders") and isinstance(item, Mapping):
@@ -326,16 +483,43 @@ class Redactor:
             return [self.value(item) for item in value]
         return value
 
+    def looks_like_credential(self, text: str) -> bool:
+        """A registered credential or a known secret format (``Bearer ...``, a JWT, a key prefix,
+        userinfo in a URL), in ``text`` or in any decoding of it (base64, percent, JSON escapes)."""
+        if self.contains_secret(text):
+            return True
+        for candidate in (text, *_decoded_forms(text, deep=True)):
+            hinted = len(candidate) >= _SHORTEST_PATTERN and _STRONG_HINT.search(candidate)
+            if hinted and any(pattern.search(candidate) for pattern, _ in _PATTERNS):
+                return True
+        return False
+
+    def result_value(self, value: Any) -> Any:
+        """A provider's result carried inside a record: kept exactly, or withheld whole.
+
+        Field names never mask a result (``{"key": ..., "code": ...}`` is user data); a result
+        that carries a registered credential in any encoding is replaced by ``{"withheld": ...}``.
+        """
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError, RecursionError):
+            return {"withheld": "the result is not JSON"}
+        if self.contains_secret(text):
+            return {"withheld": WITHHELD_CREDENTIAL}
+        return value
+
     def secret_paths(self, value: Any, path: str = "$") -> list[str]:
         """JSON paths in ``value`` that the redactor would mask (used to refuse request bodies)."""
         found: list[str] = []
         if isinstance(value, str):
-            if self._strong(value) != value:
+            if self._strong(value) != value or self.looks_like_credential(value):
                 found.append(path)
         elif isinstance(value, Mapping):
             for key, item in value.items():
                 sub = f"{path}.{key}"
-                if is_secret_name(str(key)) and _carries_secret(item):
+                if self.looks_like_credential(str(key)):
+                    found.append(f"{path} (a field name)")
+                elif is_credential_field(str(key)) and _carries_secret(item):
                     found.append(sub)
                 else:
                     found.extend(self.secret_paths(item, sub))
@@ -348,6 +532,12 @@ class Redactor:
 class NullRedactor(Redactor):
     """Redacts nothing. Exists so tests can prove the canary scan would catch a leak."""
 
+    def contains_secret(self, data: str | bytes) -> bool:
+        return False
+
+    def result_value(self, value: Any) -> Any:
+        return value
+
     def text(self, value: str) -> str:
         return value
 
@@ -359,6 +549,74 @@ class NullRedactor(Redactor):
 
     def value(self, value: Any) -> Any:
         return value
+
+
+#: JSON documents larger than this are not parsed to look for a credential split across strings
+_SPLIT_SCAN_MAX = 64 * 1024 * 1024
+_HEXISH = re.compile(r"[0-9A-Fa-f]+")
+_JSON_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|([\"\\/bfnrt]))")
+_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
+_HEX_RUN = re.compile(r"(?:[0-9A-Fa-f]{2}){4,}")
+
+
+def _unescape_json(text: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        if m.group(1) is not None:
+            return chr(int(m.group(1), 16))
+        return _SIMPLE_ESCAPES[m.group(2)]
+
+    out = _JSON_ESCAPE.sub(one, text)
+    # surrogate pairs written as two escapes
+    return out.encode("utf-16", "surrogatepass").decode("utf-16", errors="replace") if out != text else out
+
+
+def _decoded_forms(text: str, *, deep: bool) -> list[str]:
+    """``text`` with one layer of each encoding undone (only those that change something)."""
+    forms: list[str] = []
+    if "\\" in text:
+        forms.append(_unescape_json(text))
+    if "%" in text:  # a credential's quote_plus form (its spaces as "+") is an exact form already
+        forms.append(urllib.parse.unquote_plus(text))
+        forms.append(urllib.parse.unquote(text))
+    if "&" in text:
+        forms.append(html.unescape(text))
+    if not deep:
+        return [f for f in forms if f != text]
+    for run in _B64_RUN.findall(text):
+        for decode in (base64.b64decode, base64.urlsafe_b64decode):
+            try:
+                raw = decode(run + "=" * (-len(run) % 4))
+            except (binascii.Error, ValueError):
+                continue
+            forms.append(raw.decode("utf-8", errors="replace"))
+    for run in _HEX_RUN.findall(text):
+        forms.append(bytes.fromhex(run).decode("utf-8", errors="replace"))
+    return [f for f in forms if f != text]
+
+
+def _strings(value: Any, out: list[str], depth: int = 0) -> None:
+    """Every string (keys too) in a JSON document, in document order."""
+    if depth > 200:
+        return
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            out.append(str(key))
+            _strings(item, out, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, out, depth + 1)
+
+
+def _unique(taken: Mapping[str, Any], name: str) -> str:
+    if name not in taken:
+        return name
+    n = 2
+    while f"{name}#{n}" in taken:
+        n += 1
+    return f"{name}#{n}"
 
 
 def _carries_secret(item: Any) -> bool:

@@ -25,7 +25,6 @@ from jobtrail import _schema as t
 from jobtrail._canonical import compact_json, parse_json
 from jobtrail._errors import ConfigError, OperationalError
 from jobtrail._jsonpath import extract, extract_any
-from jobtrail._redact import REDACTED
 from jobtrail._store import Store
 
 #: results up to this size live in the database; larger ones are files
@@ -38,6 +37,18 @@ Check = Callable[[Any], Any]
 
 class ResultMissing(OperationalError):
     """No result is stored for this operation (the message says why)."""
+
+
+class ResultCarriesCredential(OperationalError):
+    """A result holds a configured credential: it is refused, never stored or handed out."""
+
+
+#: the check a credential-carrying result fails, as recorded in the state and the history
+NO_CREDENTIALS_CHECK = "no_credentials"
+NO_CREDENTIALS_REASON = (
+    "no_credentials: the result carries a credential configured for this provider (the provider echoed it, "
+    "possibly encoded); it was neither stored nor handed out. Ask the provider why, and rotate the credential"
+)
 
 
 class ResultCorrupted(OperationalError):
@@ -238,22 +249,17 @@ def save_result(
     checks: list[dict[str, Any]],
     summary: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """Store a validated result (masking any injected credential it echoes); returns the stored row."""
-    redacted = False
-    text_forms = store.redactor._ordered
-    if text_forms and any(form.encode() in data for form in text_forms):
-        for form in text_forms:
-            data = data.replace(form.encode(), REDACTED.encode())
-        redacted = True
-        checks = [
-            *checks,
-            {
-                "check": "no_credentials",
-                "ok": False,
-                "expected": "no injected credential",
-                "seen": "the result echoed a credential; stored with it masked",
-            },
-        ]
+    """Store a validated result, exactly the bytes given; returns the stored row.
+
+    A result is the user's data: nothing in it is masked or rewritten, so its sha256 is the
+    one the history records. One that carries a configured credential (in any encoding) is
+    refused instead (:class:`ResultCarriesCredential`), never stored.
+    """
+    if store.redactor.contains_secret(data):
+        raise ResultCarriesCredential(
+            f"the result of {operation_id} carries a configured credential; it was not stored",
+            operation_id=operation_id,
+        )
     digest = hashlib.sha256(data).hexdigest()
     row: dict[str, Any] = {
         "operation_id": operation_id,
@@ -264,7 +270,7 @@ def save_result(
         "path": None,
         "checks": compact_json(checks),
         "summary": None if summary is None else compact_json(summary),
-        "redacted": redacted,
+        "redacted": False,  # kept for the schema: results are never altered any more
         "stored_at_us": store.clock(),
     }
     if len(data) <= INLINE_MAX_BYTES:

@@ -490,6 +490,8 @@ class Store:
             values["next_action_at_us"] = None
         if values["state_reason"] is not None:
             values["state_reason"] = self.redactor.text(str(values["state_reason"]))
+        if values["remote_state"] is not None:  # a provider's own word: it may echo a credential
+            values["remote_state"] = self.redactor.text(str(values["remote_state"]))
         if values["partial_effects"] is not None:  # any JSON value, a bare string too: always encoded
             values["partial_effects"] = compact_json(self.redactor.value(values["partial_effects"]))
         epoch = item.epoch if item.epoch is not None else (op.lease_epoch if op.lease_owner else None)
@@ -602,7 +604,10 @@ class Store:
             "provider_request_id": None if item.provider_request_id is None else redact.text(item.provider_request_id),
             "remote_state": item.remote_state,
             "raw_state": None if item.raw_state is None else redact.text(item.raw_state),
-            "raw": compact_json(redact.value(item.raw)),
+            # a synchronous result is user data: kept byte-exact (or withheld whole), never field-masked
+            "raw": compact_json(
+                redact.result_value(item.raw) if item.kind == "synchronous_result" else redact.value(item.raw)
+            ),
             "worker": item.worker,
             "lease_epoch": item.lease_epoch,
             "progress": item.progress,
@@ -674,8 +679,11 @@ class Store:
         state: State | str | None = None,
         provider: str | None = None,
         limit: int | None = 100,
+        caller: str | None = None,
     ) -> list[Operation]:
         query = sa.select(t.operations).order_by(t.operations.c.operation_id.desc())
+        if caller is not None:
+            query = query.where(t.operations.c.caller == caller)
         if state is not None:
             query = query.where(t.operations.c.state == State(state).value)
         if provider is not None:
