@@ -13,21 +13,21 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Column, Table
 
-from jobtrail._audit import load_anchor, make_anchor, verify
 from jobtrail._canonical import parse_json, rfc3339
 from jobtrail._errors import ConfigError, JobtrailError, OperationalError, OperationNotFound
 from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import Secret, install_log_redaction
-from jobtrail._results import describe, stored_result
 from jobtrail._states import FINAL_STATES, SETTLED_STATES, State
-from jobtrail._store import Store
+
+if TYPE_CHECKING:  # the ledger (SQLAlchemy) is imported by the commands that use it: --help stays quick
+    from jobtrail._store import Store
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
 
@@ -59,6 +59,8 @@ class _Group(click.Group):
 def _store(ctx: click.Context) -> Store:
     obj: dict[str, Any] = ctx.ensure_object(dict)
     if "store" not in obj:
+        from jobtrail._store import Store
+
         obj["store"] = Store.open(obj.get("db"))
         ctx.call_on_close(obj["store"].close)
     store: Store = obj["store"]
@@ -162,6 +164,8 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     Example:
       jobtrail ops show op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --json
     """
+    from jobtrail._results import describe, stored_result
+
     store = _existing_store(ctx)
     op = store.get(operation_id)
     result = stored_result(store, operation_id)
@@ -805,7 +809,7 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
     Example:
       jobtrail result op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --out result.json
     """
-    from jobtrail._results import ResultMissing, read_result
+    from jobtrail._results import ResultMissing, describe, read_result
 
     store = _existing_store(ctx)
     try:
@@ -906,6 +910,8 @@ def audit_verify(ctx: click.Context, anchor_path: str | None, key_env: str | Non
     Example:
       jobtrail audit verify --anchor /safe/place/anchor.json --json
     """
+    from jobtrail._audit import load_anchor, verify
+
     try:
         anchor = load_anchor(anchor_path) if anchor_path else None
         report = verify(_existing_store(ctx), anchor=anchor, key=_key_from_env(key_env))
@@ -948,6 +954,8 @@ def audit_anchor(ctx: click.Context, out: str, key_env: str | None, as_json: boo
     Example:
       JOBTRAIL_ANCHOR_KEY=... jobtrail audit anchor --out /safe/anchor.json --key-env JOBTRAIL_ANCHOR_KEY
     """
+    from jobtrail._audit import make_anchor
+
     anchor = make_anchor(_existing_store(ctx), key=_key_from_env(key_env), key_name=key_env)
     text = json.dumps(anchor, indent=1, sort_keys=True)
     if out == "-":
