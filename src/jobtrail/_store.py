@@ -28,7 +28,17 @@ from sqlalchemy.engine import Connection, Engine
 
 from jobtrail import _schema as t
 from jobtrail._canonical import compact_json, request_fingerprint, to_us
-from jobtrail._chain import GENESIS, HASH_VERSION, entry_hash
+from jobtrail._chain import (
+    ENTRY_FIELDS,
+    FIXED_FIELDS,
+    GENESIS,
+    HASH_VERSION,
+    entry_hash,
+    field_digests,
+    observation_digest,
+    seal,
+    window_digest,
+)
 from jobtrail._errors import (
     ConfigError,
     OperationKeyConflict,
@@ -38,7 +48,7 @@ from jobtrail._errors import (
     StorageError,
     UsageError,
 )
-from jobtrail._evidence import Evidence, OperationCreated
+from jobtrail._evidence import Evidence, OperationCreated, ValidatedResult
 from jobtrail._ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail._machine import check_transition
 from jobtrail._record import HistoryEntry, Operation, OperationSpec
@@ -281,21 +291,7 @@ class Store:
         op_id = new_operation_id(now // 1000)
         trace_id = new_trace_id()
         genesis = OperationCreated(request_fingerprint=fingerprint, operation_key=spec.operation_key)
-        entry = self._entry(
-            operation_id=op_id,
-            seq=1,
-            at_us=now,
-            actor=actor or spec.caller,
-            from_state=None,
-            to_state=State.CREATE_PENDING,
-            evidence=genesis,
-            remote_job_id=None,
-            trace_id=trace_id,
-            request_ids=(),
-            fingerprint=fingerprint,
-            prev_hash=GENESIS,
-        )
-        row = {
+        row: dict[str, Any] = {
             "operation_id": op_id,
             "provider": spec.provider,
             "target": spec.target,
@@ -319,11 +315,37 @@ class Store:
             "updated_at_us": now,
             "next_action_at_us": now,
             "version": 1,
-            "history_head": entry["entry_hash"],
             "lease_owner": None,
             "lease_expires_at_us": None,
             "lease_epoch": 0,
+            "polls": 0,
+            "result_ref": None,
+            "cancel_requested_by": None,
+            "partial_effects": None,
         }
+        row["row_seal"] = seal(row)
+        # the creation entry covers every field fixed now (the token by digest only) and the first values
+        covers = {
+            "fixed": field_digests(row, FIXED_FIELDS),
+            "row": field_digests(row, ENTRY_FIELDS),
+            "obs": {"after": 0, "upto": 0, "count": 0, "digest": window_digest([])},
+        }
+        entry = self._entry(
+            operation_id=op_id,
+            seq=1,
+            at_us=now,
+            actor=actor or spec.caller,
+            from_state=None,
+            to_state=State.CREATE_PENDING,
+            evidence=genesis,
+            remote_job_id=None,
+            trace_id=trace_id,
+            request_ids=(),
+            fingerprint=fingerprint,
+            prev_hash=GENESIS,
+            covers=covers,
+        )
+        row["history_head"] = entry["entry_hash"]
         return spec, row, entry
 
     # -- changing ---------------------------------------------------------------
@@ -403,26 +425,52 @@ class Store:
         observation_slots: list[int] = []
         releases: list[dict[str, Any]] = []
         with self._errors("recording a transition"), self.engine.begin() as conn:
-            # the conditional UPDATEs one by one (each one's rowcount says stale or not),
-            # then every INSERT of the batch in one executemany per table
-            for slot, (item, update, entry) in enumerate(prepared):
+            if self.dialect == "postgresql":
+                # Lock every row the batch touches, in one order: an observation's id is then
+                # committed before any later entry of its operation reads the observations to
+                # cover (sequence order is not commit order otherwise), and batches cannot deadlock.
+                touched = sorted(
+                    {
+                        item.operation_id if isinstance(item, Observe | Release) else item.op.operation_id
+                        for item, _, _ in prepared
+                    }
+                )
+                conn.execute(
+                    sa.select(t.operations.c.operation_id)
+                    .where(t.operations.c.operation_id.in_(touched))
+                    .order_by(t.operations.c.operation_id)
+                    .with_for_update()
+                ).all()
+            # observations first, so an entry of the same batch covers them; then the conditional
+            # UPDATEs one by one (each one's rowcount says stale or not); then the history INSERTs
+            for slot, (item, update, _entry) in enumerate(prepared):
                 if isinstance(item, Observe):
                     observation_rows.append(update)
                     observation_slots.append(slot)
-                elif isinstance(item, Release):
-                    releases.append(update)
-                elif _update_statement(update["b_epoch"] is not None).run(conn, update) != 1:
-                    results[slot] = self._stale(conn, item)
-                else:
-                    if entry is not None:
-                        history_rows.append(entry)
-                    results[slot] = _advanced(item.op, update)
-            if history_rows:
-                _RAW_INSERT_HISTORY.run_many(conn, history_rows)
             if observation_rows:
                 ids = conn.execute(_INSERT_OBSERVATION, observation_rows).scalars().all()
                 for slot, observation_id in zip(observation_slots, ids, strict=True):
                     results[slot] = int(observation_id)
+            covered: dict[str, int] = {}
+            for slot, (item, update, entry) in enumerate(prepared):
+                if isinstance(item, Observe):
+                    continue
+                if isinstance(item, Release):
+                    releases.append(update)
+                    continue
+                if entry is not None:
+                    self._finish_entry(conn, entry, update, covered)
+                if _update_statement(update["b_epoch"] is not None).run(conn, update) != 1:
+                    results[slot] = self._stale(conn, item)
+                else:
+                    if entry is not None:
+                        history_rows.append(entry)
+                        covered[entry["operation_id"]] = entry["obs_upto"]
+                    results[slot] = _advanced(item.op, update)
+            for entry in history_rows:
+                del entry["obs_upto"]
+            if history_rows:
+                _RAW_INSERT_HISTORY.run_many(conn, history_rows)
             if releases:
                 _RELEASE.run_many(conn, releases)
         return results
@@ -475,8 +523,14 @@ class Store:
             "version": op.version,
             "history_head": op.history_head,
         }
+        update["row_seal"] = seal(update)
         if isinstance(item, Reschedule):
             return item, update, None
+        # the entry covers the row as this transition writes it; the observations it covers
+        # are read inside the transaction (_finish_entry), which also computes its hash
+        covers: dict[str, Any] = {"row": field_digests(update, ENTRY_FIELDS)}
+        if isinstance(item.evidence, ValidatedResult):
+            covers["result"] = item.evidence.sha256
         entry = self._entry(
             operation_id=op.operation_id,
             seq=op.version + 1,
@@ -490,10 +544,50 @@ class Store:
             request_ids=item.request_ids,
             fingerprint=op.request_fingerprint,
             prev_hash=op.history_head,
+            covers=covers,
+            finished=False,
         )
         update["version"] = op.version + 1
-        update["history_head"] = entry["entry_hash"]
         return item, update, entry
+
+    def _finish_entry(
+        self, conn: Connection, entry: dict[str, Any], update: dict[str, Any], covered: dict[str, int]
+    ) -> None:
+        """Cover the observations stored since the previous entry, then hash the entry (inside the write)."""
+        op_id = entry["operation_id"]
+        after = covered.get(op_id)
+        if after is None:
+            prev = conn.execute(
+                sa.select(t.history.c.covers).where(
+                    t.history.c.operation_id == op_id, t.history.c.seq == entry["seq"] - 1
+                )
+            ).scalar()
+            if prev is not None:
+                after = int(json.loads(prev)["obs"]["upto"])
+            else:  # the previous entry predates 0006: its operation's older observations stay uncovered
+                after = int(
+                    conn.execute(
+                        sa.select(sa.func.coalesce(sa.func.max(t.observations.c.observation_id), 0)).where(
+                            t.observations.c.operation_id == op_id, t.observations.c.digest.is_(None)
+                        )
+                    ).scalar_one()
+                )
+        obs = t.observations.c
+        items = [
+            (int(r.observation_id), r.digest)
+            for r in conn.execute(
+                sa.select(obs.observation_id, obs.digest)
+                .where(obs.operation_id == op_id, obs.observation_id > after)
+                .order_by(obs.observation_id)
+            )
+        ]
+        upto = items[-1][0] if items else after
+        covers = json.loads(entry["covers"])
+        covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
+        entry["covers"] = compact_json(covers)
+        entry["entry_hash"] = entry_hash(entry)
+        entry["obs_upto"] = upto
+        update["history_head"] = entry["entry_hash"]
 
     def _stale(self, conn: Connection, change: Change | Reschedule) -> StaleRecord:
         current = conn.execute(
@@ -535,6 +629,8 @@ class Store:
         request_ids: Sequence[str],
         fingerprint: str,
         prev_hash: str,
+        covers: dict[str, Any],
+        finished: bool = True,
     ) -> dict[str, Any]:
         redact = self.redactor
         row: dict[str, Any] = {
@@ -552,8 +648,10 @@ class Store:
             "request_fingerprint": fingerprint,
             "prev_hash": prev_hash,
             "hash_version": HASH_VERSION,
+            "covers": compact_json(covers),
         }
-        row["entry_hash"] = entry_hash(row)
+        if finished:
+            row["entry_hash"] = entry_hash(row)
         return row
 
     # -- observations -------------------------------------------------------------
@@ -565,7 +663,7 @@ class Store:
 
     def _observation_row(self, item: Observe, now: int) -> dict[str, Any]:
         redact = self.redactor
-        return {
+        row: dict[str, Any] = {
             "operation_id": item.operation_id,
             "kind": item.kind,
             "fetched_at_us": now,
@@ -580,6 +678,8 @@ class Store:
             "progress": item.progress,
             "next_action_at_us": item.next_action_at_us,
         }
+        row["digest"] = observation_digest(row)
+        return row
 
     def observations(self, operation_id: str) -> list[dict[str, Any]]:
         with self._read() as conn:
@@ -750,6 +850,7 @@ def _filters(providers: Sequence[str] | None, states: Sequence[State] | None) ->
 
 def _operation(row: Any) -> Operation:
     data = dict(row)
+    data.pop("row_seal", None)  # the audit's, not the record's
     data["state"] = State(data["state"])
     data["request_body"] = json.loads(data["request_body"])
     if data.get("partial_effects") is not None:
@@ -770,7 +871,7 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
 _INSERT_OPERATION = sa.insert(t.operations)
 _INSERT_HISTORY = sa.insert(t.history)
 _INSERT_OBSERVATION = sa.insert(t.observations).returning(t.observations.c.observation_id, sort_by_parameter_order=True)
-_UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head")
+_UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head", "row_seal")
 
 
 class _Prepared:
