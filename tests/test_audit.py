@@ -15,7 +15,7 @@ from jobtrail import Operation, Secret, Store
 from jobtrail._audit import make_anchor, verify
 from jobtrail._chain import entry_hash
 
-from helpers import S, op_in, valid_evidence
+from helpers import S, op_in, stored_result, valid_evidence
 
 
 def drop_guards(store: Store) -> None:
@@ -60,7 +60,8 @@ def victim(store: Store) -> Operation:
     op_in(store, S.OBSERVING, body={"bystander": True})
     op = op_in(store, S.ACCEPTED)
     for to in (S.OBSERVING, S.RESULT_COLLECTING, S.SUCCEEDED):
-        op = store.transition(op, to, valid_evidence(op.state, to, op), actor="worker")
+        evidence = stored_result(store, op) if to is S.SUCCEEDED else valid_evidence(op.state, to, op)
+        op = store.transition(op, to, evidence, actor="worker")
     assert op.version == 6
     assert verify(store).ok
     drop_guards(store)
@@ -173,6 +174,7 @@ def test_rechained_history_is_caught_by_the_anchor(store: Store, victim: Operati
 def test_deleted_operation_is_caught_by_the_anchor(store: Store, victim: Operation) -> None:
     anchor = make_anchor(store)
     sql(store, "DELETE FROM history WHERE operation_id = :i", i=victim.operation_id)
+    sql(store, "DELETE FROM results WHERE operation_id = :i", i=victim.operation_id)
     sql(store, "DELETE FROM operations WHERE operation_id = :i", i=victim.operation_id)
     assert verify(store).ok
     assert first_bad(store, anchor=anchor) == ("deleted", 6)
@@ -181,6 +183,7 @@ def test_deleted_operation_is_caught_by_the_anchor(store: Store, victim: Operati
 def test_history_without_its_operation_row(store: Store, victim: Operation) -> None:
     if store.dialect == "postgresql":
         sql(store, "ALTER TABLE history DROP CONSTRAINT history_operation_id_fkey")
+        sql(store, "ALTER TABLE results DROP CONSTRAINT results_operation_id_fkey")
         sql(store, "DELETE FROM operations WHERE operation_id = :i", i=victim.operation_id)
     else:
         import sqlite3

@@ -370,8 +370,8 @@ def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]
             ) from None
     if hashlib.sha256(data).hexdigest() != digest or row["sha256"] != digest:
         raise ResultCorrupted(
-            f"the stored result of {operation_id} does not match the sha256 {digest} its history "
-            f"recorded (entry {seq}): it was altered or damaged after it was stored; it is not served "
+            f"the stored result of {operation_id} does not match its sha256 {digest}, as its history "
+            f"recorded it (entry {seq}): it was altered or damaged after it was stored; it is not served "
             "(run `jobtrail audit verify`)",
             operation_id=operation_id,
         )
