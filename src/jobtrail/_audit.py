@@ -437,6 +437,7 @@ def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | 
         report.results += 0 if op.result is None else 1
         finding = _check_chain(op_id, op.row, op.entries)
         if finding:
+            finding.field = finding.field or "history"
             report.findings.append(finding)
         elif op.row is not None:
             report.findings.extend(_check_row(op_id, op.row, op.entries))
@@ -448,7 +449,9 @@ def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | 
     report.root = merkle_root(leaves)
     if anchor is not None:
         report.anchor_checked = True
-        report.findings.extend(_check_anchor(anchor, heads, key))
+        for finding in _check_anchor(anchor, heads, key):
+            finding.field = finding.field or "history"
+            report.findings.append(finding)
     return report
 
 
