@@ -384,7 +384,13 @@ def test_a_consistently_rechained_result_needs_the_anchor(ledger: Ledger, tmp_pa
     sql(ledger.store, "DELETE FROM history WHERE operation_id = :i AND seq = :s", i=ledger.inline, s=last["seq"])
     insert_entry(ledger.store, rewritten)
     ledger.set(ledger.inline, "history_head", rewritten["entry_hash"])
-    sql(ledger.store, "UPDATE results SET body = :b, sha256 = :h WHERE operation_id = :i", b=forged, h=digest, i=ledger.inline)
+    sql(
+        ledger.store,
+        "UPDATE results SET body = :b, sha256 = :h WHERE operation_id = :i",
+        b=forged,
+        h=digest,
+        i=ledger.inline,
+    )
     assert verify(ledger.store).ok  # the documented limit without an anchor
     bad = verify(ledger.store, anchor=anchor).findings
     assert [(f.operation_id, f.kind, f.field) for f in bad] == [(ledger.inline, "anchor_mismatch", "history")]
