@@ -449,3 +449,14 @@ def test_observations_after_the_last_entry_are_checked_by_their_own_digest(store
     sql(store, "UPDATE observations SET raw = '{}' WHERE observation_id = :o", o=oid)
     bad = verify(store).findings
     assert [(f.field, f.kind) for f in bad] == [(f"observation {oid}", "edited")]
+
+
+def test_a_last_entry_downgraded_to_version_1_is_caught_without_an_anchor(ledger: Ledger) -> None:
+    """Re-hashing the last entry as version 1 (which covers nothing else) and fixing the head is still seen."""
+    last = history(ledger.store, ledger.inline)[-1]
+    downgraded = forge(last, hash_version=1, covers=None)
+    sql(ledger.store, "DELETE FROM history WHERE operation_id = :i AND seq = :s", i=ledger.inline, s=last["seq"])
+    insert_entry(ledger.store, downgraded)
+    ledger.set(ledger.inline, "history_head", downgraded["entry_hash"])
+    ledger.set(ledger.inline, "attempts", 9)  # what the version-2 entry covered and version 1 does not
+    named(verify_cli(ledger), ledger.inline, "history", "edited")

@@ -185,10 +185,15 @@ def _check_chain(op_id: str, op: dict[str, Any] | None, entries: list[dict[str, 
         return Finding(op_id, 0, "deleted", "the operation has no history at all")
     by_hash = {e["entry_hash"]: e["seq"] for e in entries}
     prev = GENESIS
+    newest_version = 0
     for position, entry in enumerate(entries, start=1):
         seq = entry["seq"]
         if seq != position:
             return Finding(op_id, position, "gap", f"entry {position} is missing (next found: {seq})")
+        if entry["hash_version"] < newest_version:
+            # versions only ever rise: an older one after a newer one was rewritten to shed what it covered
+            return Finding(op_id, seq, "edited", f"entry {seq} was downgraded to hash version {entry['hash_version']}")
+        newest_version = max(newest_version, entry["hash_version"])
         if _hash(entry) != entry["entry_hash"]:
             for other in range(1, len(entries) + 2):
                 if other != seq and _hash({**entry, "seq": other}) == entry["entry_hash"]:
