@@ -454,7 +454,7 @@ def test_observations_after_the_last_entry_are_checked_by_their_own_digest(store
 def test_a_last_entry_downgraded_to_version_1_is_caught_without_an_anchor(ledger: Ledger) -> None:
     """Re-hashing the last entry as version 1 (which covers nothing else) and fixing the head is still seen."""
     last = history(ledger.store, ledger.inline)[-1]
-    downgraded = forge(last, hash_version=1, covers=None)
+    downgraded = forge(last, hash_version=1, covers=None, obs_upto=None)
     sql(ledger.store, "DELETE FROM history WHERE operation_id = :i AND seq = :s", i=ledger.inline, s=last["seq"])
     insert_entry(ledger.store, downgraded)
     ledger.set(ledger.inline, "history_head", downgraded["entry_hash"])

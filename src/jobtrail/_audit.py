@@ -338,7 +338,7 @@ def _check_observations(op_id: str, entries: list[dict[str, Any]], observations:
         after, upto = int(window["after"]), int(window["upto"])
         if floor is None:
             floor = after
-        if previous_upto is not None and after != previous_upto:
+        if (previous_upto is not None and after != previous_upto) or entry["obs_upto"] != upto:
             findings.append(
                 Finding(op_id, entry["seq"], "edited", "observations: the covered ranges do not join", "observations")
             )

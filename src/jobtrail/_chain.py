@@ -8,8 +8,10 @@ Entry hash, version 2::
 
     sha256(b"jobtrail/history/v2\\0" + canonical_json(every stored column but the hash))
 
-Version 2 adds the ``covers`` column, a canonical JSON object that binds the
-rest of the ledger to the chain:
+Version 2 adds ``obs_upto`` (the newest observation id the entry covers, a
+column so the next writer finds where to start in the same query that reads
+the row) and ``covers``, a canonical JSON object that binds the rest of the
+ledger to the chain:
 
 ``row``
     a digest of each mutable field of the operation row, as this transition
@@ -57,7 +59,7 @@ HASHED_COLUMNS_V1 = (
     "prev_hash",
     "hash_version",
 )
-HASHED_COLUMNS = (*HASHED_COLUMNS_V1, "covers")
+HASHED_COLUMNS = (*HASHED_COLUMNS_V1, "covers", "obs_upto")
 _COLUMNS = {1: HASHED_COLUMNS_V1, 2: HASHED_COLUMNS}
 
 #: Operation columns fixed when the record is made; the creation entry covers each.

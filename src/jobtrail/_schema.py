@@ -84,6 +84,7 @@ history = Table(
     Column("hash_version", SmallInteger, nullable=False),
     # what the entry binds to the chain: row fields, observations, result digest (hash version 2; 0006)
     Column("covers", Text),
+    Column("obs_upto", BigInteger),
     PrimaryKeyConstraint("operation_id", "seq", name="pk_history"),
 )
 

@@ -452,6 +452,7 @@ class Store:
                 for slot, observation_id in zip(observation_slots, ids, strict=True):
                     results[slot] = int(observation_id)
             covered: dict[str, int] = {}
+            windows = self._windows(conn, [e["operation_id"] for _, _, e in prepared if e is not None])
             for slot, (item, update, entry) in enumerate(prepared):
                 if isinstance(item, Observe):
                     continue
@@ -459,7 +460,7 @@ class Store:
                     releases.append(update)
                     continue
                 if entry is not None:
-                    self._finish_entry(conn, entry, update, covered)
+                    self._finish_entry(conn, entry, update, covered, windows)
                 if _update_statement(update["b_epoch"] is not None).run(conn, update) != 1:
                     results[slot] = self._stale(conn, item)
                 else:
@@ -467,8 +468,6 @@ class Store:
                         history_rows.append(entry)
                         covered[entry["operation_id"]] = entry["obs_upto"]
                     results[slot] = _advanced(item.op, update)
-            for entry in history_rows:
-                del entry["obs_upto"]
             if history_rows:
                 _RAW_INSERT_HISTORY.run_many(conn, history_rows)
             if releases:
@@ -550,37 +549,53 @@ class Store:
         update["version"] = op.version + 1
         return item, update, entry
 
+    @staticmethod
+    def _windows(conn: Connection, op_ids: Sequence[str]) -> dict[str, tuple[int | None, list[tuple[int, Any]]]]:
+        """For each operation: where its last entry's coverage ends, and the observations stored since.
+
+        One query for the whole batch (the entries' rows are locked already on PostgreSQL).
+        """
+        if not op_ids:
+            return {}
+        o, h, ob = t.operations.c, t.history.c, t.observations.c
+        query = (
+            sa.select(o.operation_id, h.obs_upto, ob.observation_id, ob.digest)
+            .select_from(
+                t.operations.outerjoin(
+                    t.history, sa.and_(h.operation_id == o.operation_id, h.seq == o.version)
+                ).outerjoin(t.observations, sa.and_(ob.operation_id == o.operation_id, ob.observation_id > h.obs_upto))
+            )
+            .where(o.operation_id.in_(sorted(set(op_ids))))
+            .order_by(o.operation_id, ob.observation_id)
+        )
+        out: dict[str, tuple[int | None, list[tuple[int, Any]]]] = {}
+        for op_id, upto, oid, digest in conn.execute(query):
+            _, items = out.setdefault(op_id, (None if upto is None else int(upto), []))
+            if oid is not None:
+                items.append((int(oid), digest))
+        return out
+
     def _finish_entry(
-        self, conn: Connection, entry: dict[str, Any], update: dict[str, Any], covered: dict[str, int]
+        self,
+        conn: Connection,
+        entry: dict[str, Any],
+        update: dict[str, Any],
+        covered: dict[str, int],
+        windows: dict[str, tuple[int | None, list[tuple[int, Any]]]],
     ) -> None:
         """Cover the observations stored since the previous entry, then hash the entry (inside the write)."""
         op_id = entry["operation_id"]
-        after = covered.get(op_id)
-        if after is None:
-            prev = conn.execute(
-                sa.select(t.history.c.covers).where(
-                    t.history.c.operation_id == op_id, t.history.c.seq == entry["seq"] - 1
-                )
-            ).scalar()
-            if prev is not None:
-                after = int(json.loads(prev)["obs"]["upto"])
-            else:  # the previous entry predates 0006: its operation's older observations stay uncovered
-                after = int(
-                    conn.execute(
-                        sa.select(sa.func.coalesce(sa.func.max(t.observations.c.observation_id), 0)).where(
-                            t.observations.c.operation_id == op_id, t.observations.c.digest.is_(None)
-                        )
-                    ).scalar_one()
-                )
-        obs = t.observations.c
-        items = [
-            (int(r.observation_id), r.digest)
-            for r in conn.execute(
-                sa.select(obs.observation_id, obs.digest)
-                .where(obs.operation_id == op_id, obs.observation_id > after)
-                .order_by(obs.observation_id)
-            )
-        ]
+        after, items = windows.get(op_id, (None, []))
+        if op_id in covered or after is None:
+            # rare: a second entry of one operation in a batch, or the previous entry predates 0006
+            # (then the operation's older observations stay uncovered)
+            after = covered.get(op_id)
+            if after is None:
+                after = int(_LEGACY_OBSERVATIONS.fetch(conn, {"b_operation_id": op_id})[0][0] or 0)
+            items = [
+                (int(oid), digest)
+                for oid, digest in _OBSERVATION_WINDOW.fetch(conn, {"b_operation_id": op_id, "b_after": after})
+            ]
         upto = items[-1][0] if items else after
         covers = json.loads(entry["covers"])
         covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
@@ -649,6 +664,7 @@ class Store:
             "prev_hash": prev_hash,
             "hash_version": HASH_VERSION,
             "covers": compact_json(covers),
+            "obs_upto": 0,
         }
         if finished:
             row["entry_hash"] = entry_hash(row)
@@ -882,7 +898,7 @@ class _Prepared:
     SQLAlchemy transaction, on its connection.
     """
 
-    def __init__(self, statement: sa.Update | sa.Insert) -> None:
+    def __init__(self, statement: sa.Update | sa.Insert | sa.Select[Any]) -> None:
         self.statement = statement
         self._compiled: dict[str, Any] = {}
 
@@ -904,6 +920,16 @@ class _Prepared:
         finally:
             cursor.close()
 
+    def fetch(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
+        """Execute a query once; returns its rows as tuples."""
+        _, sql, args = self._args(conn, params)
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql, args)
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
     def run_many(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         sql = self._args(conn, rows[0])[1]
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
@@ -920,6 +946,19 @@ _RELEASE = _Prepared(
         t.operations.c.lease_epoch == sa.bindparam("b_epoch"),
     )
     .values(lease_owner=None, lease_expires_at_us=None)
+)
+_OBSERVATION_WINDOW = _Prepared(
+    sa.select(t.observations.c.observation_id, t.observations.c.digest)
+    .where(
+        t.observations.c.operation_id == sa.bindparam("b_operation_id"),
+        t.observations.c.observation_id > sa.bindparam("b_after"),
+    )
+    .order_by(t.observations.c.observation_id)
+)
+_LEGACY_OBSERVATIONS = _Prepared(
+    sa.select(sa.func.max(t.observations.c.observation_id)).where(
+        t.observations.c.operation_id == sa.bindparam("b_operation_id"), t.observations.c.digest.is_(None)
+    )
 )
 _RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
 

@@ -1,6 +1,6 @@
 """Audit coverage: history entries cover the row, observations and result digests (hash version 2).
 
-Adds ``history.covers`` (what a version-2 entry binds to the chain),
+Adds ``history.covers`` and ``history.obs_upto`` (what a version-2 entry binds to the chain),
 ``observations.digest`` and ``operations.row_seal``. Entries written before
 this revision keep verifying under hash version 1; nothing is rewritten.
 
@@ -21,6 +21,7 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("history", sa.Column("covers", sa.Text))
+    op.add_column("history", sa.Column("obs_upto", sa.BigInteger))
     op.add_column("observations", sa.Column("digest", sa.String(64)))
     op.add_column("operations", sa.Column("row_seal", sa.Text))
 
@@ -31,4 +32,5 @@ def downgrade() -> None:
     with op.batch_alter_table("observations") as batch:
         batch.drop_column("digest")
     with op.batch_alter_table("history") as batch:
+        batch.drop_column("obs_upto")
         batch.drop_column("covers")
