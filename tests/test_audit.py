@@ -260,3 +260,42 @@ def test_cli_verify_exit_codes_and_json(tmp_path) -> None:
     assert cannot.returncode == 2
     assert "cannot read anchor" in cannot.stderr
     store.close()
+
+
+def as_written_before_0006(store: Store, op: Operation) -> None:
+    """Rewrite an operation's chain as version 1 (no coverage), as a ledger from before 0006 holds it."""
+    drop_guards(store)
+    entries = rows(store, op)
+    sql(store, "DELETE FROM history WHERE operation_id = :i", i=op.operation_id)
+    prev = "0" * 64
+    for row in entries:
+        new = forge(row, hash_version=1, covers=None, obs_upto=None, prev_hash=prev)
+        insert(store, new)
+        prev = new["entry_hash"]
+    sql(
+        store,
+        "UPDATE operations SET history_head = :h, row_seal = NULL WHERE operation_id = :i",
+        h=prev,
+        i=op.operation_id,
+    )
+    sql(store, "UPDATE observations SET digest = NULL WHERE operation_id = :i", i=op.operation_id)
+
+
+def test_entries_from_before_0006_keep_verifying_and_new_ones_cover_what_follows(store: Store) -> None:
+    from jobtrail._states import RemoteState
+
+    from helpers import obs
+
+    op = op_in(store, S.OBSERVING)
+    old_obs = store.add_observation(op.operation_id, kind="status_poll", raw={"status": "running"})
+    as_written_before_0006(store, op)
+    assert verify(store).ok
+    op = store.get(op.operation_id)
+    new_obs = store.add_observation(op.operation_id, kind="status_poll", raw={"status": "failed"})
+    op = store.transition(op, S.FAILED, obs(RemoteState.FAILED), actor="after-upgrade")
+    assert [e.hash_version for e in store.history(op.operation_id)][-2:] == [1, 2]
+    window = json.loads(store.history(op.operation_id)[-1].covers or "{}")["obs"]
+    assert (window["after"], window["upto"], window["count"]) == (old_obs, new_obs, 1)
+    assert verify(store).ok
+    sql(store, "DELETE FROM observations WHERE observation_id = :o", o=new_obs)
+    assert [(f.field, f.kind) for f in verify(store).findings] == [("observations", "deleted")]

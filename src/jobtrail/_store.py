@@ -600,8 +600,8 @@ class Store:
         covers = json.loads(entry["covers"])
         covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
         entry["covers"] = compact_json(covers)
-        entry["entry_hash"] = entry_hash(entry)
         entry["obs_upto"] = upto
+        entry["entry_hash"] = entry_hash(entry)
         update["history_head"] = entry["entry_hash"]
 
     def _stale(self, conn: Connection, change: Change | Reschedule) -> StaleRecord:
