@@ -460,3 +460,41 @@ def test_a_last_entry_downgraded_to_version_1_is_caught_without_an_anchor(ledger
     ledger.set(ledger.inline, "history_head", downgraded["entry_hash"])
     ledger.set(ledger.inline, "attempts", 9)  # what the version-2 entry covered and version 1 does not
     named(verify_cli(ledger), ledger.inline, "history", "edited")
+
+
+def test_mcp_get_result_refuses_a_forged_result(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
+    """An agent's own job, its result and results.sha256 forged together: the agent gets the reason, not the bytes."""
+    from test_mcp import agent_session, result_of
+
+    provider = fake.write_provider_file(
+        tmp_path / "fake.toml", connect_timeout_s=1.0, poll={"initial_s": 0.1, "factor": 1, "cap_s": 0.2}
+    )
+    forged = b'{"verdict": "forged-by-mallory"}'
+
+    async def session_test(session: Any) -> tuple[Any, Any]:
+        job = result_of(
+            await session.call_tool(
+                "submit_job", {"provider": "fake", "request": {"prompt": "p"}, "operation_key": "tamper-1"}
+            )
+        )
+        for _ in range(50):
+            status = result_of(
+                await session.call_tool("wait_for_change", {"operation_id": job["operation_id"], "timeout_s": 5})
+            )
+            if status["state"] == "succeeded":
+                break
+        honest = result_of(await session.call_tool("get_result", {"operation_id": job["operation_id"]}))
+        with Store.open(db_url) as store:
+            sql(
+                store,
+                "UPDATE results SET body = :b, sha256 = :h WHERE operation_id = :i",
+                b=forged,
+                h=hashlib.sha256(forged).hexdigest(),
+                i=job["operation_id"],
+            )
+        return honest, result_of(await session.call_tool("get_result", {"operation_id": job["operation_id"]}))
+
+    honest, answer = asyncio.run(agent_session(db_url, provider, session_test))
+    assert honest.get("sha256") and "error" not in honest
+    assert "forged-by-mallory" not in json.dumps(answer)
+    assert "does not match its sha256" in answer["error"]
