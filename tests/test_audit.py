@@ -15,7 +15,7 @@ from jobtrail import Operation, Secret, Store
 from jobtrail._audit import make_anchor, verify
 from jobtrail._chain import entry_hash
 
-from helpers import S, op_in, valid_evidence
+from helpers import S, op_in, stored_result, valid_evidence
 
 
 def drop_guards(store: Store) -> None:
@@ -60,7 +60,8 @@ def victim(store: Store) -> Operation:
     op_in(store, S.OBSERVING, body={"bystander": True})
     op = op_in(store, S.ACCEPTED)
     for to in (S.OBSERVING, S.RESULT_COLLECTING, S.SUCCEEDED):
-        op = store.transition(op, to, valid_evidence(op.state, to, op), actor="worker")
+        evidence = stored_result(store, op) if to is S.SUCCEEDED else valid_evidence(op.state, to, op)
+        op = store.transition(op, to, evidence, actor="worker")
     assert op.version == 6
     assert verify(store).ok
     drop_guards(store)
@@ -173,6 +174,7 @@ def test_rechained_history_is_caught_by_the_anchor(store: Store, victim: Operati
 def test_deleted_operation_is_caught_by_the_anchor(store: Store, victim: Operation) -> None:
     anchor = make_anchor(store)
     sql(store, "DELETE FROM history WHERE operation_id = :i", i=victim.operation_id)
+    sql(store, "DELETE FROM results WHERE operation_id = :i", i=victim.operation_id)
     sql(store, "DELETE FROM operations WHERE operation_id = :i", i=victim.operation_id)
     assert verify(store).ok
     assert first_bad(store, anchor=anchor) == ("deleted", 6)
@@ -181,6 +183,7 @@ def test_deleted_operation_is_caught_by_the_anchor(store: Store, victim: Operati
 def test_history_without_its_operation_row(store: Store, victim: Operation) -> None:
     if store.dialect == "postgresql":
         sql(store, "ALTER TABLE history DROP CONSTRAINT history_operation_id_fkey")
+        sql(store, "ALTER TABLE results DROP CONSTRAINT results_operation_id_fkey")
         sql(store, "DELETE FROM operations WHERE operation_id = :i", i=victim.operation_id)
     else:
         import sqlite3
@@ -257,3 +260,42 @@ def test_cli_verify_exit_codes_and_json(tmp_path) -> None:
     assert cannot.returncode == 2
     assert "cannot read anchor" in cannot.stderr
     store.close()
+
+
+def as_written_before_0006(store: Store, op: Operation) -> None:
+    """Rewrite an operation's chain as version 1 (no coverage), as a ledger from before 0006 holds it."""
+    drop_guards(store)
+    entries = rows(store, op)
+    sql(store, "DELETE FROM history WHERE operation_id = :i", i=op.operation_id)
+    prev = "0" * 64
+    for row in entries:
+        new = forge(row, hash_version=1, covers=None, obs_upto=None, prev_hash=prev)
+        insert(store, new)
+        prev = new["entry_hash"]
+    sql(
+        store,
+        "UPDATE operations SET history_head = :h, row_seal = NULL WHERE operation_id = :i",
+        h=prev,
+        i=op.operation_id,
+    )
+    sql(store, "UPDATE observations SET digest = NULL WHERE operation_id = :i", i=op.operation_id)
+
+
+def test_entries_from_before_0006_keep_verifying_and_new_ones_cover_what_follows(store: Store) -> None:
+    from jobtrail._states import RemoteState
+
+    from helpers import obs
+
+    op = op_in(store, S.OBSERVING)
+    old_obs = store.add_observation(op.operation_id, kind="status_poll", raw={"status": "running"})
+    as_written_before_0006(store, op)
+    assert verify(store).ok
+    op = store.get(op.operation_id)
+    new_obs = store.add_observation(op.operation_id, kind="status_poll", raw={"status": "failed"})
+    op = store.transition(op, S.FAILED, obs(RemoteState.FAILED), actor="after-upgrade")
+    assert [e.hash_version for e in store.history(op.operation_id)][-2:] == [1, 2]
+    window = json.loads(store.history(op.operation_id)[-1].covers or "{}")["obs"]
+    assert (window["after"], window["upto"], window["count"]) == (old_obs, new_obs, 1)
+    assert verify(store).ok
+    sql(store, "DELETE FROM observations WHERE observation_id = :o", o=new_obs)
+    assert [(f.field, f.kind) for f in verify(store).findings] == [("observations", "deleted")]

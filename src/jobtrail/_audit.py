@@ -1,30 +1,36 @@
-"""Checking the history: every chain, every record, and an anchor kept outside the database.
+"""Checking the history: every chain, every record, observation and result, and an anchor kept outside.
 
-``verify`` walks each operation's chain and reports the first bad entry with
-its kind:
+``verify`` walks each operation's chain and reports, per operation, the first
+bad entry with its kind, and then every field the chain no longer covers
+(``field`` names it: an operation column, ``observations``, ``observation N``
+or ``result``):
 
 ``edited``
-    an entry's stored fields no longer hash to its stored hash, or the
-    operation row disagrees with its own history (state, head, fingerprint);
+    an entry's stored fields no longer hash to its stored hash; or a column of
+    the operation row, an observation or a stored result differs from the
+    digest its history recorded;
 ``gap``
     a sequence number is missing: an entry was deleted from the middle;
 ``reordered``
     an authentic entry sits at another position than the one it was hashed at;
 ``inserted``
     an entry that is not part of the original chain (it does not link, or
-    it lies beyond the head the operation row records);
+    it lies beyond the head the operation row records), or observations
+    the history never covered inside a covered range;
 ``truncated``
     entries are missing from the end (against the row's head or the anchor);
 ``deleted``
-    an operation the anchor knows is gone, or has no history at all;
+    an operation the anchor knows is gone, or has no history at all; a
+    covered observation or a recorded result that is gone;
 ``anchor_mismatch``
     the chain is internally consistent but differs from what the anchor
     recorded (a re-chained history), or the anchor's own HMAC does not match.
 
-An anchor holds every chain head and their Merkle root, optionally HMAC-keyed.
-Changes made after the newest anchor, by someone able to rewrite a whole chain
-and its row consistently, are not detectable: export anchors often and keep
-them where the database's writers cannot reach.
+What each entry covers is described in :mod:`jobtrail._chain`. An anchor holds
+every chain head and their Merkle root, optionally HMAC-keyed. Changes made
+after the newest anchor, by someone able to rewrite a whole chain and its row
+consistently, are not detectable: export anchors often and keep them where the
+database's writers cannot reach.
 """
 
 from __future__ import annotations
@@ -34,18 +40,35 @@ import hmac
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 from jobtrail import _schema as t
-from jobtrail._canonical import canonical_bytes, rfc3339
-from jobtrail._chain import GENESIS, entry_hash, leaf_bytes, merkle_root
+from jobtrail._canonical import canonical_bytes, request_fingerprint, rfc3339
+from jobtrail._chain import (
+    ENTRY_FIELDS,
+    FIXED_FIELDS,
+    GENESIS,
+    OBSERVATION_FIELDS,
+    SEALED_FIELDS,
+    entry_hash,
+    field_digest,
+    leaf_bytes,
+    merkle_root,
+    observation_digest,
+    window_digest,
+)
 from jobtrail._errors import ConfigError
 from jobtrail._redact import Secret
+from jobtrail._states import AUTOMATIC_STATES
 from jobtrail._store import Store
 
 ANCHOR_FORMAT = "jobtrail-anchor/v1"
+#: rows per fetch while streaming; results carry their bytes, so fewer of them at once
+_BATCH = 2000
+_RESULT_BATCH = 16
 
 
 @dataclass(slots=True)
@@ -54,9 +77,16 @@ class Finding:
     seq: int
     kind: str
     detail: str
+    field: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"operation_id": self.operation_id, "seq": self.seq, "kind": self.kind, "detail": self.detail}
+        return {
+            "operation_id": self.operation_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "field": self.field,
+            "detail": self.detail,
+        }
 
 
 @dataclass(slots=True)
@@ -65,6 +95,8 @@ class VerifyReport:
 
     operations: int = 0
     entries: int = 0
+    observations: int = 0
+    results: int = 0
     root: str = ""
     anchor_checked: bool = False
     findings: list[Finding] = field(default_factory=list)
@@ -81,7 +113,12 @@ class VerifyReport:
         """The stable JSON shape of ``jobtrail audit verify --json``."""
         return {
             "ok": self.ok,
-            "checked": {"operations": self.operations, "entries": self.entries},
+            "checked": {
+                "operations": self.operations,
+                "entries": self.entries,
+                "observations": self.observations,
+                "results": self.results,
+            },
             "head": self.root,
             "anchor_checked": self.anchor_checked,
             "first_bad": None if self.first_bad is None else self.first_bad.to_json(),
@@ -89,61 +126,77 @@ class VerifyReport:
         }
 
 
-def _chains(store: Store) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """Yield (operation row, its history rows by seq), streaming, one operation at a time."""
-    ops = t.operations.c
+@dataclass(slots=True)
+class _Operation:
+    """Everything stored about one operation, gathered for checking."""
+
+    row: dict[str, Any] | None
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+
+
+def _stream(conn: Any, query: Any, batch: int) -> Iterator[dict[str, Any]]:
+    for row in conn.execution_options(yield_per=batch).execute(query).mappings():
+        yield dict(row)
+
+
+def _gather(store: Store) -> Iterator[tuple[str, _Operation]]:
+    """Each operation id with its row, history, observations and result, streamed in id order."""
+    obs = t.observations.c
     with store._read() as conn:
-        op_rows = (
-            conn.execute(
-                sa.select(
-                    ops.operation_id,
-                    ops.state,
-                    ops.version,
-                    ops.history_head,
-                    ops.request_fingerprint,
-                    ops.remote_job_id,
-                    ops.trace_id,
-                ).order_by(ops.operation_id)
-            )
-            .mappings()
-            .all()
-        )
-        hist = (
-            conn.execution_options(yield_per=2000)
-            .execute(sa.select(t.history).order_by(t.history.c.operation_id, t.history.c.seq))
-            .mappings()
-        )
-        pending: Any = next(hist, None)
-        for op in op_rows:
-            entries: list[dict[str, Any]] = []
-            while pending is not None and pending["operation_id"] < op["operation_id"]:
-                # history of an operation row that no longer exists
-                yield ({"operation_id": pending["operation_id"], "missing": True}, [dict(pending)])
-                pending = next(hist, None)
-            while pending is not None and pending["operation_id"] == op["operation_id"]:
-                entries.append(dict(pending))
-                pending = next(hist, None)
-            yield dict(op), entries
-        while pending is not None:
-            yield ({"operation_id": pending["operation_id"], "missing": True}, [dict(pending)])
-            pending = next(hist, None)
+        sources = {
+            "row": _stream(conn, sa.select(t.operations).order_by(t.operations.c.operation_id), _BATCH),
+            "entries": _stream(conn, sa.select(t.history).order_by(t.history.c.operation_id, t.history.c.seq), _BATCH),
+            "observations": _stream(
+                conn,
+                sa.select(obs.observation_id, obs.digest, *(obs[name] for name in OBSERVATION_FIELDS)).order_by(
+                    obs.operation_id, obs.observation_id
+                ),
+                _BATCH,
+            ),
+            "result": _stream(conn, sa.select(t.results).order_by(t.results.c.operation_id), _RESULT_BATCH),
+        }
+        heads = {name: next(source, None) for name, source in sources.items()}
+        while True:
+            pending = [h["operation_id"] for h in heads.values() if h is not None]
+            if not pending:
+                return
+            op_id = min(pending)
+            gathered = _Operation(row=None)
+            for name, source in sources.items():
+                while heads[name] is not None and heads[name]["operation_id"] == op_id:  # type: ignore[index]
+                    item = heads[name]
+                    if name == "row":
+                        gathered.row = item
+                    elif name == "result":
+                        gathered.result = item
+                    else:
+                        getattr(gathered, name).append(item)
+                    heads[name] = next(source, None)
+            yield op_id, gathered
 
 
-def _check_chain(op: dict[str, Any], entries: list[dict[str, Any]]) -> Finding | None:
-    op_id = op["operation_id"]
-    if op.get("missing"):
-        return Finding(op_id, entries[0]["seq"], "deleted", "history exists but the operation row is gone")
+def _check_chain(op_id: str, op: dict[str, Any] | None, entries: list[dict[str, Any]]) -> Finding | None:
+    if op is None:
+        seq = entries[0]["seq"] if entries else 0
+        return Finding(op_id, seq, "deleted", "history, observations or a result exist but the operation row is gone")
     if not entries:
         return Finding(op_id, 0, "deleted", "the operation has no history at all")
     by_hash = {e["entry_hash"]: e["seq"] for e in entries}
     prev = GENESIS
+    newest_version = 0
     for position, entry in enumerate(entries, start=1):
         seq = entry["seq"]
         if seq != position:
             return Finding(op_id, position, "gap", f"entry {position} is missing (next found: {seq})")
-        if entry_hash(entry) != entry["entry_hash"]:
+        if entry["hash_version"] < newest_version:
+            # versions only ever rise: an older one after a newer one was rewritten to shed what it covered
+            return Finding(op_id, seq, "edited", f"entry {seq} was downgraded to hash version {entry['hash_version']}")
+        newest_version = max(newest_version, entry["hash_version"])
+        if _hash(entry) != entry["entry_hash"]:
             for other in range(1, len(entries) + 2):
-                if other != seq and entry_hash({**entry, "seq": other}) == entry["entry_hash"]:
+                if other != seq and _hash({**entry, "seq": other}) == entry["entry_hash"]:
                     return Finding(op_id, seq, "reordered", f"entry {seq} was written as entry {other}")
             return Finding(op_id, seq, "edited", "stored fields do not match the entry's hash")
         if entry["prev_hash"] != prev:
@@ -160,8 +213,9 @@ def _check_chain(op: dict[str, Any], entries: list[dict[str, Any]]) -> Finding |
                 "inserted",
                 f"entry {seq - 1} is not the entry that entry {seq} was chained to",
             )
-        if entry["request_fingerprint"] != op["request_fingerprint"] or entry["trace_id"] != op["trace_id"]:
-            return Finding(op_id, seq, "edited", "the operation row's fingerprint or trace id was changed")
+        for name in ("request_fingerprint", "trace_id"):
+            if entry[name] != op[name]:
+                return Finding(op_id, seq, "edited", f"{name}: the operation row's value was changed", name)
         prev = entry["entry_hash"]
     last = entries[-1]
     if last["seq"] > op["version"]:
@@ -179,35 +233,230 @@ def _check_chain(op: dict[str, Any], entries: list[dict[str, Any]]) -> Finding |
             f"the operation's head is entry {op['version']}, history ends at {last['seq']}",
         )
     if last["entry_hash"] != op["history_head"]:
-        return Finding(op_id, last["seq"], "edited", "the operation row's head hash does not match")
-    if last["to_state"] != op["state"] or last["remote_job_id"] != op["remote_job_id"]:
-        return Finding(
-            op_id,
-            last["seq"],
-            "edited",
-            "the operation row's state or remote job id differs from its last history entry",
-        )
+        return Finding(op_id, last["seq"], "edited", "history_head: does not match the last entry", "history_head")
+    for column, name in (("to_state", "state"), ("remote_job_id", "remote_job_id")):
+        if last[column] != op[name]:
+            return Finding(
+                op_id, last["seq"], "edited", f"{name}: differs from the operation's last history entry", name
+            )
     return None
 
 
+def _hash(entry: dict[str, Any]) -> str:
+    try:
+        return entry_hash(entry)
+    except ValueError:  # an unknown hash version is an edit, not a crash of the verifier
+        return ""
+
+
+def _covers(entry: dict[str, Any]) -> dict[str, Any] | None:
+    if entry["hash_version"] < 2 or entry.get("covers") is None:
+        return None
+    covers: dict[str, Any] = json.loads(entry["covers"])
+    return covers
+
+
+def _check_row(op_id: str, op: dict[str, Any], entries: list[dict[str, Any]]) -> list[Finding]:
+    """Every column against the entry that covers it: the creation entry, the last entry, or the seal."""
+    findings: list[Finding] = []
+    first = _covers(entries[0])
+    if first is not None:
+        for name in FIXED_FIELDS:
+            if field_digest(op[name]) != first["fixed"][name]:
+                findings.append(
+                    Finding(op_id, 1, "edited", f"{name}: differs from what the creation entry covers", name)
+                )
+    else:  # created before 0006: the fingerprint still covers what we asked for
+        body = json.loads(op["request_body"]) if _is_json(op["request_body"]) else None
+        if request_fingerprint(op["provider"], op["target"], op["endpoint"], body) != op["request_fingerprint"]:
+            findings.append(
+                Finding(
+                    op_id,
+                    1,
+                    "edited",
+                    "request_body: provider, target, endpoint or body no longer match the request fingerprint",
+                    "request_body",
+                )
+            )
+    last = entries[-1]
+    covers = _covers(last)
+    if covers is None:
+        return findings
+    sealed: dict[str, Any] | None = None
+    resting = op["state"] not in {s.value for s in AUTOMATIC_STATES}
+    if not resting:
+        try:
+            sealed = json.loads(op["row_seal"]) if op["row_seal"] is not None else None
+        except ValueError:
+            sealed = None
+        if not isinstance(sealed, dict):
+            findings.append(Finding(op_id, last["seq"], "edited", "row_seal: missing or unreadable", "row_seal"))
+            sealed = {}
+    for name in ENTRY_FIELDS:
+        seen = field_digest(op[name])
+        if sealed is not None and name in SEALED_FIELDS:
+            # a reschedule may have written it since the last entry: the row's seal holds it
+            if seen != sealed.get(name):
+                findings.append(Finding(op_id, last["seq"], "edited", f"{name}: differs from the row's seal", name))
+        elif seen != covers["row"][name]:
+            findings.append(
+                Finding(op_id, last["seq"], "edited", f"{name}: differs from what entry {last['seq']} covers", name)
+            )
+    return findings
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_observations(op_id: str, entries: list[dict[str, Any]], observations: list[dict[str, Any]]) -> list[Finding]:
+    findings: list[Finding] = []
+    floor: int | None = None  # ids at or below this predate 0006 and were never covered
+    for obs in observations:
+        if obs["digest"] is None:
+            continue
+        if observation_digest(obs) != obs["digest"]:
+            findings.append(
+                Finding(
+                    op_id,
+                    0,
+                    "edited",
+                    f"observation {obs['observation_id']}: its stored fields do not match its digest",
+                    f"observation {obs['observation_id']}",
+                )
+            )
+    previous_upto: int | None = None
+    for entry in entries:
+        covers = _covers(entry)
+        if covers is None:
+            continue
+        window = covers["obs"]
+        after, upto = int(window["after"]), int(window["upto"])
+        if floor is None:
+            floor = after
+        if (previous_upto is not None and after != previous_upto) or entry["obs_upto"] != upto:
+            findings.append(
+                Finding(op_id, entry["seq"], "edited", "observations: the covered ranges do not join", "observations")
+            )
+        previous_upto = upto
+        items = [(o["observation_id"], o["digest"]) for o in observations if after < o["observation_id"] <= upto]
+        if len(items) < window["count"]:
+            kind, what = "deleted", f"{window['count'] - len(items)} of them are gone"
+        elif len(items) > window["count"]:
+            kind, what = "inserted", f"{len(items) - window['count']} more are there now"
+        elif window_digest(items) != window["digest"]:
+            kind, what = "edited", "they were altered"
+        else:
+            continue
+        findings.append(
+            Finding(
+                op_id,
+                entry["seq"],
+                kind,
+                f"observations: entry {entry['seq']} covers {window['count']} observations "
+                f"(ids {after + 1}..{upto}); {what}",
+                "observations",
+            )
+        )
+    if floor is not None:
+        for obs in observations:
+            if obs["digest"] is None and obs["observation_id"] > floor:
+                findings.append(
+                    Finding(
+                        op_id,
+                        0,
+                        "edited",
+                        f"observation {obs['observation_id']}: its digest was removed",
+                        f"observation {obs['observation_id']}",
+                    )
+                )
+    return findings
+
+
+def recorded_result_digest(entries: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """(seq, sha256) of the newest entry that recorded a stored result, from the chain itself."""
+    for entry in reversed(entries):
+        covers = _covers(entry)
+        if covers is not None and covers.get("result"):
+            return entry["seq"], str(covers["result"])
+        if covers is None and entry["cause"] == "validated_result":
+            digest = json.loads(entry["evidence"]).get("sha256")
+            if isinstance(digest, str):
+                return entry["seq"], digest
+    return None
+
+
+def _check_result(
+    op_id: str, entries: list[dict[str, Any]], stored: dict[str, Any] | None, results_dir: Path
+) -> list[Finding]:
+    recorded = recorded_result_digest(entries)
+    if recorded is None:
+        # a result stored but never recorded (a crash between the two) is never served: nothing to protect
+        return []
+    seq, digest = recorded
+    if stored is None:
+        return [Finding(op_id, seq, "deleted", f"result: entry {seq} recorded a result; its row is gone", "result")]
+    if stored["body"] is not None:
+        data = bytes(stored["body"])
+    else:
+        try:
+            data = (results_dir / str(stored["path"])).read_bytes()
+        except (OSError, TypeError):
+            return [Finding(op_id, seq, "deleted", f"result: the file {stored['path']} cannot be read", "result")]
+    findings = []
+    if hashlib.sha256(data).hexdigest() != digest:
+        findings.append(
+            Finding(
+                op_id,
+                seq,
+                "edited",
+                f"result: the stored bytes do not hash to the sha256 entry {seq} recorded",
+                "result",
+            )
+        )
+    if stored["sha256"] != digest:
+        findings.append(
+            Finding(
+                op_id, seq, "edited", f"result.sha256: differs from the sha256 entry {seq} recorded", "result.sha256"
+            )
+        )
+    return findings
+
+
 def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | None = None) -> VerifyReport:
-    """Check every chain, every row against its chain, and (optionally) an anchor."""
+    """Check every chain, every row, observation and result against its chain, and (optionally) an anchor."""
+    from jobtrail._results import data_dir
+
+    results_dir = data_dir(store)
     report = VerifyReport()
     heads: dict[str, tuple[int, str, list[dict[str, Any]]]] = {}
     leaves: list[bytes] = []
-    for op, entries in _chains(store):
-        report.operations += 0 if op.get("missing") else 1
-        report.entries += len(entries)
-        finding = _check_chain(op, entries)
+    for op_id, op in _gather(store):
+        report.operations += 0 if op.row is None else 1
+        report.entries += len(op.entries)
+        report.observations += len(op.observations)
+        report.results += 0 if op.result is None else 1
+        finding = _check_chain(op_id, op.row, op.entries)
         if finding:
+            finding.field = finding.field or "history"
             report.findings.append(finding)
-        if entries and not op.get("missing"):
-            heads[op["operation_id"]] = (entries[-1]["seq"], entries[-1]["entry_hash"], entries)
-            leaves.append(leaf_bytes(op["operation_id"], entries[-1]["seq"], entries[-1]["entry_hash"]))
+        elif op.row is not None:
+            report.findings.extend(_check_row(op_id, op.row, op.entries))
+            report.findings.extend(_check_observations(op_id, op.entries, op.observations))
+            report.findings.extend(_check_result(op_id, op.entries, op.result, results_dir))
+        if op.entries and op.row is not None:
+            heads[op_id] = (op.entries[-1]["seq"], op.entries[-1]["entry_hash"], op.entries)
+            leaves.append(leaf_bytes(op_id, op.entries[-1]["seq"], op.entries[-1]["entry_hash"]))
     report.root = merkle_root(leaves)
     if anchor is not None:
         report.anchor_checked = True
-        report.findings.extend(_check_anchor(anchor, heads, key))
+        for finding in _check_anchor(anchor, heads, key):
+            finding.field = finding.field or "history"
+            report.findings.append(finding)
     return report
 
 

@@ -161,6 +161,9 @@ class HistoryEntry:
     prev_hash: str
     entry_hash: str
     hash_version: int
+    #: what a version-2 entry binds to the chain (row field digests, observations, result digest)
+    covers: str | None = None
+    obs_upto: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON shape of ``jobtrail ops history --json``."""

@@ -52,7 +52,7 @@ NO_CREDENTIALS_REASON = (
 
 
 class ResultCorrupted(OperationalError):
-    """A stored result no longer matches its recorded sha256."""
+    """A stored result no longer matches the sha256 its history recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,8 +309,42 @@ def describe(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def recorded_digest(store: Store, operation_id: str) -> tuple[int, str] | None:
+    """(seq, sha256) the operation's own history recorded for its stored result, or None.
+
+    Each history entry read here must still hash to its stored hash; the full
+    chain, row and anchor checks are ``jobtrail audit verify``'s.
+    """
+    from jobtrail._audit import recorded_result_digest
+    from jobtrail._chain import entry_hash
+
+    with store._read() as conn:
+        entries = [
+            dict(r)
+            for r in conn.execute(
+                sa.select(t.history).where(t.history.c.operation_id == operation_id).order_by(t.history.c.seq)
+            ).mappings()
+        ]
+    for entry in entries:
+        try:
+            intact = entry_hash(entry) == entry["entry_hash"]
+        except ValueError:
+            intact = False
+        if not intact:
+            raise ResultCorrupted(
+                f"history entry {entry['seq']} of {operation_id} no longer matches its hash, so the result's "
+                "recorded sha256 cannot be trusted; run `jobtrail audit verify`",
+                operation_id=operation_id,
+            )
+    return recorded_result_digest(entries)
+
+
 def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]:
-    """The stored result and its bytes, verified against the recorded sha256."""
+    """The stored result and its bytes, verified against the sha256 its history recorded.
+
+    The digest comes from the hash chain, never from the results table: bytes
+    and ``results.sha256`` edited together are refused all the same.
+    """
     row = stored_result(store, operation_id)
     if row is None:
         op = store.get(operation_id)
@@ -319,6 +353,15 @@ def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]
             + (f" ({op.state_reason})" if op.state_reason else ""),
             operation_id=operation_id,
         )
+    recorded = recorded_digest(store, operation_id)
+    if recorded is None:
+        raise ResultMissing(
+            f"a result is stored for {operation_id} but its history never recorded it (storing was "
+            "interrupted before it was recorded, or the row was added later); it is not served: "
+            "a worker collects the result again while the operation is result_collecting",
+            operation_id=operation_id,
+        )
+    seq, digest = recorded
     if row["body"] is not None:
         data = bytes(row["body"])
     else:
@@ -331,10 +374,11 @@ def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]
                 "restore it from a backup or point JOBTRAIL_DATA_DIR at it",
                 operation_id=operation_id,
             ) from None
-    if hashlib.sha256(data).hexdigest() != row["sha256"]:
+    if hashlib.sha256(data).hexdigest() != digest or row["sha256"] != digest:
         raise ResultCorrupted(
-            f"the stored result of {operation_id} does not match its sha256 {row['sha256']}: "
-            "it was altered or damaged after it was stored",
+            f"the stored result of {operation_id} does not match its sha256 {digest}, as its history "
+            f"recorded it (entry {seq}): it was altered or damaged after it was stored; it is not served "
+            "(run `jobtrail audit verify`)",
             operation_id=operation_id,
         )
     row.pop("body", None)

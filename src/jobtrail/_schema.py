@@ -56,6 +56,8 @@ operations = Table(
     Column("result_ref", Text),
     Column("cancel_requested_by", Text),
     Column("partial_effects", Text),
+    # the fields a reschedule may change, as last written (see _chain.seal); 0006
+    Column("row_seal", Text),
     UniqueConstraint("provider", "operation_key", name="uq_operations_provider_key"),
     Index("ix_operations_due", "state", "next_action_at_us"),
     Index("ix_operations_remote_job", "provider", "remote_job_id"),
@@ -80,6 +82,9 @@ history = Table(
     Column("prev_hash", String(64), nullable=False),
     Column("entry_hash", String(64), nullable=False),
     Column("hash_version", SmallInteger, nullable=False),
+    # what the entry binds to the chain: row fields, observations, result digest (hash version 2; 0006)
+    Column("covers", Text),
+    Column("obs_upto", BigInteger),
     PrimaryKeyConstraint("operation_id", "seq", name="pk_history"),
 )
 
@@ -100,6 +105,8 @@ observations = Table(
     Column("lease_epoch", BigInteger),
     Column("progress", Float),
     Column("next_action_at_us", BigInteger),
+    # sha256 of the stored fields (see _chain.observation_digest); null before 0006
+    Column("digest", String(64)),
     Index("ix_observations_operation", "operation_id", "observation_id"),
 )
 

@@ -28,7 +28,17 @@ from sqlalchemy.engine import Connection, Engine
 
 from jobtrail import _schema as t
 from jobtrail._canonical import compact_json, request_fingerprint, to_us
-from jobtrail._chain import GENESIS, HASH_VERSION, entry_hash
+from jobtrail._chain import (
+    ENTRY_FIELDS,
+    FIXED_FIELDS,
+    GENESIS,
+    HASH_VERSION,
+    entry_hash,
+    field_digests,
+    observation_digest,
+    seal,
+    window_digest,
+)
 from jobtrail._errors import (
     ConfigError,
     OperationKeyConflict,
@@ -38,7 +48,7 @@ from jobtrail._errors import (
     StorageError,
     UsageError,
 )
-from jobtrail._evidence import Evidence, OperationCreated
+from jobtrail._evidence import Evidence, OperationCreated, ValidatedResult
 from jobtrail._ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail._machine import check_transition
 from jobtrail._record import HistoryEntry, Operation, OperationSpec
@@ -309,21 +319,7 @@ class Store:
         op_id = new_operation_id(now // 1000)
         trace_id = new_trace_id()
         genesis = OperationCreated(request_fingerprint=fingerprint, operation_key=spec.operation_key)
-        entry = self._entry(
-            operation_id=op_id,
-            seq=1,
-            at_us=now,
-            actor=actor or spec.caller,
-            from_state=None,
-            to_state=State.CREATE_PENDING,
-            evidence=genesis,
-            remote_job_id=None,
-            trace_id=trace_id,
-            request_ids=(),
-            fingerprint=fingerprint,
-            prev_hash=GENESIS,
-        )
-        row = {
+        row: dict[str, Any] = {
             "operation_id": op_id,
             "provider": spec.provider,
             "target": spec.target,
@@ -347,11 +343,37 @@ class Store:
             "updated_at_us": now,
             "next_action_at_us": now,
             "version": 1,
-            "history_head": entry["entry_hash"],
             "lease_owner": None,
             "lease_expires_at_us": None,
             "lease_epoch": 0,
+            "polls": 0,
+            "result_ref": None,
+            "cancel_requested_by": None,
+            "partial_effects": None,
         }
+        row["row_seal"] = seal(row)
+        # the creation entry covers every field fixed now (the token by digest only) and the first values
+        covers = {
+            "fixed": field_digests(row, FIXED_FIELDS),
+            "row": field_digests(row, ENTRY_FIELDS),
+            "obs": {"after": 0, "upto": 0, "count": 0, "digest": window_digest([])},
+        }
+        entry = self._entry(
+            operation_id=op_id,
+            seq=1,
+            at_us=now,
+            actor=actor or spec.caller,
+            from_state=None,
+            to_state=State.CREATE_PENDING,
+            evidence=genesis,
+            remote_job_id=None,
+            trace_id=trace_id,
+            request_ids=(),
+            fingerprint=fingerprint,
+            prev_hash=GENESIS,
+            covers=covers,
+        )
+        row["history_head"] = entry["entry_hash"]
         return spec, row, entry
 
     # -- changing ---------------------------------------------------------------
@@ -431,26 +453,51 @@ class Store:
         observation_slots: list[int] = []
         releases: list[dict[str, Any]] = []
         with self._errors("recording a transition"), self.engine.begin() as conn:
-            # the conditional UPDATEs one by one (each one's rowcount says stale or not),
-            # then every INSERT of the batch in one executemany per table
-            for slot, (item, update, entry) in enumerate(prepared):
+            if self.dialect == "postgresql":
+                # Lock every row the batch touches, in one order: an observation's id is then
+                # committed before any later entry of its operation reads the observations to
+                # cover (sequence order is not commit order otherwise), and batches cannot deadlock.
+                touched = sorted(
+                    {
+                        item.operation_id if isinstance(item, Observe | Release) else item.op.operation_id
+                        for item, _, _ in prepared
+                    }
+                )
+                conn.execute(
+                    sa.select(t.operations.c.operation_id)
+                    .where(t.operations.c.operation_id.in_(touched))
+                    .order_by(t.operations.c.operation_id)
+                    .with_for_update()
+                ).all()
+            # observations first, so an entry of the same batch covers them; then the conditional
+            # UPDATEs one by one (each one's rowcount says stale or not); then the history INSERTs
+            for slot, (item, update, _entry) in enumerate(prepared):
                 if isinstance(item, Observe):
                     observation_rows.append(update)
                     observation_slots.append(slot)
-                elif isinstance(item, Release):
-                    releases.append(update)
-                elif _update_statement(update["b_epoch"] is not None).run(conn, update) != 1:
-                    results[slot] = self._stale(conn, item)
-                else:
-                    if entry is not None:
-                        history_rows.append(entry)
-                    results[slot] = _advanced(item.op, update)
-            if history_rows:
-                _RAW_INSERT_HISTORY.run_many(conn, history_rows)
             if observation_rows:
                 ids = conn.execute(_INSERT_OBSERVATION, observation_rows).scalars().all()
                 for slot, observation_id in zip(observation_slots, ids, strict=True):
                     results[slot] = int(observation_id)
+            covered: dict[str, int] = {}
+            windows = self._windows(conn, [e["operation_id"] for _, _, e in prepared if e is not None])
+            for slot, (item, update, entry) in enumerate(prepared):
+                if isinstance(item, Observe):
+                    continue
+                if isinstance(item, Release):
+                    releases.append(update)
+                    continue
+                if entry is not None:
+                    self._finish_entry(conn, entry, update, covered, windows)
+                if _update_statement(update["b_epoch"] is not None).run(conn, update) != 1:
+                    results[slot] = self._stale(conn, item)
+                else:
+                    if entry is not None:
+                        history_rows.append(entry)
+                        covered[entry["operation_id"]] = entry["obs_upto"]
+                    results[slot] = _advanced(item.op, update)
+            if history_rows:
+                _RAW_INSERT_HISTORY.run_many(conn, history_rows)
             if releases:
                 _RELEASE.run_many(conn, releases)
         return results
@@ -505,8 +552,14 @@ class Store:
             "version": op.version,
             "history_head": op.history_head,
         }
+        update["row_seal"] = seal(update)
         if isinstance(item, Reschedule):
             return item, update, None
+        # the entry covers the row as this transition writes it; the observations it covers
+        # are read inside the transaction (_finish_entry), which also computes its hash
+        covers: dict[str, Any] = {"row": field_digests(update, ENTRY_FIELDS)}
+        if isinstance(item.evidence, ValidatedResult):
+            covers["result"] = item.evidence.sha256
         entry = self._entry(
             operation_id=op.operation_id,
             seq=op.version + 1,
@@ -520,10 +573,66 @@ class Store:
             request_ids=item.request_ids,
             fingerprint=op.request_fingerprint,
             prev_hash=op.history_head,
+            covers=covers,
+            finished=False,
         )
         update["version"] = op.version + 1
-        update["history_head"] = entry["entry_hash"]
         return item, update, entry
+
+    @staticmethod
+    def _windows(conn: Connection, op_ids: Sequence[str]) -> dict[str, tuple[int | None, list[tuple[int, Any]]]]:
+        """For each operation: where its last entry's coverage ends, and the observations stored since.
+
+        One query for the whole batch (the entries' rows are locked already on PostgreSQL).
+        """
+        if not op_ids:
+            return {}
+        o, h, ob = t.operations.c, t.history.c, t.observations.c
+        query = (
+            sa.select(o.operation_id, h.obs_upto, ob.observation_id, ob.digest)
+            .select_from(
+                t.operations.outerjoin(
+                    t.history, sa.and_(h.operation_id == o.operation_id, h.seq == o.version)
+                ).outerjoin(t.observations, sa.and_(ob.operation_id == o.operation_id, ob.observation_id > h.obs_upto))
+            )
+            .where(o.operation_id.in_(sorted(set(op_ids))))
+            .order_by(o.operation_id, ob.observation_id)
+        )
+        out: dict[str, tuple[int | None, list[tuple[int, Any]]]] = {}
+        for op_id, upto, oid, digest in conn.execute(query):
+            _, items = out.setdefault(op_id, (None if upto is None else int(upto), []))
+            if oid is not None:
+                items.append((int(oid), digest))
+        return out
+
+    def _finish_entry(
+        self,
+        conn: Connection,
+        entry: dict[str, Any],
+        update: dict[str, Any],
+        covered: dict[str, int],
+        windows: dict[str, tuple[int | None, list[tuple[int, Any]]]],
+    ) -> None:
+        """Cover the observations stored since the previous entry, then hash the entry (inside the write)."""
+        op_id = entry["operation_id"]
+        after, items = windows.get(op_id, (None, []))
+        if op_id in covered or after is None:
+            # rare: a second entry of one operation in a batch, or the previous entry predates 0006
+            # (then the operation's older observations stay uncovered)
+            after = covered.get(op_id)
+            if after is None:
+                after = int(_LEGACY_OBSERVATIONS.fetch(conn, {"b_operation_id": op_id})[0][0] or 0)
+            items = [
+                (int(oid), digest)
+                for oid, digest in _OBSERVATION_WINDOW.fetch(conn, {"b_operation_id": op_id, "b_after": after})
+            ]
+        upto = items[-1][0] if items else after
+        covers = json.loads(entry["covers"])
+        covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
+        entry["covers"] = compact_json(covers)
+        entry["obs_upto"] = upto
+        entry["entry_hash"] = entry_hash(entry)
+        update["history_head"] = entry["entry_hash"]
 
     def _stale(self, conn: Connection, change: Change | Reschedule) -> StaleRecord:
         current = conn.execute(
@@ -565,6 +674,8 @@ class Store:
         request_ids: Sequence[str],
         fingerprint: str,
         prev_hash: str,
+        covers: dict[str, Any],
+        finished: bool = True,
     ) -> dict[str, Any]:
         redact = self.redactor
         row: dict[str, Any] = {
@@ -582,8 +693,11 @@ class Store:
             "request_fingerprint": fingerprint,
             "prev_hash": prev_hash,
             "hash_version": HASH_VERSION,
+            "covers": compact_json(covers),
+            "obs_upto": 0,
         }
-        row["entry_hash"] = entry_hash(row)
+        if finished:
+            row["entry_hash"] = entry_hash(row)
         return row
 
     # -- observations -------------------------------------------------------------
@@ -595,7 +709,7 @@ class Store:
 
     def _observation_row(self, item: Observe, now: int) -> dict[str, Any]:
         redact = self.redactor
-        return {
+        row: dict[str, Any] = {
             "operation_id": item.operation_id,
             "kind": item.kind,
             "fetched_at_us": now,
@@ -613,6 +727,8 @@ class Store:
             "progress": item.progress,
             "next_action_at_us": item.next_action_at_us,
         }
+        row["digest"] = observation_digest(row)
+        return row
 
     def observations(self, operation_id: str) -> list[dict[str, Any]]:
         with self._read() as conn:
@@ -833,6 +949,7 @@ def _filters(providers: Sequence[str] | None, states: Sequence[State] | None) ->
 
 def _operation(row: Any) -> Operation:
     data = dict(row)
+    data.pop("row_seal", None)  # the audit's, not the record's
     data["state"] = State(data["state"])
     data["request_body"] = json.loads(data["request_body"])
     if data.get("partial_effects") is not None:
@@ -853,7 +970,7 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
 _INSERT_OPERATION = sa.insert(t.operations)
 _INSERT_HISTORY = sa.insert(t.history)
 _INSERT_OBSERVATION = sa.insert(t.observations).returning(t.observations.c.observation_id, sort_by_parameter_order=True)
-_UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head")
+_UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head", "row_seal")
 
 
 class _Prepared:
@@ -864,7 +981,7 @@ class _Prepared:
     SQLAlchemy transaction, on its connection.
     """
 
-    def __init__(self, statement: sa.Update | sa.Insert) -> None:
+    def __init__(self, statement: sa.Update | sa.Insert | sa.Select[Any]) -> None:
         self.statement = statement
         self._compiled: dict[str, Any] = {}
 
@@ -886,6 +1003,16 @@ class _Prepared:
         finally:
             cursor.close()
 
+    def fetch(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
+        """Execute a query once; returns its rows as tuples."""
+        _, sql, args = self._args(conn, params)
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql, args)
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
     def run_many(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         sql = self._args(conn, rows[0])[1]
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
@@ -902,6 +1029,19 @@ _RELEASE = _Prepared(
         t.operations.c.lease_epoch == sa.bindparam("b_epoch"),
     )
     .values(lease_owner=None, lease_expires_at_us=None)
+)
+_OBSERVATION_WINDOW = _Prepared(
+    sa.select(t.observations.c.observation_id, t.observations.c.digest)
+    .where(
+        t.observations.c.operation_id == sa.bindparam("b_operation_id"),
+        t.observations.c.observation_id > sa.bindparam("b_after"),
+    )
+    .order_by(t.observations.c.observation_id)
+)
+_LEGACY_OBSERVATIONS = _Prepared(
+    sa.select(sa.func.max(t.observations.c.observation_id)).where(
+        t.observations.c.operation_id == sa.bindparam("b_operation_id"), t.observations.c.digest.is_(None)
+    )
 )
 _RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
 
