@@ -98,6 +98,7 @@ def _wait_settled(db_url: str, count: int, timeout: float = 180) -> list[Any]:
             time.sleep(0.3)
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("contract", sorted(CONTRACTS))
 def test_submits_beside_two_running_workers_send_each_create_exactly_once(
     db_url: str, tmp_path: Path, contract: str

@@ -13,6 +13,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.testing import FakeProvider
 
@@ -29,6 +31,7 @@ def _handles_sigterm(pid: int) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
+@pytest.mark.timeout(600)
 def test_sigterm_at_any_moment_of_the_start_stops_the_worker_cleanly(tmp_path: Path) -> None:
     """SIGTERM while the worker is still importing, opening the ledger or loading its provider: exit 0.
 
