@@ -388,6 +388,7 @@ class CollectFlow:
                 changes={"state_reason": f"the remote job finished; its result failed validation ({reason})"},
             )
         row = await self.io(
+            self.writer.exclusive,
             save_result,
             self.store,
             op.operation_id,
