@@ -6,6 +6,8 @@ from collections import deque
 from datetime import timedelta
 from typing import Any
 
+import sqlalchemy as sa
+
 from jobtrail import (
     AmbiguousCreate,
     CancelAcknowledged,
@@ -147,6 +149,24 @@ def op_in(store: Store, state: State, **overrides: Any) -> Operation:
     op, _ = store.create_operation(spec(**overrides))
     op = store.record(op, CreateAttempt(attempt=1), actor="worker", changes={"attempts": 1})
     return drive(store, op, state)
+
+
+# -- what an attacker with database access does ---------------------------------------------------
+
+
+def drop_guards(store: Store) -> None:
+    """What an attacker with database access does first: the triggers only refuse, they prove nothing."""
+    with store.engine.begin() as conn:
+        if store.dialect == "postgresql":
+            conn.execute(sa.text("DROP TRIGGER history_no_update_delete ON history"))
+        else:
+            conn.execute(sa.text("DROP TRIGGER history_no_update"))
+            conn.execute(sa.text("DROP TRIGGER history_no_delete"))
+
+
+def sql(store: Store, statement: str, **params: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(statement), params)
 
 
 # -- the canary scan ------------------------------------------------------------------------------

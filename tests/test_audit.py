@@ -15,22 +15,7 @@ from jobtrail import Operation, Secret, Store
 from jobtrail._audit import make_anchor, verify
 from jobtrail._chain import entry_hash
 
-from helpers import S, op_in, stored_result, valid_evidence
-
-
-def drop_guards(store: Store) -> None:
-    """What an attacker with database access does first."""
-    with store.engine.begin() as conn:
-        if store.dialect == "postgresql":
-            conn.execute(sa.text("DROP TRIGGER history_no_update_delete ON history"))
-        else:
-            conn.execute(sa.text("DROP TRIGGER history_no_update"))
-            conn.execute(sa.text("DROP TRIGGER history_no_delete"))
-
-
-def sql(store: Store, statement: str, **params: Any) -> None:
-    with store.engine.begin() as conn:
-        conn.execute(sa.text(statement), params)
+from helpers import S, drop_guards, op_in, sql, stored_result, valid_evidence
 
 
 def rows(store: Store, op: Operation) -> list[dict[str, Any]]:

@@ -30,28 +30,13 @@ from jobtrail._results import INLINE_MAX_BYTES, data_dir, read_result, stored_re
 from jobtrail._worker import Worker
 from jobtrail.testing import FakeProvider
 
-from helpers import S, obs, op_in
+from helpers import S, drop_guards, obs, op_in, sql
 from processes import assert_audit_verifies, jobtrail
 
 FAST = {
     "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 0.1},
     "retry": {"initial_s": 0.02, "factor": 1, "cap_s": 0.05},
 }
-
-
-def drop_guards(store: Store) -> None:
-    """What an attacker with database access does first: the triggers only refuse, they prove nothing."""
-    with store.engine.begin() as conn:
-        if store.dialect == "postgresql":
-            conn.execute(sa.text("DROP TRIGGER history_no_update_delete ON history"))
-        else:
-            conn.execute(sa.text("DROP TRIGGER history_no_update"))
-            conn.execute(sa.text("DROP TRIGGER history_no_delete"))
-
-
-def sql(store: Store, statement: str, **params: Any) -> None:
-    with store.engine.begin() as conn:
-        conn.execute(sa.text(statement), params)
 
 
 def history(store: Store, op_id: str) -> list[dict[str, Any]]:

@@ -726,16 +726,8 @@ class HttpProvider:
             async with self._client().request(method, url, headers=headers, json=body, allow_redirects=False) as resp:
                 raw = await _read_at_most(resp, max_bytes)
                 return resp.status, {k: v for k, v in resp.headers.items()}, raw
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            return ("not_sent", f"{type(exc).__name__}: {exc}")
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            return ("timeout", f"no answer within {self.config.timeout_s:g} s ({type(exc).__name__})")
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            return ("connection_reset", f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientPayloadError as exc:
-            return ("incomplete_response", f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientError as exc:
-            return ("client_error", f"{type(exc).__name__}: {exc}")
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._failure(exc)
 
     async def _foreign_transport(
         self, url: yarl.URL, max_bytes: int
@@ -748,17 +740,26 @@ class HttpProvider:
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.os_error, AddressRefused):
                 return ("refused", str(exc.os_error))
-            return ("not_sent", f"{type(exc).__name__}: {exc}")
-        except aiohttp.ConnectionTimeoutError as exc:
-            return ("not_sent", f"{type(exc).__name__}: {exc}")
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            return ("timeout", f"no answer within {self.config.timeout_s:g} s ({type(exc).__name__})")
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            return ("connection_reset", f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientPayloadError as exc:
-            return ("incomplete_response", f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientError as exc:
-            return ("client_error", f"{type(exc).__name__}: {exc}")
+            return self._failure(exc)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._failure(exc)
+
+    def _failure(self, exc: BaseException) -> tuple[str, str]:
+        """What a request that got no usable answer tells us: (error class, detail).
+
+        Order matters: a connection never made is ``not_sent`` (nothing reached the
+        provider), a time-out or a reset after sending may have reached it.
+        """
+        name = type(exc).__name__
+        if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+            return ("not_sent", f"{name}: {exc}")
+        if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+            return ("timeout", f"no answer within {self.config.timeout_s:g} s ({name})")
+        if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
+            return ("connection_reset", f"{name}: {exc}")
+        if isinstance(exc, aiohttp.ClientPayloadError):
+            return ("incomplete_response", f"{name}: {exc}")
+        return ("client_error", f"{name}: {exc}")
 
     # -- the contract --------------------------------------------------------------------------
 
