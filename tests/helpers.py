@@ -108,12 +108,13 @@ def valid_evidence(frm: State, to: State, op: Operation) -> Evidence:
     raise AssertionError(f"no evidence builder for {frm} -> {to}")
 
 
-def stored_result(store: Store, op: Operation) -> Evidence:
-    """Store a small result as the collector does, and the evidence that records its sha256 in the chain."""
-    from jobtrail._results import save_result
+def succeed(store: Store, op: Operation, data: bytes = b'{"ok": true}') -> Operation:
+    """Store a result as the collector does: with the transition to succeeded that records its sha256."""
+    from jobtrail._results import prepare_result
 
-    row = save_result(store, op.operation_id, b'{"ok": true}', content_type="application/json", checks=[], summary=None)
-    return ValidatedResult(sha256=row["sha256"], size=row["size"], content_type="application/json")
+    stored = prepare_result(store, op.operation_id, data, content_type="application/json", checks=[], summary=None)
+    evidence = ValidatedResult(sha256=stored.sha256, size=stored.size, content_type="application/json")
+    return store.transition(op, S.SUCCEEDED, evidence, actor="worker", result=stored)
 
 
 def path_to(state: State) -> list[State]:
@@ -139,9 +140,11 @@ def drive(store: Store, op: Operation, to: State) -> Operation:
             continue
         if op.state is S.CREATE_PENDING and op.attempts == 0:
             op = store.record(op, CreateAttempt(attempt=1), actor="worker", changes={"attempts": 1})
+        if nxt is S.SUCCEEDED:
+            op = succeed(store, op)
+            continue
         changes = {"remote_job_id": "job-1"} if nxt is S.ACCEPTED else {}
-        evidence = stored_result(store, op) if nxt is S.SUCCEEDED else valid_evidence(op.state, nxt, op)
-        op = store.transition(op, nxt, evidence, actor="worker", changes=changes)
+        op = store.transition(op, nxt, valid_evidence(op.state, nxt, op), actor="worker", changes=changes)
     return op
 
 

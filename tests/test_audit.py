@@ -15,7 +15,7 @@ from jobtrail import Operation, Secret, Store
 from jobtrail._audit import make_anchor, verify
 from jobtrail._chain import entry_hash
 
-from helpers import S, drop_guards, op_in, sql, stored_result, valid_evidence
+from helpers import S, drop_guards, op_in, sql, succeed, valid_evidence
 
 
 def rows(store: Store, op: Operation) -> list[dict[str, Any]]:
@@ -44,9 +44,9 @@ def victim(store: Store) -> Operation:
     """An operation with a 6-entry history, plus a bystander that stays intact."""
     op_in(store, S.OBSERVING, body={"bystander": True})
     op = op_in(store, S.ACCEPTED)
-    for to in (S.OBSERVING, S.RESULT_COLLECTING, S.SUCCEEDED):
-        evidence = stored_result(store, op) if to is S.SUCCEEDED else valid_evidence(op.state, to, op)
-        op = store.transition(op, to, evidence, actor="worker")
+    for to in (S.OBSERVING, S.RESULT_COLLECTING):
+        op = store.transition(op, to, valid_evidence(op.state, to, op), actor="worker")
+    op = succeed(store, op)
     assert op.version == 6
     assert verify(store).ok
     drop_guards(store)

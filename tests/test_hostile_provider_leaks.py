@@ -32,7 +32,7 @@ from aiohttp import web
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from jobtrail import AsyncJobtrail, State, Store, ValidatedResult
+from jobtrail import AsyncJobtrail, State, Store
 from jobtrail._mcp import MAX_REQUEST_DEPTH, guard_request
 from jobtrail._redact import Redactor, install_log_redaction
 from jobtrail._results import read_result
@@ -548,19 +548,12 @@ def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Pat
 
 @pytest.fixture
 def ledger_with_result(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    from jobtrail._results import save_result
-
-    from helpers import op_in
+    from helpers import op_in, succeed
 
     db = str(tmp_path / "ledger.db")
     with Store.open(db) as store:
         op = op_in(store, State.RESULT_COLLECTING)
-        row = save_result(
-            store, op.operation_id, HONEST_RESULT, content_type="application/json", checks=[], summary=None
-        )
-        # the result is served only against the digest the chain recorded for it
-        evidence = ValidatedResult(sha256=row["sha256"], size=row["size"], content_type="application/json")
-        store.transition(op, State.SUCCEEDED, evidence, actor="worker")
+        succeed(store, op, HONEST_RESULT)
     yield db, op.operation_id
 
 

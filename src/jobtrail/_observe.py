@@ -29,7 +29,7 @@ from jobtrail._evidence import (
 from jobtrail._failpoints import failpoint
 from jobtrail._provider import Provider
 from jobtrail._record import Operation
-from jobtrail._results import NO_CREDENTIALS_CHECK, NO_CREDENTIALS_REASON, Check, load_check, save_result, validate
+from jobtrail._results import NO_CREDENTIALS_CHECK, NO_CREDENTIALS_REASON, Check, load_check, prepare_result, validate
 from jobtrail._states import RemoteState, State
 from jobtrail._store import Reschedule, Store
 from jobtrail._writer import Writer
@@ -387,9 +387,8 @@ class CollectFlow:
                 actor=self.actor,
                 changes={"state_reason": f"the remote job finished; its result failed validation ({reason})"},
             )
-        row = await self.io(
-            self.writer.exclusive,
-            save_result,
+        stored = await self.io(
+            prepare_result,
             self.store,
             op.operation_id,
             data,
@@ -402,21 +401,22 @@ class CollectFlow:
             shown = ", ".join(summary["failed_ids"][:5]) + (", ..." if summary["failed"] > 5 else "")
             reason = (
                 f"succeeded with partial failures: {summary['failed']} of {summary['items']} items failed "
-                f"({shown}); result stored, sha256 {row['sha256'][:12]}..."
+                f"({shown}); result stored, sha256 {stored.sha256[:12]}..."
             )
         else:
-            reason = f"result stored ({row['size']} bytes, sha256 {row['sha256'][:12]}..., {source})"
+            reason = f"result stored ({stored.size} bytes, sha256 {stored.sha256[:12]}..., {source})"
         return await self.writer.transition(
             op,
             State.SUCCEEDED,
             ValidatedResult(
-                sha256=row["sha256"],
-                size=row["size"],
+                sha256=stored.sha256,
+                size=stored.size,
                 content_type=content_type,
                 checks=tuple(c["check"] for c in checked.checks if c["ok"]),
             ),
             actor=self.actor,
             changes={"state_reason": reason},
+            result=stored,
         )
 
 

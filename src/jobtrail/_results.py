@@ -22,10 +22,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobtrail import _schema as t
-from jobtrail._canonical import compact_json, parse_json
+from jobtrail._canonical import parse_json
 from jobtrail._errors import ConfigError, OperationalError
 from jobtrail._jsonpath import extract, extract_any
-from jobtrail._store import Store
+from jobtrail._store import Store, StoredResult
 
 #: results up to this size live in the database; larger ones are files
 INLINE_MAX_BYTES = 256 * 1024
@@ -240,7 +240,7 @@ def _write_atomically(directory: Path, digest: str, data: bytes) -> Path:
     return final
 
 
-def save_result(
+def prepare_result(
     store: Store,
     operation_id: str,
     data: bytes,
@@ -248,12 +248,15 @@ def save_result(
     content_type: str | None,
     checks: list[dict[str, Any]],
     summary: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """Store a validated result, exactly the bytes given; returns the stored row.
+) -> StoredResult:
+    """Make a validated result ready to store with the transition that records it.
 
     A result is the user's data: nothing in it is masked or rewritten, so its sha256 is the
-    one the history records. One that carries a configured credential (in any encoding) is
-    refused instead (:class:`ResultCarriesCredential`), never stored.
+    one the history records. A large one is written now to its content-addressed file (a
+    file no row names yet is harmless: the same bytes reuse it); the row lands with the
+    transition (:attr:`Change.result`), in the same transaction and under the same fence.
+    One that carries a configured credential (in any encoding) is refused
+    (:class:`ResultCarriesCredential`), never stored.
     """
     if store.redactor.contains_secret(data):
         raise ResultCarriesCredential(
@@ -261,27 +264,14 @@ def save_result(
             operation_id=operation_id,
         )
     digest = hashlib.sha256(data).hexdigest()
-    row: dict[str, Any] = {
-        "operation_id": operation_id,
-        "sha256": digest,
-        "size": len(data),
-        "content_type": content_type,
-        "body": None,
-        "path": None,
-        "checks": compact_json(checks),
-        "summary": None if summary is None else compact_json(summary),
-        "redacted": False,  # kept for the schema: results are never altered any more
-        "stored_at_us": store.clock(),
-    }
-    if len(data) <= INLINE_MAX_BYTES:
-        row["body"] = data
-    else:
+    body: bytes | None = data
+    path: str | None = None
+    if len(data) > INLINE_MAX_BYTES:
         directory = data_dir(store)
-        row["path"] = str(_write_atomically(directory, digest, data).relative_to(directory))
-    with store._errors("storing a result"), store.engine.begin() as conn:
-        conn.execute(sa.delete(t.results).where(t.results.c.operation_id == operation_id))
-        conn.execute(sa.insert(t.results), row)
-    return row
+        body, path = None, str(_write_atomically(directory, digest, data).relative_to(directory))
+    return StoredResult(
+        sha256=digest, size=len(data), content_type=content_type, body=body, path=path, checks=checks, summary=summary
+    )
 
 
 def stored_result(store: Store, operation_id: str) -> dict[str, Any] | None:

@@ -119,6 +119,22 @@ class Change:
     changes: dict[str, Any] = field(default_factory=dict)
     epoch: int | None = None
     request_ids: Sequence[str] = ()
+    #: the validated result this change records (its evidence a ValidatedResult of the same sha256):
+    #: stored in the same transaction, so only the lease owner's own transition can store it
+    result: StoredResult | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredResult:
+    """A result's row as the ledger keeps it: the bytes inline, or the path of a content-addressed file."""
+
+    sha256: str
+    size: int
+    content_type: str | None
+    body: bytes | None
+    path: str | None
+    checks: list[dict[str, Any]]
+    summary: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -388,6 +404,7 @@ class Store:
         changes: dict[str, Any] | None = None,
         epoch: int | None = None,
         request_ids: Sequence[str] = (),
+        result: StoredResult | None = None,
     ) -> Operation:
         """Move ``op`` to ``to`` if the state table allows it with this evidence.
 
@@ -403,6 +420,7 @@ class Store:
                 changes=changes or {},
                 epoch=epoch,
                 request_ids=request_ids,
+                result=result,
             )
         )
 
@@ -452,6 +470,7 @@ class Store:
         observation_rows: list[dict[str, Any]] = []
         observation_slots: list[int] = []
         releases: list[dict[str, Any]] = []
+        result_rows: list[dict[str, Any]] = []
         with self._errors("recording a transition"), self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 # Lock every row the batch touches, in one order: an observation's id is then
@@ -495,9 +514,14 @@ class Store:
                     if entry is not None:
                         history_rows.append(entry)
                         covered[entry["operation_id"]] = entry["obs_upto"]
+                    if isinstance(item, Change) and item.result is not None:
+                        result_rows.append(_result_row(item.op.operation_id, item.result, now))
                     results[slot] = _advanced(item.op, update)
             if history_rows:
                 _RAW_INSERT_HISTORY.run_many(conn, history_rows)
+            if result_rows:
+                _DELETE_RESULT.run_many(conn, [{"b_operation_id": r["operation_id"]} for r in result_rows])
+                _INSERT_RESULT.run_many(conn, result_rows)
             if releases:
                 _RELEASE.run_many(conn, releases)
         return results
@@ -515,6 +539,10 @@ class Store:
         if isinstance(item, Change) and item.to is not None:
             check_transition(op, item.to, item.evidence)
             to = item.to
+        if isinstance(item, Change) and item.result is not None:
+            evidence = item.evidence
+            if not isinstance(evidence, ValidatedResult) or evidence.sha256 != item.result.sha256:
+                raise UsageError("a stored result needs the ValidatedResult evidence of the same sha256")
         values: dict[str, Any] = {
             "remote_job_id": op.remote_job_id,
             "remote_state": op.remote_state,
@@ -981,7 +1009,7 @@ class _Prepared:
     SQLAlchemy transaction, on its connection.
     """
 
-    def __init__(self, statement: sa.Update | sa.Insert | sa.Select[Any]) -> None:
+    def __init__(self, statement: sa.Update | sa.Insert | sa.Delete | sa.Select[Any]) -> None:
         self.statement = statement
         self._compiled: dict[str, Any] = {}
 
@@ -1043,7 +1071,24 @@ _LEGACY_OBSERVATIONS = _Prepared(
         t.observations.c.operation_id == sa.bindparam("b_operation_id"), t.observations.c.digest.is_(None)
     )
 )
+_DELETE_RESULT = _Prepared(sa.delete(t.results).where(t.results.c.operation_id == sa.bindparam("b_operation_id")))
+_INSERT_RESULT = _Prepared(sa.insert(t.results).values({c.name: sa.bindparam(c.name) for c in t.results.c}))
 _RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
+
+
+def _result_row(operation_id: str, result: StoredResult, now: int) -> dict[str, Any]:
+    return {
+        "operation_id": operation_id,
+        "sha256": result.sha256,
+        "size": result.size,
+        "content_type": result.content_type,
+        "body": result.body,
+        "path": result.path,
+        "checks": compact_json(result.checks),
+        "summary": None if result.summary is None else compact_json(result.summary),
+        "redacted": False,  # kept for the schema: results are never altered
+        "stored_at_us": now,
+    }
 
 
 @functools.cache

@@ -20,7 +20,7 @@ from jobtrail._evidence import Evidence
 from jobtrail._offload import Offload, threads
 from jobtrail._record import Operation
 from jobtrail._states import State
-from jobtrail._store import Change, Observe, Release, Reschedule, Store, Write
+from jobtrail._store import Change, Observe, Release, Reschedule, Store, StoredResult, Write
 
 #: callers woken per loop turn after a commit (see BatchWriter._settle)
 _WAKE_PER_TURN = 32
@@ -59,9 +59,12 @@ class Writer:
         actor: str,
         changes: dict[str, Any] | None = None,
         request_ids: Sequence[str] = (),
+        result: StoredResult | None = None,
     ) -> Operation:
-        """Move ``op`` to ``to`` (None: stay, and only append the history entry)."""
-        change = Change(op=op, to=to, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids)
+        """Move ``op`` to ``to`` (None: stay, and only append the history entry); ``result`` lands with it."""
+        change = Change(
+            op=op, to=to, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids, result=result
+        )
         return _operation(await self.apply(change))
 
     async def record(
