@@ -32,6 +32,7 @@ right)), leaves sorted by operation id.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -128,7 +129,16 @@ def entry_hash(row: Mapping[str, Any]) -> str:
 
 def field_digest(value: Any) -> str:
     """128 bits of sha256 over one stored column value: enough to name the field, never its content."""
+    if value is None or isinstance(value, str | int):  # every stored column value; states and zeros repeat a lot
+        return _scalar_digest(value)
+    return _digest(value)
+
+
+def _digest(value: Any) -> str:
     return hashlib.sha256(b"jobtrail/field/v1\0" + canonical_bytes(value)).hexdigest()[:32]
+
+
+_scalar_digest = functools.lru_cache(maxsize=4096, typed=True)(_digest)
 
 
 def field_digests(row: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
@@ -145,9 +155,14 @@ def window_digest(items: Sequence[tuple[int, str | None]]) -> str:
     return hashlib.sha256(b"jobtrail/observations/v1\0" + canonical_bytes([list(i) for i in items])).hexdigest()
 
 
-def seal(row: Mapping[str, Any]) -> str:
-    """The row's seal: the fields a reschedule may change, as last written (not anchored)."""
-    return compact_json(field_digests(row, SEALED_FIELDS))
+def seal(row: Mapping[str, Any], digests: Mapping[str, str] | None = None) -> str:
+    """The row's seal: the fields a reschedule may change, as last written (not anchored).
+
+    ``digests``: the row's field digests where already computed (an entry's ``covers``).
+    """
+    if digests is None:
+        digests = field_digests(row, SEALED_FIELDS)
+    return compact_json({name: digests[name] for name in SEALED_FIELDS})
 
 
 def leaf_bytes(operation_id: str, seq: int, head: str) -> bytes:

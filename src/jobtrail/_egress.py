@@ -21,6 +21,7 @@ Three kinds of destination exist:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
@@ -36,6 +37,7 @@ DOWNLOAD_HOSTS_KEY = "result.download_hosts"
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
+_BAD_URL_CHAR = re.compile(r"[\x00-\x20\x7f\\]")
 # legacy IPv4 spellings (2130706433, 0x7f.1, 127.1) that resolvers map onto addresses
 _NUMERIC_HOST = re.compile(r"^(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+))*$")
 _LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_\-]{0,61}[a-z0-9_])?$")
@@ -71,6 +73,7 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)  # every request judges its host: the same few, thousands of times
 def normalise_host(host: str) -> str:
     """Lower-case, IDNA-encoded, without a trailing dot; IP addresses canonical. Raises UrlRefused."""
     raw = host.strip("[]") if host.startswith("[") else host
@@ -101,7 +104,7 @@ def parse(url: str) -> tuple[Origin, yarl.URL]:
     Refused: other schemes, userinfo, control characters, whitespace or backslashes, a bad
     port, and any URL the standard library and the HTTP client would read differently.
     """
-    if any(ord(c) < 33 or ord(c) == 127 or c == "\\" for c in url):
+    if _BAD_URL_CHAR.search(url):
         raise UrlRefused("the URL contains whitespace, control characters or a backslash")
     try:
         split = urllib.parse.urlsplit(url)

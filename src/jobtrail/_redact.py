@@ -152,6 +152,8 @@ _KV_HINTS = (
 
 #: no pattern in _PATTERNS matches fewer characters than this
 _SHORTEST_PATTERN = 6  # "a://b@"
+_TEXT_CACHED_LEN = 200
+_TEXT_CACHE_SIZE = 8192
 _STRONG_HINT = re.compile("|".join(re.escape(h) for h in _STRONG_HINTS), re.IGNORECASE)
 _KV_HINT = re.compile("|".join(re.escape(h) for h in _KV_HINTS), re.IGNORECASE)
 _NON_ALNUM = re.compile(r"[^a-z0-9]")
@@ -315,6 +317,10 @@ class Redactor:
         #: the exact encodings and base64 cores of the registered values: what detection looks for
         self._detect: list[str] = []
         self._lock = threading.Lock()
+        #: text() of short strings already seen: states, causes, actors and ids repeat on every write
+        self._texts: dict[str, str] = {}
+        #: looks_like_credential() of short strings already seen (provider ids and states, on every answer)
+        self._looks: dict[str, bool] = {}
 
     # -- registration of injected credentials ---------------------------------
 
@@ -332,6 +338,7 @@ class Redactor:
             forms = {*self._exact, *_b64_cores(value.encode("utf-8"))}
             forms |= {f.lower() for f in forms if f.isascii() and _HEXISH.fullmatch(f)}
             self._detect = sorted({*self._detect, *forms}, key=len, reverse=True)
+            self._texts, self._looks = {}, {}  # what was clean may carry the new credential
 
     # -- detection -------------------------------------------------------------------
 
@@ -406,6 +413,18 @@ class Redactor:
     # -- the passes ------------------------------------------------------------
 
     def text(self, value: str) -> str:
+        if len(value) > _TEXT_CACHED_LEN:
+            return self._text(value)
+        texts = self._texts
+        out = texts.get(value)
+        if out is None:
+            out = self._text(value)
+            if len(texts) >= _TEXT_CACHE_SIZE:
+                texts.clear()
+            texts[value] = out
+        return out
+
+    def _text(self, value: str) -> str:
         value = self._strong(value)
         # a credential we could not find as a substring but can see once decoded: the whole string goes
         if self._detect and self._hidden(value):
@@ -486,6 +505,18 @@ class Redactor:
     def looks_like_credential(self, text: str) -> bool:
         """A registered credential or a known secret format (``Bearer ...``, a JWT, a key prefix,
         userinfo in a URL), in ``text`` or in any decoding of it (base64, percent, JSON escapes)."""
+        if len(text) > _TEXT_CACHED_LEN:
+            return self._looks_like_credential(text)
+        looks = self._looks
+        out = looks.get(text)
+        if out is None:
+            out = self._looks_like_credential(text)
+            if len(looks) >= _TEXT_CACHE_SIZE:
+                looks.clear()
+            looks[text] = out
+        return out
+
+    def _looks_like_credential(self, text: str) -> bool:
         if self.contains_secret(text):
             return True
         for candidate in (text, *_decoded_forms(text, deep=True)):

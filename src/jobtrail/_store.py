@@ -580,12 +580,14 @@ class Store:
             "version": op.version,
             "history_head": op.history_head,
         }
-        update["row_seal"] = seal(update)
         if isinstance(item, Reschedule):
+            update["row_seal"] = seal(update)
             return item, update, None
         # the entry covers the row as this transition writes it; the observations it covers
         # are read inside the transaction (_finish_entry), which also computes its hash
-        covers: dict[str, Any] = {"row": field_digests(update, ENTRY_FIELDS)}
+        digests = field_digests(update, ENTRY_FIELDS)
+        update["row_seal"] = seal(update, digests)
+        covers: dict[str, Any] = {"row": digests}
         if isinstance(item.evidence, ValidatedResult):
             covers["result"] = item.evidence.sha256
         entry = self._entry(
@@ -655,7 +657,7 @@ class Store:
                 for oid, digest in _OBSERVATION_WINDOW.fetch(conn, {"b_operation_id": op_id, "b_after": after})
             ]
         upto = items[-1][0] if items else after
-        covers = json.loads(entry["covers"])
+        covers = entry["covers"]
         covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
         entry["covers"] = compact_json(covers)
         entry["obs_upto"] = upto
@@ -721,10 +723,12 @@ class Store:
             "request_fingerprint": fingerprint,
             "prev_hash": prev_hash,
             "hash_version": HASH_VERSION,
-            "covers": compact_json(covers),
+            # unfinished: _finish_entry adds the observation window, then encodes and hashes
+            "covers": covers,
             "obs_upto": 0,
         }
         if finished:
+            row["covers"] = compact_json(covers)
             row["entry_hash"] = entry_hash(row)
         return row
 
