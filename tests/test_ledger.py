@@ -16,13 +16,15 @@ from jobtrail import (
     RemoteState,
     SecretInRequest,
     StaleRecord,
+    State,
     StorageError,
     Store,
+    UsageError,
 )
 from jobtrail._audit import verify
-from jobtrail._store import Change
+from jobtrail._store import Change, Reschedule
 
-from helpers import S, obs, op_in, spec
+from helpers import S, drive, obs, op_in, spec
 
 
 def test_record_has_the_design_fields(store: Store) -> None:
@@ -199,6 +201,17 @@ def test_batch_applies_many_in_one_transaction_and_skips_only_the_stale(store: S
     )
     assert [type(r).__name__ for r in results] == ["Operation"] * 2 + ["StaleRecord"] + ["Operation"] * 2
     assert all(store.get(op.operation_id).attempts == 1 for op in ops)
+    assert verify(store).ok
+
+
+@pytest.mark.parametrize("resting", [S.SUCCEEDED, S.FAILED, S.NEEDS_ATTENTION])
+def test_a_resting_operation_cannot_be_rescheduled_so_its_row_stays_what_its_last_entry_covers(
+    store: Store, resting: State
+) -> None:
+    op = drive(store, op_in(store, S.CREATE_PENDING), resting)
+    with pytest.raises(UsageError, match="cannot be rescheduled"):
+        store.apply([Reschedule(op=op, changes={"state_reason": "retrying", "next_action_at_us": 1})])
+    assert store.get(op.operation_id).version == op.version
     assert verify(store).ok
 
 

@@ -29,6 +29,8 @@ from jobtrail._errors import UsageError
 FINGERPRINT_VERSION = "jobtrail/request/v1"
 _FLAT = frozenset({str, int, bool, type(None)})
 _CONSTANTS = {None: "null", True: "true", False: "false"}
+#: one encoder for every write (json.dumps with options builds a new one per call)
+_COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def canonical_json(value: Any) -> str:
@@ -64,7 +66,7 @@ def compact_json(value: Any) -> str:
     this is byte-for-byte :func:`canonical_json`, at C speed; floats are written
     as Python writes them, which is why fingerprints use :func:`canonical_json`.
     """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _COMPACT.encode(value)
 
 
 def _write(value: Any, out: list[str]) -> None:

@@ -249,7 +249,10 @@ class Worker:
         """An unexpected error: keep the record as it is, try again later, say why on the record."""
         try:
             current = await self.io(self.store.get, op.operation_id)
-            if current.lease_epoch != op.lease_epoch or current.state in (State.NEEDS_ATTENTION,):
+            if current.lease_epoch != op.lease_epoch:
+                return
+            if current.state not in AUTOMATIC_STATES:  # the step's own write landed: nothing to retry
+                await self.writer.release(current)
                 return
             delay = self.providers[op.provider].backoff.after(None, max(current.attempts, 1))
             at = self.store.clock() + int(max(delay, 1.0) * _US)
