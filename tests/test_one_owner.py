@@ -98,6 +98,7 @@ def _wait_settled(db_url: str, count: int, timeout: float = 180) -> list[Any]:
             time.sleep(0.3)
 
 
+@pytest.mark.long  # a long process story: three submitting processes beside two workers, minutes per contract
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("contract", sorted(CONTRACTS))
 def test_submits_beside_two_running_workers_send_each_create_exactly_once(
