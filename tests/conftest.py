@@ -50,12 +50,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     long = bool(config.getoption("--long"))
     keep, drop = [], []
     for item in items:
-        marked = item.get_closest_marker("long") is not None
+        marked = item.get_closest_marker("long") is not None or (
+            item.get_closest_marker("long_on_postgres") is not None and _engine(item) == "postgres"
+        )
         fuzz = item.get_closest_marker("fuzz") is not None
         (keep if marked == long or fuzz else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _engine(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("db_url") if callspec is not None else None
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -160,7 +160,7 @@ ROW_FIELDS: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("column", tiered(sorted(ROW_FIELDS), fast=6))
+@pytest.mark.parametrize("column", tiered(sorted(ROW_FIELDS), fast=4))
 def test_an_edited_operation_column_is_named(ledger: Ledger, column: str) -> None:
     ledger.set(ledger.inline, column, ROW_FIELDS[column])
     doc = verify_cli(ledger)
@@ -346,7 +346,7 @@ HISTORY_CASES: dict[str, tuple[Callable[[Ledger], None], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(HISTORY_CASES))
+@pytest.mark.parametrize("case", tiered(sorted(HISTORY_CASES), fast=3))
 def test_a_tampered_history_is_named(ledger: Ledger, case: str) -> None:
     tamper, kind = HISTORY_CASES[case]
     tamper(ledger)
