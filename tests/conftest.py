@@ -1,4 +1,10 @@
-"""Shared fixtures: one ledger per test, on SQLite and on PostgreSQL.
+"""Shared fixtures: one ledger per test, on SQLite and on PostgreSQL; and the two test tiers.
+
+``python -m pytest`` runs the fast tier: every test not marked ``long``, a bounded
+sample of each large family of like cases (:func:`helpers.tiered`), 50 simulation
+seeds and a few dozen fuzz examples per property. ``python -m pytest --long`` runs
+only the long tier: the rest of those families, seeds and examples, and the long
+process stories. CI runs both, so each test runs once.
 
 PostgreSQL is reached at ``$JOBTRAIL_TEST_PG`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``); each test gets its own schema.
@@ -15,9 +21,55 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import settings
 
 from jobtrail import Store
 from jobtrail._redact import Redactor
+
+#: fuzz examples per property: this many in the fast tier, the rest of FUZZ_EXAMPLES in the long tier
+FUZZ_FAST = 20
+FUZZ_EXAMPLES = max(int(os.environ.get("JOBTRAIL_FUZZ_EXAMPLES", "120")), FUZZ_FAST + 1)
+settings.register_profile("fast", max_examples=FUZZ_FAST)
+settings.register_profile("long", max_examples=FUZZ_EXAMPLES - FUZZ_FAST)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        help="run the long tier (tests marked long, and the long tier's fuzz examples) instead of the fast tier",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # fuzz tests run in both tiers, on disjoint budgets of random examples
+    settings.load_profile("long" if config.getoption("--long") else "fast")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    long = bool(config.getoption("--long"))
+    keep, drop = [], []
+    for item in items:
+        marked = item.get_closest_marker("long") is not None or (
+            item.get_closest_marker("long_on_postgres") is not None and _engine(item) == "postgres"
+        )
+        fuzz = item.get_closest_marker("fuzz") is not None
+        (keep if marked == long or fuzz else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _engine(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("db_url") if callspec is not None else None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.getoption("--long"):
+        return "tier: long (the tests marked long, and the long tier's fuzz examples)"
+    return "tier: fast (tests marked long are deselected; run them with --long)"
+
 
 PG_URL = os.environ.get("JOBTRAIL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 ENGINES = [e for e in os.environ.get("JOBTRAIL_TEST_ENGINES", "sqlite,postgres").split(",") if e]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from jobtrail import (
@@ -240,3 +243,11 @@ def ledger_bytes(store: Store) -> bytes:
     if results.exists():
         chunks += [p.read_bytes() for p in results.rglob("*") if p.is_file()]
     return b"\n".join(chunks)
+
+
+def tiered(values: Iterable[Any], fast: int) -> list[Any]:
+    """Parameters for a family of like cases: ``fast`` of them, spread evenly, run in the fast tier and
+    the rest only in the long tier (``pytest --long``), so each case still runs once in CI."""
+    values = list(values)
+    step = max(1, math.ceil(len(values) / fast))
+    return [v if i % step == 0 else pytest.param(v, marks=pytest.mark.long) for i, v in enumerate(values)]

@@ -142,6 +142,7 @@ def test_a_job_that_finishes_as_the_cancel_arrives_is_reported_as_finished(ledge
     assert stored_result(ledger, op_id) is not None
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_an_ignored_cancel_becomes_unconfirmed_with_a_complete_bundle(
     ledger: Store, fake: FakeProvider, db_url: str
 ) -> None:

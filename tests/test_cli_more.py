@@ -29,6 +29,7 @@ def fake() -> Iterator[FakeProvider]:
     provider.stop()
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_submit_worker_wait(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
     provider = fake.write_provider_file(tmp_path / "fake.toml", connect_timeout_s=1.0)
     submitted = jobtrail("--db", db_url, "submit", "--provider", str(provider), "--request", '{"n": 1}', "--json")

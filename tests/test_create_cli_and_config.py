@@ -22,6 +22,7 @@ from jobtrail._backoff import Backoff, parse_retry_after
 from jobtrail._http_provider import load_provider, parse_config
 from jobtrail.testing import FakeProvider, Fault, provider_toml
 
+from helpers import tiered
 from processes import cli
 
 jobtrail = cli
@@ -338,7 +339,10 @@ def test_submit_exit_codes_and_bad_input(db_url: str, fake: FakeProvider, provid
     assert deadline.returncode == 2 and "use a duration like 90s" in deadline.stderr
 
 
-@pytest.mark.parametrize("point", ["create.after_attempt", "create.after_response", "create.after_observation"])
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
+@pytest.mark.parametrize(
+    "point", tiered(["create.after_attempt", "create.after_response", "create.after_observation"], fast=1)
+)
 def test_a_process_killed_mid_create_is_finished_by_the_next_one(
     db_url: str, fake: FakeProvider, provider_file: Path, point: str
 ) -> None:

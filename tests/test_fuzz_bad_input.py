@@ -36,9 +36,10 @@ from jobtrail.testing import FakeProvider, provider_toml
 from helpers import drive
 
 S = State
-#: more with JOBTRAIL_FUZZ_EXAMPLES=2000 (the default keeps the suite quick)
-EXAMPLES = int(os.environ.get("JOBTRAIL_FUZZ_EXAMPLES", "120"))
-pytestmark = pytest.mark.timeout(120 + EXAMPLES)
+#: examples per property in this tier (tests/conftest.py: 20 in the fast tier, the rest of
+#: JOBTRAIL_FUZZ_EXAMPLES, default 120, with --long)
+EXAMPLES = settings().max_examples
+pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(120 + EXAMPLES)]
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -224,6 +224,7 @@ async def _session(params: StdioServerParameters, calls: list[tuple[str, dict[st
     return out
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_a_hostile_provider_never_gets_the_credential_stored_shown_or_handed_to_an_agent(
     db_url: str, canary: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -360,6 +361,7 @@ def test_field_names_mask_metadata_never_results() -> None:
 # -- MCP: an agent sees and acts on its own operations -----------------------------------------------
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_an_agent_cannot_see_or_touch_another_agents_operations(db_url: str, canary: str, tmp_path: Path) -> None:
     hostile = HostileProvider(canary)
     hostile.base_url = "http://127.0.0.1:9"  # nothing is sent in this test

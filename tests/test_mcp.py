@@ -188,6 +188,7 @@ def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeP
     assert out["waiting"] == [] and [o["operation_key"] for o in out["listed"]] == ["long-1"]
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_the_full_story_across_a_killed_server(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
     """submit; the server is killed (kill -9) and restarted; status says what is next; a cancel races the
     job's completion; the result is fetched. One job, one cancel, the ending told honestly."""

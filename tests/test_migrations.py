@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from jobtrail import RemoteState, Store
 from jobtrail._audit import verify
-from jobtrail._migrate import current_revision, head_revision
+from jobtrail._migrate import current_revision, head_revision, script_head
 
 from helpers import S, obs, op_in
 
@@ -51,3 +51,8 @@ def test_opening_twice_is_harmless(open_store: Callable[..., Store]) -> None:
     op = op_in(a, S.ACCEPTED)
     b = open_store()
     assert b.get(op.operation_id) == op
+
+
+def test_the_head_constant_is_alembics_head() -> None:
+    """Opening compares the ledger with HEAD instead of loading Alembic: a new migration must move HEAD."""
+    assert head_revision() == script_head()

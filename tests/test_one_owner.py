@@ -23,6 +23,7 @@ from jobtrail import AsyncJobtrail, State, Store
 from jobtrail._states import SETTLED_STATES
 from jobtrail.testing import FakeProvider
 
+from helpers import tiered
 from processes import assert_audit_verifies, finish, jobtrail, start_worker, write_provider
 
 S = State
@@ -98,6 +99,7 @@ def _wait_settled(db_url: str, count: int, timeout: float = 180) -> list[Any]:
             time.sleep(0.3)
 
 
+@pytest.mark.long  # a long process story: three submitting processes beside two workers, minutes per contract
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("contract", sorted(CONTRACTS))
 def test_submits_beside_two_running_workers_send_each_create_exactly_once(
@@ -141,7 +143,8 @@ def test_submits_beside_two_running_workers_send_each_create_exactly_once(
     assert_audit_verifies(db_url)
 
 
-@pytest.mark.parametrize("contract", sorted(CONTRACTS))
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
+@pytest.mark.parametrize("contract", tiered(sorted(CONTRACTS), fast=1))
 def test_a_new_owner_settles_an_attempt_from_the_answer_the_last_one_stored(
     db_url: str, tmp_path: Path, contract: str
 ) -> None:

@@ -30,3 +30,12 @@ def test_the_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.Monk
     finally:
         fake.stop()
     assert fake.counts["jobs_created"] == 1 and fake.counts["cancels"] == 1
+
+
+def test_ci_runs_the_readmes_test_command_then_the_long_tier() -> None:
+    """`.ci/run` runs the README's test command as written (the fast tier), and the long tier after it."""
+    command = re.search(r"Run the tests.*?```sh\n(.*?)\n```", README.read_text(), re.S)
+    assert command is not None
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert command.group(1) in ci
+    assert ci.index(".venv/bin/python -m pytest --long") > ci.index(command.group(1))

@@ -101,6 +101,7 @@ def test_1_the_provider_commits_the_create_but_the_response_is_dropped(
     assert_audit_verifies(db_url)
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_2_the_worker_dies_after_storing_the_job_id_before_the_first_poll(
     db_url: str, tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -140,6 +141,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_4_the_same_webhook_arrives_twice_and_out_of_order(db_url: str, tmp_path: Path) -> None:
     port = free_port()
     secret = "whsec_" + "c2NlbmFyaW8tZm91ci13ZWJob29rLXNlY3JldCE="
@@ -196,6 +198,7 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_5_a_worker_restarts_after_its_lease_expired_while_another_holds_a_new_one(
     db_url: str, tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -221,6 +224,7 @@ def test_5_a_worker_restarts_after_its_lease_expired_while_another_holds_a_new_o
     assert_audit_verifies(db_url)
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_6_the_worker_dies_after_the_remote_commit_before_the_local_confirmation(
     db_url: str, tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -238,6 +242,7 @@ def test_6_the_worker_dies_after_the_remote_commit_before_the_local_confirmation
     assert_audit_verifies(db_url)
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_7_the_provider_is_down_for_a_while_then_back(db_url: str, tmp_path: Path) -> None:
     port = free_port()
     fake = FakeProvider(port=port, job_duration_s=0.3)
@@ -279,6 +284,7 @@ def test_8_the_provider_answers_a_replay_with_a_new_job_id(db_url: str, tmp_path
     assert_audit_verifies(db_url)
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 @pytest.mark.parametrize(
     ("mode", "state", "fetches", "reason"),
     [
@@ -299,6 +305,7 @@ def test_9_the_result_download_fails_twice_then_succeeds_and_a_corrupted_result(
     assert_audit_verifies(db_url)
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_a_cancel_recorded_between_a_crash_and_the_restart_never_causes_a_second_create(
     db_url: str, tmp_path: Path, fake: FakeProvider
 ) -> None:

@@ -51,8 +51,9 @@ def explain(db: str, task_id: str = "nightly-export") -> tuple[int, dict[str, An
     ("point", "after_crash"),
     [
         ("task.after_plan", "planned"),  # before submission: key durable, nothing sent
-        ("create.after_attempt", "submitted"),  # during the request: attempt durable, bytes not sent
-        ("create.after_response", "submitted"),  # after the remote commit, before the local confirmation
+        # these two wait out the dead agent's lease (about 50 s each): long tier
+        pytest.param("create.after_attempt", "submitted", marks=pytest.mark.long),  # attempt durable, bytes not sent
+        pytest.param("create.after_response", "submitted", marks=pytest.mark.long),  # committed, unconfirmed
         ("create.after_job_id", "confirmed"),  # after the confirmation
     ],
 )
@@ -84,6 +85,7 @@ def test_a_killed_agent_resumes_its_task_with_one_effect_per_step(
     )
 
 
+@pytest.mark.long  # waits out a dead agent's lease (about a minute)
 def test_without_a_reconciliation_path_the_step_is_unresolved_and_not_repeated(db_url: str) -> None:
     fake = FakeProvider(job_duration_s=30, idempotency=False).start()
     try:

@@ -26,6 +26,7 @@ from processes import assert_one_worker_per_lease, finish, start_worker, submit_
 S = State
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_three_worker_processes_finish_500_operations(db_url: str, tmp_path: Path) -> None:
     """Every operation succeeds, the provider saw exactly one create each, leases never overlap."""
     fake = FakeProvider(job_duration_s=0.5).start()
@@ -56,6 +57,7 @@ def test_three_worker_processes_finish_500_operations(db_url: str, tmp_path: Pat
         fake.stop()
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_a_killed_worker_s_operations_are_finished_after_its_leases_expire(db_url: str, tmp_path: Path) -> None:
     """kill -9 in the middle of the run; another worker finishes everything, one job per operation."""
     fake = FakeProvider(job_duration_s=2.0).start()
@@ -84,6 +86,7 @@ def test_a_killed_worker_s_operations_are_finished_after_its_leases_expire(db_ur
         fake.stop()
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_a_worker_dying_between_attempt_and_send_leaves_nothing_duplicated(db_url: str, tmp_path: Path) -> None:
     """Leases held by a dead worker expire; the next worker reconciles the unrecorded attempts."""
     fake = FakeProvider(job_duration_s=0.2).start()
@@ -214,6 +217,7 @@ def test_a_restarted_worker_resumes_the_stored_schedule(db_url: str, fake: FakeP
     store.close()
 
 
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_after_a_mass_restart_the_polls_are_spread(db_url: str) -> None:
     """Full jitter: 100 operations polled at once get 100 different next poll times."""
     fake = FakeProvider(job_duration_s=120).start()

@@ -31,6 +31,7 @@ def _handles_sigterm(pid: int) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
+@pytest.mark.long  # a signal at each moment of the start, one process each
 @pytest.mark.timeout(600)
 def test_sigterm_at_any_moment_of_the_start_stops_the_worker_cleanly(tmp_path: Path) -> None:
     """SIGTERM while the worker is still importing, opening the ledger or loading its provider: exit 0.

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from jobtrail._canonical import parse_json, rfc3339
-from jobtrail._errors import ConfigError, JobtrailError, OperationalError, OperationNotFound
+from jobtrail._errors import ConfigError, JobtrailError, OperationalError, OperationNotFound, require_extra
 from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import Secret, install_log_redaction
@@ -102,6 +102,7 @@ def _existing_store(ctx: click.Context) -> Store:
     help="SQLite file or postgresql:// URL (default: $JOBTRAIL_DB, else ~/.local/share/jobtrail/jobtrail.db).",
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.version_option(package_name="jobtrail", prog_name="jobtrail", message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, debug: bool) -> None:
     """jobtrail: durable, honest bookkeeping for long-running remote jobs.
@@ -647,6 +648,7 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
     Example:
       jobtrail webhooks serve --provider openai.toml --host 127.0.0.1 --port 8787
     """
+    require_extra("webhooks", "jobtrail webhooks serve", "uvicorn", "starlette", "standardwebhooks")
     import uvicorn
 
     from jobtrail._http_provider import load_provider

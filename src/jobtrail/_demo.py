@@ -32,6 +32,7 @@ from rich.table import Table
 from jobtrail._audit import verify
 from jobtrail._cancel import request_cancel
 from jobtrail._client import AsyncJobtrail
+from jobtrail._errors import require_extra
 from jobtrail._http_provider import load_provider
 from jobtrail._states import State
 from jobtrail._store import Store
@@ -261,6 +262,8 @@ def _report(store: Store, scenarios: list[Scenario], good: FakeProvider, console
 
 
 def run_demo(db: str | None, console: Console | None = None) -> bool:
+    # the demo shows webhooks arriving, so it runs the receiver
+    require_extra("webhooks", "jobtrail demo", "uvicorn", "starlette", "standardwebhooks")
     console = console or Console()
     path = db or str(Path.cwd() / DEFAULT_DEMO_DB)
     console.print(f"jobtrail demo: ledger at [bold]{path}[/bold], fake providers on 127.0.0.1\n")

@@ -77,3 +77,28 @@ class StaleRecord(OperationalError):
 
 class OperationNotFound(OperationalError):
     """No operation with that id exists in this database."""
+
+
+def missing_extra(extra: str, purpose: str, exc: ImportError) -> ConfigError:
+    """The error for an optional part whose extra is not installed (raise it ``from exc``).
+
+    The core install is the library, the CLI, the worker and SQLite; PostgreSQL, the MCP
+    server and the webhook receiver each come with an extra, so the way out is one pip line.
+    """
+    return ConfigError(
+        f"{purpose} needs the {extra!r} extra ({exc.name or exc} is not installed); "
+        f"install it with: pip install 'jobtrail[{extra}]'",
+        extra=extra,
+        module=exc.name,
+    )
+
+
+def require_extra(extra: str, purpose: str, *modules: str) -> None:
+    """Import ``modules`` now, or raise :func:`missing_extra`'s error naming ``extra``."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise missing_extra(extra, purpose, exc) from exc

@@ -28,13 +28,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from datetime import timedelta
 from typing import Any, cast
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-
 from jobtrail._cancel import request_cancel
 from jobtrail._canonical import rfc3339
 from jobtrail._client import AsyncJobtrail
-from jobtrail._errors import JobtrailError, OperationNotFound, UsageError
+from jobtrail._errors import JobtrailError, OperationNotFound, UsageError, missing_extra
+
+try:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+except ImportError as exc:  # the ``mcp`` extra
+    raise missing_extra("mcp", "the MCP server (jobtrail mcp)", exc) from exc
 from jobtrail._explain import next_action
 from jobtrail._record import Operation
 from jobtrail._redact import Redactor, default_redactor, is_credential_field

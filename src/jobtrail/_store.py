@@ -15,13 +15,13 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -47,6 +47,7 @@ from jobtrail._errors import (
     StaleRecord,
     StorageError,
     UsageError,
+    require_extra,
 )
 from jobtrail._evidence import Evidence, OperationCreated, ValidatedResult
 from jobtrail._ids import new_idempotency_token, new_operation_id, new_trace_id
@@ -94,14 +95,24 @@ def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{path}"
     scheme = raw.split("://", 1)[0]
-    if scheme in ("postgres", "postgresql"):
+    if scheme in ("postgres", "postgresql", "postgresql+psycopg"):
+        require_extra("postgres", "a PostgreSQL database", "psycopg")
         return "postgresql+psycopg://" + raw.split("://", 1)[1]
-    if scheme in ("postgresql+psycopg", "sqlite"):
+    if scheme == "sqlite":
         return raw
     raise ConfigError(
         f"unsupported database URL scheme {scheme!r}; use a file path (SQLite) "
         "or postgresql://user@host:port/dbname (set it with --db or JOBTRAIL_DB)"
     )
+
+
+def _psycopg(name: str) -> tuple[type[Exception], ...]:
+    """psycopg's error class ``name``, if PostgreSQL is in use (psycopg is the optional ``postgres`` extra).
+
+    Without psycopg imported no psycopg error can be raised, so SQLite users never import it.
+    """
+    module = sys.modules.get("psycopg")
+    return (getattr(module, name),) if module is not None else ()
 
 
 def _now_us() -> int:
@@ -257,7 +268,9 @@ class Store:
     def _errors(self, doing: str) -> Iterator[None]:
         try:
             yield
-        except (sa.exc.DBAPIError, sa.exc.TimeoutError, sqlite3.Error, psycopg.Error) as exc:
+        except Exception as exc:
+            if not isinstance(exc, (sa.exc.DBAPIError, sa.exc.TimeoutError, sqlite3.Error, *_psycopg("Error"))):
+                raise
             raise StorageError(_explain_db_error(self.engine, doing, exc)) from exc
 
     @contextlib.contextmanager
@@ -1172,7 +1185,7 @@ def _explain_db_error(engine: Engine, doing: str, exc: Exception) -> str:
         hint = "is the PostgreSQL server running and reachable? check --db / JOBTRAIL_DB"
     elif "append-only" in text:
         hint = "history entries can never be changed or deleted"
-    elif isinstance(exc, sa.exc.IntegrityError | sqlite3.IntegrityError | psycopg.IntegrityError):
+    elif isinstance(exc, (sa.exc.IntegrityError, sqlite3.IntegrityError, *_psycopg("IntegrityError"))):
         hint = "a uniqueness or reference rule refused the write; nothing was written"
     else:
         hint = "nothing was written; check the database and retry"

@@ -24,24 +24,27 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from standardwebhooks import Webhook
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from jobtrail import _schema as t
 from jobtrail._canonical import compact_json, parse_json, rfc3339
 from jobtrail._config import Section
-from jobtrail._errors import ConfigError, StorageError
+from jobtrail._errors import ConfigError, StorageError, require_extra
 from jobtrail._jsonpath import extract
 from jobtrail._observe import pull_poll_forward
 from jobtrail._offload import Offload, threads
 from jobtrail._redact import Secret
 from jobtrail._store import Store
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+# Starlette and standardwebhooks come with the ``webhooks`` extra and are imported where the
+# receiver runs: a worker reading a provider file's [webhooks] table needs neither.
 
 log = logging.getLogger("jobtrail")
 _US = 1_000_000
@@ -96,6 +99,8 @@ class Refused(Exception):
 
 def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
     """An RFC 9457 problem body."""
+    from starlette.responses import JSONResponse
+
     return JSONResponse(
         {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra},
         status_code=status,
@@ -151,6 +156,8 @@ def verify(
                 offered.append(base64.b64decode(value, validate=True))
             except ValueError:
                 continue
+    from standardwebhooks import Webhook
+
     when = datetime.fromtimestamp(timestamp, tz=UTC)
     for secret in secrets:
         try:
@@ -225,6 +232,8 @@ class Receiver:
                 )
 
     def _record(self, provider: str, config: WebhookConfig, event_id: str, timestamp: int, event: Any) -> JSONResponse:
+        from starlette.responses import JSONResponse
+
         store = self.store
         now = store.clock()
         job_id = extract(config.job_id, event, {})
@@ -315,6 +324,10 @@ async def _read_limited(request: Request, limit: int) -> bytes:
 
 def webhook_app(store: Store, configs: Mapping[str, WebhookConfig], *, io: Offload = threads) -> Starlette:
     """The ASGI app: mount it in your own app, or run ``jobtrail webhooks serve``."""
+    require_extra("webhooks", "the webhook receiver", "starlette", "standardwebhooks")
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
     if not configs:
         raise ConfigError('no provider declares [webhooks]; add secrets = ["env:NAME"] to a provider file')
     receiver = Receiver(store, configs, io=io)

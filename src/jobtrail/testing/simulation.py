@@ -63,13 +63,16 @@ from pathlib import Path
 from random import Random
 from typing import Any, ClassVar
 
-from starlette.requests import Request
-
 from jobtrail import _failpoints, _ids
 from jobtrail._audit import verify
 from jobtrail._cancel import request_cancel
 from jobtrail._client import AsyncJobtrail
-from jobtrail._errors import JobtrailError
+from jobtrail._errors import JobtrailError, missing_extra
+
+try:  # the simulation delivers webhooks to the real receiver
+    from starlette.requests import Request
+except ImportError as exc:
+    raise missing_extra("webhooks", "the simulation", exc) from exc
 from jobtrail._http_provider import HttpProvider, parse_config
 from jobtrail._offload import inline
 from jobtrail._record import Operation
