@@ -513,15 +513,31 @@ class Store:
                     results[slot] = int(observation_id)
             covered: dict[str, int] = {}
             windows = self._windows(conn, [e["operation_id"] for _, _, e in prepared if e is not None])
-            for slot, (item, update, entry) in enumerate(prepared):
-                if isinstance(item, Observe):
-                    continue
+            updates = [
+                (slot, item, update, entry)
+                for slot, (item, update, entry) in enumerate(prepared)
+                if isinstance(item, Change | Reschedule)
+            ]
+            landed: set[str] | None = None
+            if self.dialect == "postgresql" and len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates):
+                # one write per operation: no entry depends on another's outcome, so every entry is
+                # finished first and the UPDATEs go in one pipelined round trip instead of one each
+                for _, _, update, entry in updates:
+                    if entry is not None:
+                        self._finish_entry(conn, entry, update, covered, windows)
+                landed = _update_pipelined(conn, [update for _, _, update, _ in updates])
+            for item, update, _entry in prepared:
                 if isinstance(item, Release):
                     releases.append(update)
-                    continue
-                if entry is not None:
-                    self._finish_entry(conn, entry, update, covered, windows)
-                if _update_statement(update["b_epoch"] is not None).run(conn, update) != 1:
+            for slot, item, update, entry in updates:
+                assert isinstance(item, Change | Reschedule)
+                if landed is None:
+                    if entry is not None:
+                        self._finish_entry(conn, entry, update, covered, windows)
+                    ok = _update_statement(update["b_epoch"] is not None).run(conn, update) == 1
+                else:
+                    ok = update["b_operation_id"] in landed
+                if not ok:
                     results[slot] = self._stale(conn, item)
                 else:
                     if entry is not None:
@@ -1122,8 +1138,33 @@ def _result_row(operation_id: str, result: StoredResult, now: int) -> dict[str, 
     }
 
 
+def _update_pipelined(conn: Connection, updates: list[dict[str, Any]]) -> set[str]:
+    """Run the conditional UPDATEs of distinct operations pipelined (PostgreSQL); returns those that landed.
+
+    psycopg's executemany sends every parameter set before reading any answer (one round trip), and
+    RETURNING names each row that matched its version and epoch.
+    """
+    landed: set[str] = set()
+    cursor: Any = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # psycopg's own cursor
+    try:
+        for fenced in (False, True):
+            group = [u for u in updates if (u["b_epoch"] is not None) is fenced]
+            if not group:
+                continue
+            prepared = _update_statement(fenced, returning=True)
+            sql = prepared._args(conn, group[0])[1]
+            cursor.executemany(sql, [prepared._args(conn, u)[2] for u in group], returning=True)
+            while True:
+                landed.update(row[0] for row in cursor.fetchall())
+                if not cursor.nextset():
+                    break
+    finally:
+        cursor.close()
+    return landed
+
+
 @functools.cache
-def _update_statement(fenced: bool) -> _Prepared:
+def _update_statement(fenced: bool, returning: bool = False) -> _Prepared:
     """The conditional UPDATE of one record: on its version and, under a lease, its epoch."""
     stmt = (
         sa.update(t.operations)
@@ -1135,6 +1176,8 @@ def _update_statement(fenced: bool) -> _Prepared:
     )
     if fenced:
         stmt = stmt.where(t.operations.c.lease_epoch == sa.bindparam("b_epoch"))
+    if returning:
+        stmt = stmt.returning(t.operations.c.operation_id)
     return _Prepared(stmt)
 
 
