@@ -2,6 +2,7 @@
 
     python bench/lifecycle.py --n 1000
     python bench/lifecycle.py --n 10000 --db postgresql://postgres@127.0.0.1:5432/test
+    python bench/lifecycle.py --n 5000 --max-connections 10     # a provider that allows few connections
 
 The fake provider runs in its own process on loopback; each job finishes 1 s
 after creation. The same run measures a plain, non-durable asyncio + aiohttp
@@ -9,6 +10,9 @@ loop doing the same HTTP work (create with an Idempotency-Key, poll every
 0.25 s with small jitter, fetch the result, check its sha256), then jobtrail
 (submit, then one worker polling every 0.25 s with 10 % jitter), each in a
 process of its own, and prints both with jobtrail's throughput as a ratio.
+jobtrail's transactions include every write (submits, group commits with the
+results they store, claims); SQL statements are counted at the driver, and on
+PostgreSQL so are round trips (a pipelined executemany is one).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def _pct(values: list[float], q: float) -> float:
 # -- the plain loop ----------------------------------------------------------------------------
 
 
-async def _plain(base: str, n: int) -> dict[str, Any]:
+async def _plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
     import aiohttp
 
     latencies: list[float] = []
@@ -83,15 +87,15 @@ async def _plain(base: str, n: int) -> dict[str, Any]:
             failures += 1
         latencies.append(time.monotonic() - started)
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_connections)) as session:
         await asyncio.gather(*(one(session, i) for i in range(n)))
     return {"latencies": latencies, "failures": failures}
 
 
-def phase_plain(base: str, n: int) -> dict[str, Any]:
+def phase_plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
     cpu0, _ = _usage()
     t0 = time.monotonic()
-    out = asyncio.run(_plain(base, n))
+    out = asyncio.run(_plain(base, n, max_connections))
     wall = time.monotonic() - t0
     cpu1, rss = _usage()
     return {
@@ -106,7 +110,46 @@ def phase_plain(base: str, n: int) -> dict[str, Any]:
 # -- jobtrail ------------------------------------------------------------------------------------
 
 
-def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
+def _count_sql(db: str) -> dict[str, int]:
+    """Count what reaches the database driver: statements (each parameter set of an executemany)
+    and, on PostgreSQL, round trips (an execute, a pipelined executemany, a commit)."""
+    import sqlalchemy as sa
+
+    counts = {"statements": 0, "round_trips": 0}
+    if db.startswith("postgres"):
+        import psycopg
+
+        execute, executemany, commit = psycopg.Cursor.execute, psycopg.Cursor.executemany, psycopg.Connection.commit
+
+        def counted_execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            counts["statements"] += 1
+            counts["round_trips"] += 1
+            return execute(self, query, params, **kw)
+
+        def counted_executemany(self: Any, query: Any, params_seq: Any, **kw: Any) -> Any:
+            params_seq = list(params_seq)
+            counts["statements"] += len(params_seq)
+            counts["round_trips"] += 1
+            return executemany(self, query, params_seq, **kw)
+
+        def counted_commit(self: Any) -> Any:
+            counts["round_trips"] += 1
+            return commit(self)
+
+        psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+        psycopg.Cursor.executemany = counted_executemany  # type: ignore[method-assign]
+        psycopg.Connection.commit = counted_commit  # type: ignore[method-assign]
+    else:
+        # SQLite runs in-process: every statement it executes (BEGIN and COMMIT included), no round trips
+
+        def trace(_sql: str) -> None:
+            counts["statements"] += 1
+
+        sa.event.listen(sa.engine.Engine, "connect", lambda dbapi_conn, _rec: dbapi_conn.set_trace_callback(trace))
+    return counts
+
+
+def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str, Any]:
     import sqlalchemy as sa
 
     from jobtrail import AsyncJobtrail, State, Store
@@ -123,7 +166,11 @@ def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
         "result": {"path": "/v1/jobs/{job_id}/result"},
         "reconcile": {"modes": ["replay"]},
         "poll": {"initial_s": POLL_S, "factor": 1, "cap_s": POLL_S, "jitter": 0.1},
+        "max_connections": max_connections,
     }
+    store = Store.open(db)  # migrations (if any) run before the count starts
+    sql = _count_sql(db)
+    store.close()
     store = Store.open(db)
     cpu0, _ = _usage()
     t0 = time.monotonic()
@@ -145,6 +192,7 @@ def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
     stats = asyncio.run(run())
     wall = time.monotonic() - t0
     cpu1, rss = _usage()
+    sql_counts = dict(sql)
     ops = store.list_operations(limit=None)
     done = [op for op in ops if op.state is State.SUCCEEDED]
     latencies = [(op.updated_at_us - op.created_at_us) / 1e6 for op in done]
@@ -166,15 +214,19 @@ def phase_jobtrail(base: str, n: int, db: str) -> dict[str, Any]:
         "rows": rows,
         "claims": stats.claimed,
         "claim_queries": stats.claims,
+        "sql": sql_counts,
     }
 
 
 # -- driver ----------------------------------------------------------------------------------------
 
 
-def _child(phase: str, base: str, n: int, db: str) -> dict[str, Any]:
+def _child(phase: str, base: str, n: int, db: str, max_connections: int) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--phase", phase, "--base", base, "--n", str(n), "--db", db],
+        [
+            *(sys.executable, __file__, "--phase", phase, "--base", base, "--n", str(n), "--db", db),
+            *("--max-connections", str(max_connections)),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -199,14 +251,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--db", default="", help="database URL (default: a temp SQLite file)")
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        help="HTTP connections to the provider, for both the plain loop and jobtrail (default 256, jobtrail's default)",
+    )
     parser.add_argument("--phase", choices=["plain", "jobtrail"], help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "plain":
-        print(json.dumps(phase_plain(args.base, args.n)))
+        print(json.dumps(phase_plain(args.base, args.n, args.max_connections)))
         return
     if args.phase == "jobtrail":
-        print(json.dumps(phase_jobtrail(args.base, args.n, args.db)))
+        print(json.dumps(phase_jobtrail(args.base, args.n, args.db, args.max_connections)))
         return
 
     port = _free_port()
@@ -231,9 +289,9 @@ def main() -> None:
         db_for_run = db
     try:
         before = _counts(base)
-        plain = _child("plain", base, args.n, "")
+        plain = _child("plain", base, args.n, "", args.max_connections)
         middle = _counts(base)
-        durable = _child("jobtrail", base, args.n, db_for_run)
+        durable = _child("jobtrail", base, args.n, db_for_run, args.max_connections)
         after = _counts(base)
     finally:
         fake.terminate()
@@ -245,7 +303,10 @@ def main() -> None:
     req2 = {k: after.get(k, 0) - middle.get(k, 0) for k in ("creates_received", "status", "results")}
     n = args.n
     engine_name = "postgresql" if db.startswith("postgres") else "sqlite"
-    print(f"N = {n}, engine {engine_name}, jobs finish 1.0 s after creation, polls every {POLL_S} s")
+    print(
+        f"N = {n}, engine {engine_name}, jobs finish 1.0 s after creation, polls every {POLL_S} s, "
+        f"{args.max_connections} HTTP connections"
+    )
     print(_line("plain", plain, n, sum(req.values())))
     print(_line("jobtrail", durable, n, sum(req2.values())))
     rows = durable["rows"]
@@ -255,6 +316,11 @@ def main() -> None:
         f"{durable['claim_queries']} claim queries, "
         f"submits in {(n + 499) // 500} transactions), rows/op: "
         f"history {rows['history'] / n:.1f}, observations {rows['observations'] / n:.1f}"
+    )
+    sql = durable["sql"]
+    print(
+        f"jobtrail SQL: {sql['statements'] / n:.1f} statements/op"
+        + (f", {sql['round_trips'] / n:.2f} round trips/op" if engine_name == "postgresql" else "")
     )
     print(
         f"jobtrail HTTP: {req2['creates_received'] / n:.2f} creates, {req2['status'] / n:.2f} polls, "
