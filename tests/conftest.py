@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -106,11 +107,22 @@ def require_pg() -> None:
     pytest.skip(f"{problem}; start it or set JOBTRAIL_TEST_PG (CI requires it)")
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite ledger migrated once per session: copying it is much cheaper than migrating each test's."""
+    path = tmp_path_factory.mktemp("template") / "jobtrail.db"
+    Store.open(str(path)).close()  # the last connection's close checkpoints: everything is in the file
+    assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
+    return path
+
+
 @pytest.fixture(params=ENGINES)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database URL: a SQLite file, or a PostgreSQL schema of its own."""
+    """A fresh, empty, migrated database URL: a SQLite file, or a PostgreSQL schema of its own."""
     if request.param == "sqlite":
-        yield str(tmp_path / "jobtrail.db")
+        path = tmp_path / "jobtrail.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield str(path)
         return
     require_pg()
     schema = "jt_" + secrets.token_hex(6)
