@@ -221,6 +221,50 @@ def _storage_bytes(store: Store) -> bytes:
         )
 
 
+def test_a_file_credential_is_read_off_the_loop_not_per_request_and_a_rotation_is_picked_up_at_once(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a secret file (or a keyring) is I/O: never on the event loop, and not once per request."""
+    import threading
+
+    from jobtrail import _http_provider
+
+    old, new = f"jtcanary_old_{secrets.token_hex(8)}", f"jtcanary_new_{secrets.token_hex(8)}"
+    secret_file = tmp_path / "api-key"
+    secret_file.write_text(old + "\n")
+    reads: list[str] = []
+    real_resolve = _http_provider.Credential.resolve
+
+    def counted_resolve(self: Any) -> Any:
+        reads.append(threading.current_thread().name)
+        return real_resolve(self)
+
+    monkeypatch.setattr(_http_provider.Credential, "resolve", counted_resolve)
+    fake = FakeProvider(job_duration_s=0.3, require_bearer=old).start()
+    try:
+        store = Store.open(db_url)
+        jt = AsyncJobtrail(store=store, providers=[fake.provider_config(credential=f"file:{secret_file}")])
+
+        async def go() -> list[Any]:
+            ops = [await jt.drive_create((await jt.submit("fake", {"n": i})).operation_id) for i in range(5)]
+            # rotated: the provider now wants the new value; its 401 makes jobtrail read the file again and resend
+            secret_file.write_text(new + "\n")
+            fake.require_bearer = new
+            ops.append(await jt.drive_create((await jt.submit("fake", {"n": 99})).operation_id))
+            await jt.providers["fake"].aclose()
+            return ops
+
+        ops = asyncio.run(go())
+        assert [o.state for o in ops] == [State.ACCEPTED] * 6
+        assert fake.counts["unauthorized"] == 1  # the one request sent with the old value
+        assert fake.counts["jobs_created"] == 6
+        assert len(reads) == 2, reads  # once for five creates, once after the refusal
+        assert all(name != threading.main_thread().name for name in reads), reads
+        store.close()
+    finally:
+        fake.stop()
+
+
 def test_credentials_never_go_to_a_url_the_provider_hands_back(
     guarded_fake: tuple[FakeProvider, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

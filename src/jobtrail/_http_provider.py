@@ -59,6 +59,8 @@ from jobtrail._states import RemoteState
 _AMBIGUOUS = frozenset({408, 409, 425, 429})
 _MAX_BODY = 16 * 1024 * 1024
 _USER_AGENT = "jobtrail/0.1"
+#: how long a resolved credential is used before it is read again (sooner when the provider refuses it)
+CREDENTIAL_TTL_S = 60.0
 
 DEFAULT_STATES: dict[str, list[str]] = {
     "queued": ["queued", "pending", "notstarted", "validating", "submitted"],
@@ -590,6 +592,8 @@ class HttpProvider:
         self.result_spec = config.result_spec
         self.poll_backoff = config.poll_backoff
         self.egress = EgressPolicy(config.base_url, config.download_hosts)
+        #: (when resolved, the headers it gives): see _credential_headers
+        self._credential: tuple[float, dict[str, str]] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._foreign: aiohttp.ClientSession | None = None
         self._foreign_loop: asyncio.AbstractEventLoop | None = None
@@ -647,8 +651,21 @@ class HttpProvider:
             headers["X-Jobtrail-Lease"] = f"{op.lease_owner}/{op.lease_epoch}"
         if self.config.trace_header:
             headers[self.config.trace_header] = op.trace_id
-        if self.config.credential is not None:
-            headers.update(self.config.credential.headers(self.config.credential.resolve()))
+        return headers
+
+    async def _credential_headers(self) -> dict[str, str]:
+        """The credential's headers, resolved at most once per CREDENTIAL_TTL_S, and again at once when
+        the provider refuses it (see _send); a file or keyring is read off the event loop."""
+        credential = self.config.credential
+        if credential is None:
+            return {}
+        now = time.monotonic()
+        if self._credential is not None and now - self._credential[0] < CREDENTIAL_TTL_S:
+            return self._credential[1]
+        inline = callable(credential.ref) or credential.ref.startswith("env:")
+        secret = credential.resolve() if inline else await asyncio.to_thread(credential.resolve)
+        headers = credential.headers(secret)
+        self._credential = (now, headers)
         return headers
 
     async def _send(
@@ -676,8 +693,19 @@ class HttpProvider:
             # provider-file paths are checked at load and answers are judged before they get here:
             # reaching this line is a bug, and the credential must not go out because of it
             raise ConfigError(f"refusing to send a request to {default_redactor.url(url)}: {why}")
-        headers = {**self._headers(op), **extra_headers}
-        answer = await self._transport(method, url, headers, body, max_bytes + 1)
+        credential = await self._credential_headers()
+        answer = await self._transport(
+            method, url, {**self._headers(op), **credential, **extra_headers}, body, max_bytes + 1
+        )
+        if answer[0] in (401, 403) and credential:
+            # refused for its credential, which may have been rotated since it was read: read it again now,
+            # and if it changed, send once more (a request refused for its credential was not processed)
+            self._credential = None
+            fresh = await self._credential_headers()
+            if fresh != credential:
+                answer = await self._transport(
+                    method, url, {**self._headers(op), **fresh, **extra_headers}, body, max_bytes + 1
+                )
         return self._response(answer, max_bytes, keep_raw)
 
     def _response(
