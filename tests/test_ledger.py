@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from jobtrail import (
+    AsyncJobtrail,
     CreateAttempt,
     OperationKeyConflict,
     OperationNotFound,
@@ -23,6 +26,7 @@ from jobtrail import (
 )
 from jobtrail._audit import verify
 from jobtrail._store import Change, Reschedule
+from jobtrail.testing import FakeProvider
 
 from helpers import S, drive, obs, op_in, spec
 
@@ -213,6 +217,32 @@ def test_a_resting_operation_cannot_be_rescheduled_so_its_row_stays_what_its_las
         store.apply([Reschedule(op=op, changes={"state_reason": "retrying", "next_action_at_us": 1})])
     assert store.get(op.operation_id).version == op.version
     assert verify(store).ok
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"operation_key": ""}, "operation key is empty"),
+        ({"operation_key": "   "}, "operation key is empty"),
+        ({"operation_key": "a\nb"}, "control characters"),
+        ({"operation_key": "k" * 201}, "at most 200"),
+    ],
+)
+def test_an_unusable_key_is_refused_before_anything_is_stored(store: Store, fields: dict, says: str) -> None:
+    with pytest.raises(UsageError, match=says):
+        store.create_operation(spec(**fields))
+    assert store.list_operations() == []
+
+
+@pytest.mark.parametrize("deadline", ["create_deadline", "result_deadline", "cancel_deadline"])
+@pytest.mark.parametrize("seconds", [-5, 0])
+def test_a_submit_with_a_deadline_not_ahead_is_refused(
+    store: Store, fake: FakeProvider, deadline: str, seconds: int
+) -> None:
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+    with pytest.raises(UsageError, match=f"{deadline} must be positive"):
+        asyncio.run(jt.submit("fake", {"x": 1}, **{deadline: timedelta(seconds=seconds)}))
+    assert store.list_operations() == []
 
 
 def test_missing_operation_says_how_to_find_one(store: Store) -> None:

@@ -228,9 +228,12 @@ def _duration(value: str | None, option: str) -> timedelta | None:
         seconds = float(number) * _DURATION[unit]
     except ValueError:
         raise ConfigError(f"{option} {value!r}: use a duration like 90s, 15m, 2h or 1d") from None
-    if seconds <= 0:
+    if not seconds > 0:  # NaN too
         raise ConfigError(f"{option} {value!r}: a deadline must be in the future")
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:  # inf, 1e400
+        raise ConfigError(f"{option} {value!r}: use a duration like 90s, 15m, 2h or 1d") from None
 
 
 def _request(value: str) -> Any:

@@ -155,7 +155,7 @@ class AsyncJobtrail:
         result_deadline: timedelta | None = DEFAULT_RESULT_DEADLINE,
         cancel_deadline: timedelta | None = DEFAULT_CANCEL_DEADLINE,
     ) -> OperationSpec:
-        return OperationSpec(
+        spec = OperationSpec(
             provider=provider,
             target=target or adapter.target,
             endpoint=adapter.create_endpoint,
@@ -167,6 +167,8 @@ class AsyncJobtrail:
             result_deadline=result_deadline,
             cancel_deadline=cancel_deadline,
         )
+        spec.check_deadlines()
+        return spec
 
     async def submit_many(self, provider: str, requests: Iterable[Any], **options: Any) -> list[Operation]:
         """Submit many requests to one provider in one transaction (one commit); nothing is sent.

@@ -8,11 +8,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jobtrail._canonical import from_us, rfc3339
+from jobtrail._errors import UsageError
 from jobtrail._states import State
 
 DEFAULT_CREATE_DEADLINE = timedelta(hours=1)
 DEFAULT_RESULT_DEADLINE = timedelta(hours=24)
 DEFAULT_CANCEL_DEADLINE = timedelta(minutes=30)
+MAX_KEY_LENGTH = 200
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +44,25 @@ class OperationSpec:
     create_deadline: timedelta | None = DEFAULT_CREATE_DEADLINE
     result_deadline: timedelta | None = DEFAULT_RESULT_DEADLINE
     cancel_deadline: timedelta | None = DEFAULT_CANCEL_DEADLINE
+
+    def __post_init__(self) -> None:
+        key = self.operation_key
+        if key is not None:
+            if not key.strip():
+                raise UsageError("the operation key is empty; give a key that names the job, or none at all")
+            if len(key) > MAX_KEY_LENGTH or any(ord(c) < 32 or ord(c) == 127 for c in key):
+                raise UsageError(
+                    f"the operation key must be at most {MAX_KEY_LENGTH} characters, without control characters"
+                )
+
+    def check_deadlines(self) -> None:
+        """A caller's deadlines must lie ahead (the ledger itself records any, a past one included)."""
+        for name in ("create_deadline", "result_deadline", "cancel_deadline"):
+            value = getattr(self, name)
+            if value is not None and not value > timedelta(0):
+                raise UsageError(
+                    f"{name} must be positive (got {value.total_seconds():g} s); leave it out for the default"
+                )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
