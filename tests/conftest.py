@@ -118,10 +118,12 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(params=ENGINES)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty, migrated database URL: a SQLite file, or a PostgreSQL schema of its own."""
+    """A fresh database URL: a SQLite file (a copy of the migrated template, unless the test is marked
+    ``empty_ledger``), or a PostgreSQL schema of its own (empty: the first open migrates it)."""
     if request.param == "sqlite":
         path = tmp_path / "jobtrail.db"
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        if request.node.get_closest_marker("empty_ledger") is None:
+            shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
         yield str(path)
         return
     require_pg()

@@ -70,6 +70,36 @@ def test_ops_list_show_history_json(tmp_path: Path) -> None:
     assert done.operation_id in table.stdout
 
 
+def test_an_operation_is_found_by_its_key_wherever_an_id_is_accepted(tmp_path: Path) -> None:
+    """An agent that lost its memory still has the key it chose: that is enough to find the job."""
+    db = str(tmp_path / "ops.db")
+    store = Store.open(db)
+    op = op_in(store, S.FAILED, operation_key="q3-summary")
+    shared_a = op_in(store, S.FAILED, operation_key="nightly", provider="a")
+    shared_b = op_in(store, S.FAILED, operation_key="nightly", provider="b")
+    store.close()
+
+    shown = jobtrail("--db", db, "ops", "show", "q3-summary", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["operation_id"] == op.operation_id
+    history = json.loads(jobtrail("--db", db, "ops", "history", "q3-summary", "--json").stdout)
+    assert len(history) == op.version
+    explained = jobtrail("--db", db, "explain", "q3-summary", "--json")
+    assert json.loads(explained.stdout)["operation_id"] == op.operation_id
+    bundle = json.loads(jobtrail("--db", db, "ops", "escalation", "q3-summary", "--json").stdout)
+    assert op.operation_id in json.dumps(bundle)
+    with Store.open(db) as again:
+        assert again.resolve("q3-summary") == again.get(op.operation_id)
+
+    # one key with two providers names no single operation: the error lists both ids, changes nothing
+    ambiguous = jobtrail("--db", db, "ops", "show", "nightly")
+    assert ambiguous.returncode == 2
+    assert shared_a.operation_id in ambiguous.stderr and shared_b.operation_id in ambiguous.stderr
+    assert "Traceback" not in ambiguous.stderr
+    missing = jobtrail("--db", db, "ops", "show", "no-such-key")
+    assert missing.returncode == 1 and "no operation has the id or key 'no-such-key'" in missing.stderr
+
+
 def test_errors_are_one_line_with_the_way_out(tmp_path: Path) -> None:
     db = str(tmp_path / "e.db")
     Store.open(db).close()  # a read command on a missing file says so (tests/test_hostile_provider_leaks.py)

@@ -387,6 +387,7 @@ def test_an_agent_cannot_see_or_touch_another_agents_operations(db_url: str, can
         ("list_jobs", {}),
         ("jobs_needing_a_person", {}),
         *probes,
+        ("job_status", {"operation_id": "a-1"}),  # agent a's key: b's own keys are b's alone
         ("list_jobs", {"limit": -1}),
         ("list_jobs", {"limit": 0}),
         ("list_jobs", {"limit": 1001}),
@@ -402,9 +403,10 @@ def test_an_agent_cannot_see_or_touch_another_agents_operations(db_url: str, can
     for i in range(4):  # another agent's operation answers exactly like a missing one
         theirs, nothing = answers[2 + i], answers[6 + i]
         assert "error" in theirs and theirs["error"].replace(a_op, "ID") == nothing["error"].replace(missing, "ID")
-    for limit_answer in answers[10:13]:
+    assert answers[10]["error"].replace("a-1", "ID") == answers[6]["error"].replace(missing, "ID")
+    for limit_answer in answers[11:14]:
         assert "limit must be a whole number from 1 to 1000" in limit_answer["error"]
-    own = answers[13]
+    own = answers[14]
     assert own["operation_id"] != a_op and own["operation_key"] == "a-1" and own["caller"] == "agent-b"
     with Store.open(db_url) as store:
         a = store.get(a_op)

@@ -126,8 +126,11 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
             )
             if status["state"] == "succeeded":
                 break
-        got = result_of(await session.call_tool("get_result", {"operation_id": first["operation_id"]}))
+        # an agent that lost its memory still has its key: status and result by the key alone
+        by_key = result_of(await session.call_tool("job_status", {"operation_id": "report-1"}))
+        got = result_of(await session.call_tool("get_result", {"operation_id": "report-1"}))
         return {
+            "by_key": by_key,
             "first": first,
             "again": again,
             "changed": changed,
@@ -148,6 +151,8 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
     assert "error" in out["secret"] and "sk-0123456789" not in out["secret"]["error"]
     assert "no provider named 'elsewhere'" in out["unknown"]["error"]
     assert out["status"]["state"] == "succeeded"
+    assert out["by_key"]["operation_id"] == first["operation_id"] and out["by_key"]["operation_key"] == "report-1"
+    assert out["result"]["operation_id"] == first["operation_id"]
     assert out["result"]["result"]["output"] == {"echo": {"prompt": "summarise"}}
     assert fake.counts["jobs_created"] == 1
     with Store.open(db_url) as store:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from jobtrail import RemoteState, Store
@@ -16,6 +17,7 @@ from helpers import S, obs, op_in
 DATA = Path(__file__).parent / "data" / "ledger_0001.sql"
 
 
+@pytest.mark.empty_ledger
 def test_upgrade_from_the_first_schema_keeps_every_record(open_store: Callable[..., Store]) -> None:
     """Rows written by the store at revision 0001 survive the upgrade to head, chains intact."""
     old = open_store(migrate=False)

@@ -8,6 +8,7 @@ operation failed); 2 usage, configuration or storage error (cannot answer);
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -168,7 +169,8 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     from jobtrail._results import describe, stored_result
 
     store = _existing_store(ctx)
-    op = store.get(operation_id)
+    op = store.resolve(operation_id)  # an id, or the operation's key
+    operation_id = op.operation_id
     result = stored_result(store, operation_id)
     doc = op.to_json()
     doc["result"] = None if result is None else describe(result)
@@ -200,7 +202,7 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
       jobtrail ops history op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
     """
     store = _existing_store(ctx)
-    store.get(operation_id)
+    operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
     entries = store.history(operation_id)
     if as_json:
         _emit_json([e.to_json() for e in entries])
@@ -505,7 +507,8 @@ def resolve(
     from jobtrail._evidence import HumanDecision
 
     store = _store(ctx)
-    op = store.get(operation_id)
+    op = store.resolve(operation_id)  # an id, or the operation's key
+    operation_id = op.operation_id
     changes: dict[str, Any] = {"state_reason": f"resolved by {decided_by}: {reason}"}
     if job_id:
         changes["remote_job_id"] = job_id
@@ -541,20 +544,24 @@ def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
         from jobtrail._tasks import Task
 
         explained = Task(AsyncJobtrail(store=store), operation_id).explain()
-        if not explained["steps"]:
-            raise ConfigError(f"no operation or task {operation_id!r}; list operations with `jobtrail ops list`")
-        if as_json:
-            _emit_json(explained)
-        else:
-            click.echo(f"task {operation_id}: next step {explained['next_step'] or '-'}: {explained['next_action']}")
-            for step in explained["steps"]:
-                click.echo(
-                    f"  {step['name']}: {step['state']} ({step['operation_id'] or 'no operation yet'}): "
-                    f"{step['next_action']}"
-                )
-        unresolved = any(step["state"] == "unresolved" for step in explained["steps"])
-        sys.exit(EXIT_NEEDS_PERSON if unresolved else EXIT_OK)
-    op = store.get(operation_id)
+        if explained["steps"]:
+            if as_json:
+                _emit_json(explained)
+            else:
+                next_step = explained["next_step"] or "-"
+                click.echo(f"task {operation_id}: next step {next_step}: {explained['next_action']}")
+                for step in explained["steps"]:
+                    click.echo(
+                        f"  {step['name']}: {step['state']} ({step['operation_id'] or 'no operation yet'}): "
+                        f"{step['next_action']}"
+                    )
+            unresolved = any(step["state"] == "unresolved" for step in explained["steps"])
+            sys.exit(EXIT_NEEDS_PERSON if unresolved else EXIT_OK)
+    try:
+        op = store.resolve(operation_id)  # an id, or the operation's key
+    except OperationNotFound:
+        raise ConfigError(f"no operation or task {operation_id!r}; list operations with `jobtrail ops list`") from None
+    operation_id = op.operation_id
     doc = {
         "operation_id": op.operation_id,
         "state": op.state.value,
@@ -600,7 +607,8 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
 
     store = _existing_store(ctx)
     deadline = time.monotonic() + timeout
-    op = store.get(operation_id)
+    op = store.resolve(operation_id)  # an id, or the operation's key
+    operation_id = op.operation_id
     live = sys.stdout.isatty() and not as_json
     status = console.status(f"{op.operation_id}: {op.state.value}") if live else None
     if status is not None:
@@ -787,8 +795,10 @@ def cancel(
     """
     from jobtrail._cancel import request_cancel
 
+    store = _store(ctx)
+    operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
     done = request_cancel(
-        _store(ctx), operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
+        store, operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
     )
     if as_json:
         _emit_json({"outcome": done.outcome, "message": done.message, "operation": done.operation.to_json()})
@@ -817,6 +827,8 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
     from jobtrail._results import ResultMissing, describe, read_result
 
     store = _existing_store(ctx)
+    with contextlib.suppress(OperationNotFound):  # a missing one is read_result's to explain
+        operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
     try:
         row, data = read_result(store, operation_id)
     except ResultMissing as exc:

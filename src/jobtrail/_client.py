@@ -305,7 +305,8 @@ class Jobtrail:
         return asyncio.run(run())
 
     def get(self, operation_id: str) -> Operation:
-        return self.store.get(operation_id)
+        """The operation by its id, or by its operation key (see :meth:`Store.resolve`)."""
+        return self.store.resolve(operation_id)
 
     def cancel(self, operation_id: str, *, requested_by: str, reason: str, expected_effect: str = "") -> CancelOutcome:
         return asyncio.run(

@@ -13,7 +13,8 @@ from jobtrail._store import Store
 def escalation_bundle(store: Store, operation_id: str) -> dict[str, Any]:
     """Remote job id, trace id, the request history with times, every provider request id,
     the cancel attempts and their answers, and the partial effects reported so far."""
-    op = store.get(operation_id)
+    op = store.resolve(operation_id)  # an id, or the operation's key
+    operation_id = op.operation_id
     history = [entry.to_json() for entry in store.history(operation_id)]
     observations = store.observations(operation_id)
     request_ids: list[str] = []

@@ -227,8 +227,9 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         return shared or op.caller == agent
 
     async def get(operation_id: str) -> Operation:
+        """By its id, or by the operation_key this agent gave it (an agent that lost its memory has the key)."""
         try:
-            op = await jt.io(store.get, operation_id)
+            op = await jt.io(store.resolve, operation_id, key_prefix="" if shared else prefix)
         except OperationNotFound:
             raise _missing(operation_id) from None
         if not visible(op):
@@ -291,7 +292,10 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
             op = await jt.drive_create(op.operation_id)
         return brief(op)
 
-    @server.tool(description="Where an operation stands, why, and its one next action (use after any restart).")
+    @server.tool(
+        description="Where an operation stands, why, and its one next action (use after any restart). "
+        "operation_id: the id submit_job returned, or the operation_key you gave it."
+    )
     @_explained
     async def job_status(operation_id: str) -> dict[str, Any]:
         return brief(await get(operation_id))
@@ -316,6 +320,7 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
     @_explained
     async def wait_for_change(operation_id: str, timeout_s: float = 30) -> dict[str, Any]:
         start = await get(operation_id)
+        operation_id = start.operation_id
         deadline = time.monotonic() + _seconds("timeout_s", timeout_s, 0, 120)
         op = start
         while op.state is start.state and op.state not in SETTLED_STATES and time.monotonic() < deadline:
@@ -329,14 +334,14 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
     )
     @_explained
     async def cancel_job(operation_id: str, reason: str) -> dict[str, Any]:
-        await get(operation_id)
+        operation_id = (await get(operation_id)).operation_id
         done = await jt.io(request_cancel, store, operation_id, requested_by=f"agent:{agent}", reason=reason)
         return {"outcome": done.outcome, "message": done.message, **brief(done.operation)}
 
     @server.tool(description="The collected, validated result of a succeeded job (or why there is none).")
     @_explained
     async def get_result(operation_id: str) -> dict[str, Any]:
-        await get(operation_id)
+        operation_id = (await get(operation_id)).operation_id
         try:
             row, data = await jt.io(read_result, store, operation_id)
         except ResultMissing as exc:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 _SCRIPTS = Path(__file__).parent / "_migrations"
 
 #: the newest revision under _migrations/versions (tests/test_migrations.py checks it against Alembic's own head)
-HEAD = "0006"
+HEAD = "0007"
 
 
 @cache

@@ -62,6 +62,7 @@ operations = Table(
     Index("ix_operations_due", "state", "next_action_at_us"),
     Index("ix_operations_remote_job", "provider", "remote_job_id"),
     Index("ix_operations_next_action", "next_action_at_us"),
+    Index("ix_operations_operation_key", "operation_key"),  # 0007: found by key without its provider
 )
 
 history = Table(

@@ -843,6 +843,37 @@ class Store:
             )
         return _operation(row)
 
+    def resolve(self, ref: str, *, key_prefix: str = "") -> Operation:
+        """An operation by its id, or else by its operation key (``key_prefix`` + ``ref``).
+
+        A key used with several providers names no single operation: the error lists their ids.
+        """
+        try:
+            return self.get(ref)
+        except OperationNotFound:
+            pass
+        with self._read() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(t.operations)
+                    .where(t.operations.c.operation_key == key_prefix + ref)
+                    .order_by(t.operations.c.provider)
+                    .limit(20)
+                )
+                .mappings()
+                .all()
+            )
+        if len(rows) == 1:
+            return _operation(rows[0])
+        if rows:
+            listed = ", ".join(f"{r['operation_id']} ({r['provider']})" for r in rows)
+            raise UsageError(f"the key {ref!r} is used with several providers: {listed}; give the operation id")
+        raise OperationNotFound(
+            f"no operation has the id or key {ref!r} in this database; "
+            "list them with `jobtrail ops list` (and check --db / JOBTRAIL_DB)",
+            operation_id=ref,
+        )
+
     def find_by_key(self, provider: str, operation_key: str) -> Operation | None:
         with self._read() as conn:
             row = (
