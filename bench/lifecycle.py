@@ -112,14 +112,17 @@ def phase_plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
 
 def _count_sql(db: str) -> dict[str, int]:
     """Count what reaches the database driver: statements (each parameter set of an executemany)
-    and, on PostgreSQL, round trips (an execute, a pipelined executemany, a commit)."""
+    and, on PostgreSQL, round trips (an execute, a pipelined executemany, a transaction's BEGIN and its
+    COMMIT or ROLLBACK)."""
     import sqlalchemy as sa
 
     counts = {"statements": 0, "round_trips": 0}
     if db.startswith("postgres"):
         import psycopg
 
-        execute, executemany, commit = psycopg.Cursor.execute, psycopg.Cursor.executemany, psycopg.Connection.commit
+        execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+        commit, rollback = psycopg.Connection.commit, psycopg.Connection.rollback
+        idle = psycopg.pq.TransactionStatus.IDLE
 
         def counted_execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
             counts["statements"] += 1
@@ -132,13 +135,21 @@ def _count_sql(db: str) -> dict[str, int]:
             counts["round_trips"] += 1
             return executemany(self, query, params_seq, **kw)
 
+        # a transaction costs two more: psycopg sends its BEGIN on its own, and the COMMIT or ROLLBACK
         def counted_commit(self: Any) -> Any:
-            counts["round_trips"] += 1
+            if self.info.transaction_status != idle:
+                counts["round_trips"] += 2
             return commit(self)
+
+        def counted_rollback(self: Any) -> Any:
+            if self.info.transaction_status != idle:
+                counts["round_trips"] += 2
+            return rollback(self)
 
         psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
         psycopg.Cursor.executemany = counted_executemany  # type: ignore[method-assign]
         psycopg.Connection.commit = counted_commit  # type: ignore[method-assign]
+        psycopg.Connection.rollback = counted_rollback  # type: ignore[method-assign]
     else:
         # SQLite runs in-process: every statement it executes (BEGIN and COMMIT included), no round trips
 

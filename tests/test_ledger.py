@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import re
 import threading
 from collections.abc import Callable
@@ -23,9 +25,12 @@ from jobtrail import (
     StorageError,
     Store,
     UsageError,
+    ValidatedResult,
+    ValidationFailure,
 )
 from jobtrail._audit import verify
-from jobtrail._store import Change, Reschedule
+from jobtrail._results import stored_result
+from jobtrail._store import Change, Reschedule, StoredResult
 from jobtrail.testing import FakeProvider
 
 from helpers import S, drive, obs, op_in, spec
@@ -243,6 +248,65 @@ def test_a_submit_with_a_deadline_not_ahead_is_refused(
     with pytest.raises(UsageError, match=f"{deadline} must be positive"):
         asyncio.run(jt.submit("fake", {"x": 1}, **{deadline: timedelta(seconds=seconds)}))
     assert store.list_operations() == []
+
+
+def test_a_batch_mixing_fenced_and_unfenced_writes_lands_exactly_the_current_ones(store: Store) -> None:
+    """On PostgreSQL these UPDATEs go pipelined in one round trip: each still lands only on its version and epoch."""
+    landed, stale, fenced, old_lease = (op_in(store, S.ACCEPTED, body={"i": i}) for i in range(4))
+    store.record(stale, CreateAttempt(attempt=2), actor="other")  # its version moved on
+    fenced = store.lease(fenced.operation_id, "w1", lease_s=60)
+    first = store.lease(old_lease.operation_id, "w1", lease_s=0)  # expires at once
+    store.lease(old_lease.operation_id, "w2", lease_s=60)  # a successor: the epoch moved on
+    assert fenced is not None and first is not None
+    results = store.apply(
+        [
+            Change(op=op, to=S.OBSERVING, evidence=obs(RemoteState.RUNNING), actor="w1")
+            for op in (landed, stale, fenced, first)
+        ]
+    )
+    assert [type(r).__name__ for r in results] == ["Operation", "StaleRecord", "Operation", "StaleRecord"]
+    assert "lease epoch" in str(results[3])
+    states = [store.get(op.operation_id).state for op in (landed, stale, fenced, first)]
+    assert states == [S.OBSERVING, S.ACCEPTED, S.OBSERVING, S.ACCEPTED]
+    assert verify(store).ok
+
+
+def _result(data: bytes = b'{"ok": true}') -> tuple[StoredResult, ValidatedResult]:
+    sha = hashlib.sha256(data).hexdigest()
+    stored = StoredResult(
+        sha256=sha, size=len(data), content_type="application/json", body=data, path=None, checks=[], summary=None
+    )
+    return stored, ValidatedResult(sha256=sha, size=len(data), content_type="application/json")
+
+
+def test_a_stale_transition_stores_no_result(store: Store) -> None:
+    op = op_in(store, S.RESULT_COLLECTING)
+    store.record(op, obs(RemoteState.SUCCEEDED), actor="successor")  # the record moved on
+    stored, evidence = _result()
+    with pytest.raises(StaleRecord):
+        store.transition(op, S.SUCCEEDED, evidence, actor="stale", result=stored)
+    assert stored_result(store, op.operation_id) is None
+
+
+@pytest.mark.parametrize("mismatch", ["no transition", "not succeeded", "size", "content type", "bytes"])
+def test_a_result_is_stored_only_by_the_transition_to_succeeded_that_names_it(store: Store, mismatch: str) -> None:
+    op = op_in(store, S.RESULT_COLLECTING)
+    stored, evidence = _result()
+    to: State | None = S.SUCCEEDED
+    if mismatch == "no transition":
+        to = None
+    elif mismatch == "not succeeded":
+        to, evidence = S.RESULT_VALIDATION_FAILED, ValidationFailure(check="schema", reason="x")  # type: ignore[assignment]
+    elif mismatch == "size":
+        evidence = dataclasses.replace(evidence, size=999)
+    elif mismatch == "content type":
+        evidence = dataclasses.replace(evidence, content_type="text/plain")
+    else:
+        stored = dataclasses.replace(stored, body=b'{"ok": false}')  # bytes that are not the named ones
+    with pytest.raises(UsageError, match="a result is stored only with the transition to succeeded"):
+        store.apply([Change(op=op, to=to, evidence=evidence, actor="w", result=stored)])
+    assert stored_result(store, op.operation_id) is None
+    assert store.get(op.operation_id).version == op.version
 
 
 def test_missing_operation_says_how_to_find_one(store: Store) -> None:

@@ -129,7 +129,8 @@ def entry_hash(row: Mapping[str, Any]) -> str:
 
 def field_digest(value: Any) -> str:
     """128 bits of sha256 over one stored column value: enough to name the field, never its content."""
-    if value is None or isinstance(value, str | int):  # every stored column value; states and zeros repeat a lot
+    # states, zeros and nulls repeat on every write; long values (a provider's partial effects) are not kept
+    if value is None or isinstance(value, int) or (isinstance(value, str) and len(value) <= _CACHED_LEN):
         return _scalar_digest(value)
     return _digest(value)
 
@@ -138,6 +139,7 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(b"jobtrail/field/v1\0" + canonical_bytes(value)).hexdigest()[:32]
 
 
+_CACHED_LEN = 200
 _scalar_digest = functools.lru_cache(maxsize=4096, typed=True)(_digest)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -519,7 +520,8 @@ class Store:
                 if isinstance(item, Change | Reschedule)
             ]
             landed: set[str] | None = None
-            if self.dialect == "postgresql" and len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates):
+            distinct = len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates)
+            if self.dialect == "postgresql" and updates and distinct:
                 # one write per operation: no entry depends on another's outcome, so every entry is
                 # finished first and the UPDATEs go in one pipelined round trip instead of one each
                 for _, _, update, entry in updates:
@@ -576,9 +578,7 @@ class Store:
             check_transition(op, item.to, item.evidence)
             to = item.to
         if isinstance(item, Change) and item.result is not None:
-            evidence = item.evidence
-            if not isinstance(evidence, ValidatedResult) or evidence.sha256 != item.result.sha256:
-                raise UsageError("a stored result needs the ValidatedResult evidence of the same sha256")
+            _check_result(item)
         values: dict[str, Any] = {
             "remote_job_id": op.remote_job_id,
             "remote_state": op.remote_state,
@@ -1082,26 +1082,29 @@ class _Prepared:
 
     def __init__(self, statement: sa.Update | sa.Insert | sa.Delete | sa.Select[Any]) -> None:
         self.statement = statement
-        self._compiled: dict[str, Any] = {}
-        self._fixed: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {}
+        #: per dialect: (SQL, values fixed in the statement, parameter names, positional or not)
+        self._compiled: dict[str, tuple[str, dict[str, Any], tuple[str, ...], bool]] = {}
 
-    def _args(self, conn: Connection, params: dict[str, Any]) -> tuple[Any, str, Any]:
-        compiled = self._compiled.get(conn.dialect.name)
-        if compiled is None:
-            compiled = self._compiled[conn.dialect.name] = self.statement.compile(dialect=conn.dialect)
+    def _args(self, conn: Connection, params: dict[str, Any]) -> tuple[str, Any]:
+        entry = self._compiled.get(conn.dialect.name)
+        if entry is None:
+            compiled = self.statement.compile(dialect=conn.dialect)
             # learn once what SQLAlchemy's construct_params (a tenth of a write's time) adds: the
             # values written into the statement itself (``.values(lease_owner=None)``), by rendered name
             sample = compiled.construct_params(params)
-            self._fixed[conn.dialect.name] = ({k: v for k, v in sample.items() if k not in params}, tuple(sample))
-        fixed, names = self._fixed[conn.dialect.name]
+            fixed = {k: v for k, v in sample.items() if k not in params}
+            names = tuple(compiled.positiontup or sample)
+            # published whole, in one assignment: another thread sees all of it or none of it
+            entry = self._compiled[conn.dialect.name] = (compiled.string, fixed, names, bool(compiled.positiontup))
+        sql, fixed, names, positional = entry
         values = {**fixed, **params} if fixed else params
-        if compiled.positiontup:
-            return compiled, compiled.string, [values[name] for name in compiled.positiontup]
-        return compiled, compiled.string, {name: values[name] for name in names}
+        if positional:
+            return sql, [values[name] for name in names]
+        return sql, {name: values[name] for name in names}
 
     def run(self, conn: Connection, params: dict[str, Any]) -> int:
         """Execute once; returns the number of rows it touched."""
-        _, sql, args = self._args(conn, params)
+        sql, args = self._args(conn, params)
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             cursor.execute(sql, args)
@@ -1111,7 +1114,7 @@ class _Prepared:
 
     def fetch(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
         """Execute a query once; returns its rows as tuples."""
-        _, sql, args = self._args(conn, params)
+        sql, args = self._args(conn, params)
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             cursor.execute(sql, args)
@@ -1120,10 +1123,10 @@ class _Prepared:
             cursor.close()
 
     def run_many(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-        sql = self._args(conn, rows[0])[1]
+        sql = self._args(conn, rows[0])[0]
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
-            cursor.executemany(sql, [self._args(conn, row)[2] for row in rows])
+            cursor.executemany(sql, [self._args(conn, row)[1] for row in rows])
         finally:
             cursor.close()
 
@@ -1152,6 +1155,26 @@ _LEGACY_OBSERVATIONS = _Prepared(
 _DELETE_RESULT = _Prepared(sa.delete(t.results).where(t.results.c.operation_id == sa.bindparam("b_operation_id")))
 _INSERT_RESULT = _Prepared(sa.insert(t.results).values({c.name: sa.bindparam(c.name) for c in t.results.c}))
 _RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
+
+
+def _check_result(change: Change) -> None:
+    """A result is stored only by the transition to succeeded that records exactly it."""
+    result, evidence = change.result, change.evidence
+    assert result is not None
+    same = (
+        isinstance(evidence, ValidatedResult)
+        and (evidence.sha256, evidence.size, evidence.content_type) == (result.sha256, result.size, result.content_type)
+        and (result.body is None) != (result.path is None)
+        and (
+            result.body is None
+            or (len(result.body), hashlib.sha256(result.body).hexdigest()) == (result.size, result.sha256)
+        )
+    )
+    if change.to is not State.SUCCEEDED or not same:
+        raise UsageError(
+            "a result is stored only with the transition to succeeded whose ValidatedResult evidence "
+            "names its sha256, size and content type"
+        )
 
 
 def _result_row(operation_id: str, result: StoredResult, now: int) -> dict[str, Any]:
@@ -1183,8 +1206,8 @@ def _update_pipelined(conn: Connection, updates: list[dict[str, Any]]) -> set[st
             if not group:
                 continue
             prepared = _update_statement(fenced, returning=True)
-            sql = prepared._args(conn, group[0])[1]
-            cursor.executemany(sql, [prepared._args(conn, u)[2] for u in group], returning=True)
+            sql = prepared._args(conn, group[0])[0]
+            cursor.executemany(sql, [prepared._args(conn, u)[1] for u in group], returning=True)
             while True:
                 landed.update(row[0] for row in cursor.fetchall())
                 if not cursor.nextset():
