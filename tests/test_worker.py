@@ -34,7 +34,10 @@ def test_three_worker_processes_finish_500_operations(db_url: str, tmp_path: Pat
         ids = submit_many(db_url, fake, 500)
         provider = write_provider(tmp_path / "fake.toml", fake)
         workers = [
-            start_worker(db_url, provider, f"w{i}", "--until-settled", "--timeout", "150", "--lease", "20")
+            # at most 50 in flight each: no worker can take all 500 before the others have started
+            start_worker(
+                db_url, provider, f"w{i}", "--until-settled", "--timeout", "150", "--lease", "20", "--concurrency", "50"
+            )
             for i in range(3)
         ]
         results = [finish(p) for p in workers]
