@@ -100,6 +100,33 @@ def test_an_operation_is_found_by_its_key_wherever_an_id_is_accepted(tmp_path: P
     assert missing.returncode == 1 and "no operation has the id or key 'no-such-key'" in missing.stderr
 
 
+def test_ops_list_filters_by_key_caller_and_several_states_and_says_when_it_is_cut(tmp_path: Path) -> None:
+    db = str(tmp_path / "ops.db")
+    store = Store.open(db)
+    failed = op_in(store, S.FAILED, operation_key="nightly", caller="alice")
+    stuck = op_in(store, S.NEEDS_ATTENTION, body={"i": 2}, caller="bob")
+    pending = [op_in(store, S.CREATE_PENDING, body={"i": 10 + i}, caller="bob") for i in range(3)]
+    store.close()
+
+    def listed(*args: str) -> list[str]:
+        out = jobtrail("--db", db, "ops", "list", "--json", *args)
+        assert out.returncode == 0, out.stderr
+        return [o["operation_id"] for o in json.loads(out.stdout)]
+
+    assert listed("--key", "nightly") == [failed.operation_id]
+    assert listed("--caller", "alice") == [failed.operation_id]
+    assert listed("--state", "failed", "--state", "needs_attention") == [stuck.operation_id, failed.operation_id]
+    assert listed("--caller", "bob", "--state", "create_pending") == [op.operation_id for op in reversed(pending)]
+
+    cut = jobtrail("--db", db, "ops", "list", "--json", "--limit", "2")
+    assert len(json.loads(cut.stdout)) == 2
+    assert "showing the newest 2 of 5 operations; raise --limit" in cut.stderr
+    whole = jobtrail("--db", db, "ops", "list", "--json", "--limit", "5")
+    assert len(json.loads(whole.stdout)) == 5 and whole.stderr == ""
+    table = jobtrail("--db", db, "ops", "list", "--key", "nightly")
+    assert "nightly" in table.stdout and failed.operation_id in table.stdout
+
+
 def test_errors_are_one_line_with_the_way_out(tmp_path: Path) -> None:
     db = str(tmp_path / "e.db")
     Store.open(db).close()  # a read command on a missing file says so (tests/test_hostile_provider_leaks.py)

@@ -125,26 +125,45 @@ def ops() -> None:
 
 
 @ops.command("list")
-@click.option("--state", type=click.Choice([s.value for s in State]), help="Only this state.")
+@click.option(
+    "--state", "states", multiple=True, type=click.Choice([s.value for s in State]), help="Only these states (repeat)."
+)
 @click.option("--provider", help="Only this provider.")
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--caller", help="Only operations this caller submitted.")
+@click.option("--key", help="Only the operation(s) with this key.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of operation objects.")
 @click.pass_context
-def ops_list(ctx: click.Context, state: str | None, provider: str | None, limit: int, as_json: bool) -> None:
-    """List operations, newest first.
+def ops_list(
+    ctx: click.Context,
+    states: tuple[str, ...],
+    provider: str | None,
+    caller: str | None,
+    key: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List operations, newest first. A list cut at --limit says so (on stderr), with the total.
 
     \b
     Example:
-      jobtrail ops list --state needs_attention --json
+      jobtrail ops list --state needs_attention --state cancellation_unconfirmed --json
     """
-    operations = _existing_store(ctx).list_operations(state=state, provider=provider, limit=limit)
+    store = _existing_store(ctx)
+    filters: dict[str, Any] = {"state": states or None, "provider": provider, "caller": caller, "key": key}
+    operations = store.list_operations(limit=limit, **filters)
+    if len(operations) == limit:
+        total = store.count_operations(**filters)
+        if total > limit:
+            click.echo(f"showing the newest {limit} of {total} operations; raise --limit to see more", err=True)
     if as_json:
         _emit_json([op.to_json() for op in operations])
         return
-    table = Table(Column("operation", no_wrap=True), "state", "remote job", "next action", "at")
+    table = Table(Column("operation", no_wrap=True), "key", "state", "remote job", "next action", "at")
     for op in operations:
         table.add_row(
             op.operation_id,
+            op.operation_key or "-",
             op.state.value,
             op.remote_job_id or "-",
             next_action(op),

@@ -891,22 +891,32 @@ class Store:
     def list_operations(
         self,
         *,
-        state: State | str | None = None,
+        state: State | str | Sequence[State | str] | None = None,
         provider: str | None = None,
         limit: int | None = 100,
         caller: str | None = None,
+        key: str | None = None,
     ) -> list[Operation]:
-        query = sa.select(t.operations).order_by(t.operations.c.operation_id.desc())
-        if caller is not None:
-            query = query.where(t.operations.c.caller == caller)
-        if state is not None:
-            query = query.where(t.operations.c.state == State(state).value)
-        if provider is not None:
-            query = query.where(t.operations.c.provider == provider)
+        """Operations, newest first, filtered by state (one or several), provider, caller and key."""
+        query = _listed(sa.select(t.operations), state, provider, caller, key)
+        query = query.order_by(t.operations.c.operation_id.desc())
         if limit is not None:
             query = query.limit(limit)
         with self._read() as conn:
             return [_operation(row) for row in conn.execute(query).mappings()]
+
+    def count_operations(
+        self,
+        *,
+        state: State | str | Sequence[State | str] | None = None,
+        provider: str | None = None,
+        caller: str | None = None,
+        key: str | None = None,
+    ) -> int:
+        """How many operations :meth:`list_operations` would list without its limit."""
+        query = _listed(sa.select(sa.func.count()).select_from(t.operations), state, provider, caller, key)
+        with self._read() as conn:
+            return int(conn.execute(query).scalar_one())
 
     def history(self, operation_id: str) -> list[HistoryEntry]:
         with self._read() as conn:
@@ -1035,6 +1045,26 @@ class Store:
     def count(self) -> int:
         with self._read() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(t.operations)).scalar_one())
+
+
+def _listed(
+    query: sa.Select[Any],
+    state: State | str | Sequence[State | str] | None,
+    provider: str | None,
+    caller: str | None,
+    key: str | None,
+) -> sa.Select[Any]:
+    ops = t.operations.c
+    if state is not None:
+        states = [state] if isinstance(state, State | str) else list(state)
+        query = query.where(ops.state.in_([State(s).value for s in states]))
+    if provider is not None:
+        query = query.where(ops.provider == provider)
+    if caller is not None:
+        query = query.where(ops.caller == caller)
+    if key is not None:
+        query = query.where(ops.operation_key == key)
+    return query
 
 
 def _filters(providers: Sequence[str] | None, states: Sequence[State] | None) -> list[Any]:
