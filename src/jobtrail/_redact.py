@@ -23,9 +23,10 @@ import logging
 import re
 import threading
 import urllib.parse
-from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn, TypeVar
 
+_T = TypeVar("_T")
 REDACTED = "[REDACTED]"
 #: what stands in for a result that carried a credential
 WITHHELD_CREDENTIAL = "no_credentials: the result carried a configured credential and was not kept"
@@ -413,16 +414,7 @@ class Redactor:
     # -- the passes ------------------------------------------------------------
 
     def text(self, value: str) -> str:
-        if len(value) > _TEXT_CACHED_LEN:
-            return self._text(value)
-        texts = self._texts
-        out = texts.get(value)
-        if out is None:
-            out = self._text(value)
-            if len(texts) >= _TEXT_CACHE_SIZE:
-                texts.clear()
-            texts[value] = out
-        return out
+        return _remembered(self._texts, value, self._text)
 
     def _text(self, value: str) -> str:
         value = self._strong(value)
@@ -505,16 +497,7 @@ class Redactor:
     def looks_like_credential(self, text: str) -> bool:
         """A registered credential or a known secret format (``Bearer ...``, a JWT, a key prefix,
         userinfo in a URL), in ``text`` or in any decoding of it (base64, percent, JSON escapes)."""
-        if len(text) > _TEXT_CACHED_LEN:
-            return self._looks_like_credential(text)
-        looks = self._looks
-        out = looks.get(text)
-        if out is None:
-            out = self._looks_like_credential(text)
-            if len(looks) >= _TEXT_CACHE_SIZE:
-                looks.clear()
-            looks[text] = out
-        return out
+        return _remembered(self._looks, text, self._looks_like_credential)
 
     def _looks_like_credential(self, text: str) -> bool:
         if self.contains_secret(text):
@@ -589,6 +572,19 @@ _JSON_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|([\"\\/bfnrt]))")
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
 _HEX_RUN = re.compile(r"(?:[0-9A-Fa-f]{2}){4,}")
+
+
+def _remembered(cache: dict[str, _T], value: str, compute: Callable[[str], _T]) -> _T:
+    """``compute(value)``, remembered for short strings in ``cache`` (which register() replaces)."""
+    if len(value) > _TEXT_CACHED_LEN:
+        return compute(value)
+    out = cache.get(value)
+    if out is None:
+        out = compute(value)
+        if len(cache) >= _TEXT_CACHE_SIZE:
+            cache.clear()
+        cache[value] = out
+    return out
 
 
 def _unescape_json(text: str) -> str:
