@@ -24,7 +24,7 @@ from sqlalchemy import event
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from jobtrail import CreateAttempt, OperationSpec, Store
-from jobtrail._store import Change
+from jobtrail.ledger.store import Change
 
 
 class Counter:

@@ -164,8 +164,8 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
     import sqlalchemy as sa
 
     from jobtrail import AsyncJobtrail, State, Store
-    from jobtrail._http_provider import load_provider
-    from jobtrail._worker import Worker
+    from jobtrail.providers.http import load_provider
+    from jobtrail.runtime.worker import Worker
 
     config = {
         "name": "fake",

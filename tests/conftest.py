@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from hypothesis import settings
 
 from jobtrail import Store
-from jobtrail._redact import Redactor
+from jobtrail.domain.redact import Redactor
 
 #: fuzz examples per property: this many in the fast tier, the rest of FUZZ_EXAMPLES in the long tier
 FUZZ_FAST = 20

@@ -37,7 +37,7 @@ from jobtrail import (
     ValidatedResult,
     ValidationFailure,
 )
-from jobtrail._machine import RULES
+from jobtrail.domain.machine import RULES
 
 S = State
 
@@ -113,7 +113,7 @@ def valid_evidence(frm: State, to: State, op: Operation) -> Evidence:
 
 def succeed(store: Store, op: Operation, data: bytes = b'{"ok": true}') -> Operation:
     """Store a result as the collector does: with the transition to succeeded that records its sha256."""
-    from jobtrail._results import prepare_result
+    from jobtrail.ledger.results import prepare_result
 
     stored = prepare_result(store, op.operation_id, data, content_type="application/json", checks=[], summary=None)
     evidence = ValidatedResult(sha256=stored.sha256, size=stored.size, content_type="application/json")
@@ -221,7 +221,7 @@ def ledger_bytes(store: Store) -> bytes:
 
     import sqlalchemy as sa
 
-    from jobtrail._results import data_dir
+    from jobtrail.ledger.results import data_dir
 
     chunks: list[bytes] = []
     if store.dialect == "sqlite":

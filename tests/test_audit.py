@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from jobtrail import Operation, Secret, Store
-from jobtrail._audit import make_anchor, verify
-from jobtrail._chain import entry_hash
+from jobtrail.ledger.audit import make_anchor, verify
+from jobtrail.ledger.chain import entry_hash
 
 from helpers import S, drop_guards, op_in, sql, succeed, valid_evidence
 
@@ -267,7 +267,7 @@ def as_written_before_0006(store: Store, op: Operation) -> None:
 
 
 def test_entries_from_before_0006_keep_verifying_and_new_ones_cover_what_follows(store: Store) -> None:
-    from jobtrail._states import RemoteState
+    from jobtrail.domain.states import RemoteState
 
     from helpers import obs
 

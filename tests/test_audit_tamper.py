@@ -23,11 +23,11 @@ import pytest
 import sqlalchemy as sa
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._audit import make_anchor, verify
-from jobtrail._chain import entry_hash, observation_digest
-from jobtrail._http_provider import load_provider
-from jobtrail._results import INLINE_MAX_BYTES, data_dir, read_result, stored_result
-from jobtrail._worker import Worker
+from jobtrail.ledger.audit import make_anchor, verify
+from jobtrail.ledger.chain import entry_hash, observation_digest
+from jobtrail.ledger.results import INLINE_MAX_BYTES, data_dir, read_result, stored_result
+from jobtrail.providers.http import load_provider
+from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
 
 from helpers import S, drop_guards, obs, op_in, sql, tiered
@@ -398,8 +398,8 @@ def test_a_consistently_rechained_result_needs_the_anchor(ledger: Ledger, tmp_pa
     ],
 )
 def test_a_watched_operation_after_reschedules(store: Store, column: str, value: Any, against: str) -> None:
-    from jobtrail._states import RemoteState
-    from jobtrail._store import Observe, Reschedule
+    from jobtrail.domain.states import RemoteState
+    from jobtrail.ledger.store import Observe, Reschedule
 
     op = op_in(store, S.ACCEPTED)
     op = store.transition(op, S.OBSERVING, obs(RemoteState.RUNNING), actor="worker", changes={"polls": 1})

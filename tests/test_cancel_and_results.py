@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._audit import verify
-from jobtrail._cancel import request_cancel
-from jobtrail._escalation import bundle_markdown, escalation_bundle
-from jobtrail._http_provider import load_provider
-from jobtrail._results import INLINE_MAX_BYTES, ResultCorrupted, data_dir, read_result, stored_result
-from jobtrail._worker import Worker
+from jobtrail.flows.cancel import request_cancel
+from jobtrail.flows.escalation import bundle_markdown, escalation_bundle
+from jobtrail.ledger.audit import verify
+from jobtrail.ledger.results import INLINE_MAX_BYTES, ResultCorrupted, data_dir, read_result, stored_result
+from jobtrail.providers.http import load_provider
+from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, Fault
 
 S = State

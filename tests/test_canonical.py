@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobtrail import UsageError
-from jobtrail._canonical import canonical_json, es_number, request_fingerprint
+from jobtrail.domain.canonical import canonical_json, es_number, request_fingerprint
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def test_webhooks_serve_receives_signed_events(db_url: str, fake: FakeProvider, 
 def test_every_command_has_help_with_an_example() -> None:
     import click
 
-    from jobtrail._cli import cli
+    from jobtrail.interfaces.cli import cli
 
     def commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
         found = []

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from jobtrail import AsyncJobtrail, ConfigError, RemoteState, State, Store
-from jobtrail._audit import verify
-from jobtrail._backoff import Backoff, parse_retry_after
-from jobtrail._http_provider import load_provider, parse_config
+from jobtrail.domain.backoff import Backoff, parse_retry_after
+from jobtrail.ledger.audit import verify
+from jobtrail.providers.http import load_provider, parse_config
 from jobtrail.testing import FakeProvider, Fault, provider_toml
 
 from helpers import tiered
@@ -169,7 +169,7 @@ def test_credentials_are_injected_at_send_time_and_never_written(
     """The canary scan, with a real credential in play and a provider that echoes it back."""
     import logging
 
-    from jobtrail._redact import install_log_redaction
+    from jobtrail.domain.redact import install_log_redaction
 
     fake, canary = guarded_fake
     monkeypatch.setenv("FAKE_API_KEY", canary)
@@ -227,7 +227,7 @@ def test_a_file_credential_is_read_off_the_loop_not_per_request_and_a_rotation_i
     """Reading a secret file (or a keyring) is I/O: never on the event loop, and not once per request."""
     import threading
 
-    from jobtrail import _http_provider
+    from jobtrail.providers import http as _http_provider
 
     old, new = f"jtcanary_old_{secrets.token_hex(8)}", f"jtcanary_new_{secrets.token_hex(8)}"
     secret_file = tmp_path / "api-key"

@@ -13,7 +13,7 @@ import pytest
 from conftest import FakeClock
 
 from jobtrail import AsyncJobtrail, OperationKeyConflict, State, Store
-from jobtrail._audit import verify
+from jobtrail.ledger.audit import verify
 from jobtrail.testing import FakeProvider, Fault
 
 S = State

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 import uvicorn
 
 from jobtrail import AsyncJobtrail, State, Store, Worker
-from jobtrail._http_provider import load_provider
+from jobtrail.providers.http import load_provider
 from jobtrail.testing import signed_headers
 
 #: the loop's largest tolerated stall while another process holds the write lock (the issue's figure)
@@ -220,8 +220,8 @@ def test_the_webhook_receiver_and_the_mcp_server_answer_while_a_lock_is_held(
 ) -> None:
     """The receiver keeps answering (a delivery waits for the lock, the loop does not) and the MCP tools read
     and write without stalling the loop."""
-    from jobtrail._mcp import build_server
-    from jobtrail._webhooks import webhook_app
+    from jobtrail.interfaces.mcp import build_server
+    from jobtrail.interfaces.webhooks import webhook_app
     from jobtrail.testing import FakeProvider
 
     db = str(tmp_path / "jobs.db")

@@ -32,7 +32,7 @@ def jobtrail_without(blocked: tuple[str, ...], *args: str, cwd: Path | None = No
         f"for name in {blocked!r}:\n"
         "    sys.modules[name] = None\n"
         f"sys.argv = ['jobtrail', *{list(args)!r}]\n"
-        "from jobtrail._entry import main\n"
+        "from jobtrail.interfaces.entry import main\n"
         "main()\n"
     )
     return subprocess.run(

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._cancel import CancelFlow
-from jobtrail._failpoints import FAILPOINTS, FailpointHit, failpoint, set_handler
-from jobtrail._observe import CollectFlow, ObserveFlow
-from jobtrail._writer import Writer
+from jobtrail.domain.failpoints import FAILPOINTS, FailpointHit, failpoint, set_handler
+from jobtrail.flows.cancel import CancelFlow
+from jobtrail.flows.observe import CollectFlow, ObserveFlow
+from jobtrail.ledger.writer import Writer
 from jobtrail.testing import FakeProvider
 
 

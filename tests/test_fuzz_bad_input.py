@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jobtrail import AsyncJobtrail, ConfigError, JobtrailError, Operation, State, Store
-from jobtrail._audit import verify
-from jobtrail._create import CreateFlow
-from jobtrail._http_provider import load_provider
-from jobtrail._observe import CollectFlow, ObserveFlow
-from jobtrail._results import read_result
-from jobtrail._writer import Writer
+from jobtrail.flows.create import CreateFlow
+from jobtrail.flows.observe import CollectFlow, ObserveFlow
+from jobtrail.ledger.audit import verify
+from jobtrail.ledger.results import read_result
+from jobtrail.ledger.writer import Writer
+from jobtrail.providers.http import load_provider
 from jobtrail.testing import FakeProvider, provider_toml
 
 from helpers import drive

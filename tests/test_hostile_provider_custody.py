@@ -24,7 +24,12 @@ import pytest
 from aiohttp import web
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._egress import (
+from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.jsonpath import extract
+from jobtrail.domain.redact import Secret
+from jobtrail.ledger.results import read_result
+from jobtrail.providers.contract import guarantees
+from jobtrail.providers.egress import (
     AddressRefused,
     EgressPolicy,
     PublicOnlyResolver,
@@ -33,13 +38,8 @@ from jobtrail._egress import (
     origin_of,
     parse_host_rule,
 )
-from jobtrail._errors import ConfigError
-from jobtrail._http_provider import HttpProvider, load_provider, parse_config
-from jobtrail._jsonpath import extract
-from jobtrail._provider import guarantees
-from jobtrail._redact import Secret
-from jobtrail._results import read_result
-from jobtrail._worker import Worker
+from jobtrail.providers.http import HttpProvider, load_provider, parse_config
+from jobtrail.runtime.worker import Worker
 from jobtrail.testing._fake_provider import provider_toml
 
 CANARY_ENV = "JT_HOSTILE_API_KEY"

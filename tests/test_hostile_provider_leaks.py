@@ -33,10 +33,10 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._mcp import MAX_REQUEST_DEPTH, guard_request
-from jobtrail._redact import Redactor, install_log_redaction
-from jobtrail._results import read_result
-from jobtrail._worker import Worker
+from jobtrail.domain.redact import Redactor, install_log_redaction
+from jobtrail.interfaces.mcp import MAX_REQUEST_DEPTH, guard_request
+from jobtrail.ledger.results import read_result
+from jobtrail.runtime.worker import Worker
 from jobtrail.testing import provider_toml
 
 from helpers import canary_hits, ledger_bytes
@@ -188,7 +188,7 @@ def _cli_in_process(db_url: str, *args: str) -> bytes:
     """The same commands without a process per call (there are many): stdout and stderr together."""
     from click.testing import CliRunner
 
-    from jobtrail._cli import cli
+    from jobtrail.interfaces.cli import cli
 
     done = CliRunner().invoke(cli, ["--db", db_url, *args], catch_exceptions=False)
     assert b"Traceback" not in done.stdout_bytes + done.stderr_bytes, (args, done.output)

@@ -28,9 +28,9 @@ from jobtrail import (
     ValidatedResult,
     ValidationFailure,
 )
-from jobtrail._audit import verify
-from jobtrail._results import stored_result
-from jobtrail._store import Change, Reschedule, StoredResult
+from jobtrail.ledger.audit import verify
+from jobtrail.ledger.results import stored_result
+from jobtrail.ledger.store import Change, Reschedule, StoredResult
 from jobtrail.testing import FakeProvider
 
 from helpers import S, drive, obs, op_in, spec
@@ -323,7 +323,7 @@ def test_locked_sqlite_database_is_a_clear_error_and_loses_nothing(tmp_path) -> 
     """Another process holds the write lock: the write is refused whole, with the way out."""
     import sqlite3
 
-    import jobtrail._store as store_mod
+    import jobtrail.ledger.store as store_mod
 
     path = tmp_path / "locked.db"
     store = Store.open(path)
@@ -356,7 +356,7 @@ def test_sqlite_runs_wal_full_sync_and_secure_delete(tmp_path) -> None:
 
 def test_db_location_order(tmp_path, monkeypatch) -> None:
     """--db wins over JOBTRAIL_DB, which wins over the default path."""
-    from jobtrail._store import resolve_db_url
+    from jobtrail.ledger.store import resolve_db_url
 
     monkeypatch.setenv("JOBTRAIL_DB", str(tmp_path / "env.db"))
     assert resolve_db_url(tmp_path / "flag.db").endswith("flag.db")

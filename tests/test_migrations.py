@@ -9,8 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from jobtrail import RemoteState, Store
-from jobtrail._audit import verify
-from jobtrail._migrate import current_revision, head_revision, script_head
+from jobtrail.ledger.audit import verify
+from jobtrail.ledger.migrate import current_revision, head_revision, script_head
 
 from helpers import S, obs, op_in
 

@@ -20,7 +20,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._states import SETTLED_STATES
+from jobtrail.domain.states import SETTLED_STATES
 from jobtrail.testing import FakeProvider
 
 from helpers import tiered

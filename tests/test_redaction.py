@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-import jobtrail._redact as redact_mod
+import jobtrail.domain.redact as redact_mod
 from jobtrail import (
     ConflictingJobIds,
     CreateAttempt,
@@ -19,7 +19,7 @@ from jobtrail import (
     Secret,
     Store,
 )
-from jobtrail._redact import REDACTED, NullRedactor, Redactor, install_log_redaction
+from jobtrail.domain.redact import REDACTED, NullRedactor, Redactor, install_log_redaction
 
 from helpers import S, op_in, spec, valid_evidence
 

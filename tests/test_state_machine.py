@@ -23,8 +23,8 @@ from jobtrail import (
     Store,
     TransitionRefused,
 )
-from jobtrail._audit import verify
-from jobtrail._machine import RULES
+from jobtrail.domain.machine import RULES
+from jobtrail.ledger.audit import verify
 
 from helpers import S, drive, obs, op_in, path_to, spec, valid_evidence
 
@@ -154,7 +154,7 @@ EVIDENCE_POOL = st.one_of(
 @given(steps=st.lists(st.tuples(st.sampled_from(list(State)), EVIDENCE_POOL), min_size=1, max_size=25))
 def test_random_attempts_never_reach_a_state_without_evidence(store: Store, steps) -> None:
     """Drive random transition attempts; every accepted one matches a rule and its check."""
-    from jobtrail._machine import check_transition
+    from jobtrail.domain.machine import check_transition
 
     op, _ = store.create_operation(spec(operation_key=None))
     op = store.record(op, __import__("jobtrail").CreateAttempt(attempt=1), actor="t", changes={"attempts": 1})

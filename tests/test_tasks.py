@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from jobtrail import AsyncJobtrail, ConfigError, State, Store
-from jobtrail._explain import next_action
-from jobtrail._tasks import step_state
+from jobtrail.domain.explain import next_action
+from jobtrail.runtime.tasks import step_state
 from jobtrail.testing import FakeProvider
 
 SCRIPT = Path(__file__).parent / "scripts" / "agent_task.py"
@@ -129,7 +129,7 @@ def test_a_changed_step_is_a_new_step(tmp_path: Path, fake: FakeProvider) -> Non
 
 def test_every_state_has_exactly_one_next_action() -> None:
     """The explain table is complete: every operation state and every step state maps to an action."""
-    from jobtrail._record import Operation
+    from jobtrail.domain.record import Operation
 
     base = {f: None for f in Operation.__dataclass_fields__}
     actions = {}

@@ -19,9 +19,9 @@ import sqlalchemy as sa
 import uvicorn
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail._http_provider import load_provider
-from jobtrail._webhooks import webhook_app
-from jobtrail._worker import Worker
+from jobtrail.interfaces.webhooks import webhook_app
+from jobtrail.providers.http import load_provider
+from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, send_webhook, signed_headers
 
 S = State
@@ -322,7 +322,7 @@ def test_a_locked_database_answers_503_so_the_provider_delivers_again(
 ) -> None:
     import sqlite3
 
-    import jobtrail._store as store_module
+    import jobtrail.ledger.store as store_module
 
     monkeypatch.setattr(store_module, "SQLITE_BUSY_TIMEOUT_MS", 50)
     store = Store.open(tmp_path / "locked.db")

@@ -16,9 +16,9 @@ import pytest
 from conftest import FakeClock
 
 from jobtrail import AsyncJobtrail, CreateAttempt, StaleRecord, State, Store
-from jobtrail._audit import verify
-from jobtrail._http_provider import load_provider
-from jobtrail._worker import Worker
+from jobtrail.ledger.audit import verify
+from jobtrail.providers.http import load_provider
+from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
 
 from processes import assert_one_worker_per_lease, finish, start_worker, submit_many, write_provider

@@ -11,9 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jobtrail._backoff import Backoff
-    from jobtrail._client import AsyncJobtrail, Jobtrail
-    from jobtrail._errors import (
+    from jobtrail.domain.backoff import Backoff
+    from jobtrail.domain.errors import (
         ConfigError,
         JobtrailError,
         OperationalError,
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
         TransitionRefused,
         UsageError,
     )
-    from jobtrail._evidence import (
+    from jobtrail.domain.evidence import (
         AmbiguousCreate,
         CancelAcknowledged,
         CancelIntent,
@@ -48,8 +47,12 @@ if TYPE_CHECKING:
         ValidatedResult,
         ValidationFailure,
     )
-    from jobtrail._http_provider import HttpProvider, load_provider
-    from jobtrail._provider import (
+    from jobtrail.domain.record import HistoryEntry, Operation, OperationSpec
+    from jobtrail.domain.redact import Redactor, Secret
+    from jobtrail.domain.states import RemoteState, State
+    from jobtrail.interfaces.webhooks import webhook_app
+    from jobtrail.ledger.store import Change, Store
+    from jobtrail.providers.contract import (
         Capabilities,
         CreateOutcome,
         LookupOutcome,
@@ -59,73 +62,70 @@ if TYPE_CHECKING:
         StatusOutcome,
         TokenPlacement,
     )
-    from jobtrail._record import HistoryEntry, Operation, OperationSpec
-    from jobtrail._redact import Redactor, Secret
-    from jobtrail._states import RemoteState, State
-    from jobtrail._store import Change, Store
-    from jobtrail._tasks import StepView, Task
-    from jobtrail._webhooks import webhook_app
-    from jobtrail._worker import Worker
+    from jobtrail.providers.http import HttpProvider, load_provider
+    from jobtrail.runtime.client import AsyncJobtrail, Jobtrail
+    from jobtrail.runtime.tasks import StepView, Task
+    from jobtrail.runtime.worker import Worker
 
 #: public name -> the module that defines it
 _WHERE = {
-    "AmbiguousCreate": "jobtrail._evidence",
-    "AsyncJobtrail": "jobtrail._client",
-    "Backoff": "jobtrail._backoff",
-    "CancelAcknowledged": "jobtrail._evidence",
-    "CancelIntent": "jobtrail._evidence",
-    "CannotTell": "jobtrail._evidence",
-    "Capabilities": "jobtrail._provider",
-    "Change": "jobtrail._store",
-    "ConfigError": "jobtrail._errors",
-    "ConfirmedCreate": "jobtrail._evidence",
-    "ConflictingJobIds": "jobtrail._evidence",
-    "CreateAttempt": "jobtrail._evidence",
-    "CreateNotSent": "jobtrail._evidence",
-    "CreateOutcome": "jobtrail._provider",
-    "DeadlinePassed": "jobtrail._evidence",
-    "DefinitiveRejection": "jobtrail._evidence",
-    "Evidence": "jobtrail._evidence",
-    "HistoryEntry": "jobtrail._record",
-    "HttpProvider": "jobtrail._http_provider",
-    "HumanDecision": "jobtrail._evidence",
-    "Jobtrail": "jobtrail._client",
-    "JobtrailError": "jobtrail._errors",
-    "LookupOutcome": "jobtrail._provider",
-    "Operation": "jobtrail._record",
-    "OperationCreated": "jobtrail._evidence",
-    "OperationKeyConflict": "jobtrail._errors",
-    "OperationNotFound": "jobtrail._errors",
-    "OperationSpec": "jobtrail._record",
-    "OperationalError": "jobtrail._errors",
-    "ProvedAbsent": "jobtrail._evidence",
-    "Provider": "jobtrail._provider",
-    "ReconcileMode": "jobtrail._provider",
-    "ReconciliationStarted": "jobtrail._evidence",
-    "Redactor": "jobtrail._redact",
-    "RemoteState": "jobtrail._states",
-    "Response": "jobtrail._provider",
-    "ResultUnavailable": "jobtrail._evidence",
-    "ResumeRequested": "jobtrail._evidence",
-    "Secret": "jobtrail._redact",
-    "SecretInRequest": "jobtrail._errors",
-    "StaleRecord": "jobtrail._errors",
-    "State": "jobtrail._states",
-    "StatusObservation": "jobtrail._evidence",
-    "StatusOutcome": "jobtrail._provider",
-    "StepView": "jobtrail._tasks",
-    "StorageError": "jobtrail._errors",
-    "Store": "jobtrail._store",
-    "SynchronousResult": "jobtrail._evidence",
-    "Task": "jobtrail._tasks",
-    "TokenPlacement": "jobtrail._provider",
-    "TransitionRefused": "jobtrail._errors",
-    "UsageError": "jobtrail._errors",
-    "ValidatedResult": "jobtrail._evidence",
-    "ValidationFailure": "jobtrail._evidence",
-    "Worker": "jobtrail._worker",
-    "load_provider": "jobtrail._http_provider",
-    "webhook_app": "jobtrail._webhooks",
+    "AmbiguousCreate": "jobtrail.domain.evidence",
+    "AsyncJobtrail": "jobtrail.runtime.client",
+    "Backoff": "jobtrail.domain.backoff",
+    "CancelAcknowledged": "jobtrail.domain.evidence",
+    "CancelIntent": "jobtrail.domain.evidence",
+    "CannotTell": "jobtrail.domain.evidence",
+    "Capabilities": "jobtrail.providers.contract",
+    "Change": "jobtrail.ledger.store",
+    "ConfigError": "jobtrail.domain.errors",
+    "ConfirmedCreate": "jobtrail.domain.evidence",
+    "ConflictingJobIds": "jobtrail.domain.evidence",
+    "CreateAttempt": "jobtrail.domain.evidence",
+    "CreateNotSent": "jobtrail.domain.evidence",
+    "CreateOutcome": "jobtrail.providers.contract",
+    "DeadlinePassed": "jobtrail.domain.evidence",
+    "DefinitiveRejection": "jobtrail.domain.evidence",
+    "Evidence": "jobtrail.domain.evidence",
+    "HistoryEntry": "jobtrail.domain.record",
+    "HttpProvider": "jobtrail.providers.http",
+    "HumanDecision": "jobtrail.domain.evidence",
+    "Jobtrail": "jobtrail.runtime.client",
+    "JobtrailError": "jobtrail.domain.errors",
+    "LookupOutcome": "jobtrail.providers.contract",
+    "Operation": "jobtrail.domain.record",
+    "OperationCreated": "jobtrail.domain.evidence",
+    "OperationKeyConflict": "jobtrail.domain.errors",
+    "OperationNotFound": "jobtrail.domain.errors",
+    "OperationSpec": "jobtrail.domain.record",
+    "OperationalError": "jobtrail.domain.errors",
+    "ProvedAbsent": "jobtrail.domain.evidence",
+    "Provider": "jobtrail.providers.contract",
+    "ReconcileMode": "jobtrail.providers.contract",
+    "ReconciliationStarted": "jobtrail.domain.evidence",
+    "Redactor": "jobtrail.domain.redact",
+    "RemoteState": "jobtrail.domain.states",
+    "Response": "jobtrail.providers.contract",
+    "ResultUnavailable": "jobtrail.domain.evidence",
+    "ResumeRequested": "jobtrail.domain.evidence",
+    "Secret": "jobtrail.domain.redact",
+    "SecretInRequest": "jobtrail.domain.errors",
+    "StaleRecord": "jobtrail.domain.errors",
+    "State": "jobtrail.domain.states",
+    "StatusObservation": "jobtrail.domain.evidence",
+    "StatusOutcome": "jobtrail.providers.contract",
+    "StepView": "jobtrail.runtime.tasks",
+    "StorageError": "jobtrail.domain.errors",
+    "Store": "jobtrail.ledger.store",
+    "SynchronousResult": "jobtrail.domain.evidence",
+    "Task": "jobtrail.runtime.tasks",
+    "TokenPlacement": "jobtrail.providers.contract",
+    "TransitionRefused": "jobtrail.domain.errors",
+    "UsageError": "jobtrail.domain.errors",
+    "ValidatedResult": "jobtrail.domain.evidence",
+    "ValidationFailure": "jobtrail.domain.evidence",
+    "Worker": "jobtrail.runtime.worker",
+    "load_provider": "jobtrail.providers.http",
+    "webhook_app": "jobtrail.interfaces.webhooks",
 }
 
 

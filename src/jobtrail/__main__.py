@@ -1,3 +1,3 @@
-from jobtrail._entry import main
+from jobtrail.interfaces.entry import main
 
 main()

@@ -9,7 +9,7 @@ unknown states, idempotency broken on purpose (a new job for a known token),
 flaky, missing and corrupted results, acknowledged cancels that never take
 effect, jobs that finish as the cancel arrives, and signed webhooks delivered
 twice, out of order and forged. Workers crash at the named failpoints
-(:mod:`jobtrail._failpoints`), pause past their leases while another worker
+(:mod:`jobtrail.domain.failpoints`), pause past their leases while another worker
 takes over, and restart. People ask for cancels at random moments.
 
 Only the socket is simulated: :class:`SimProvider` is an
@@ -63,25 +63,26 @@ from pathlib import Path
 from random import Random
 from typing import Any, ClassVar
 
-from jobtrail import _failpoints, _ids
-from jobtrail._audit import verify
-from jobtrail._cancel import request_cancel
-from jobtrail._client import AsyncJobtrail
-from jobtrail._errors import JobtrailError, missing_extra
+from jobtrail.domain import failpoints as _failpoints
+from jobtrail.domain import ids as _ids
+from jobtrail.domain.errors import JobtrailError, missing_extra
+from jobtrail.flows.cancel import request_cancel
+from jobtrail.ledger.audit import verify
+from jobtrail.runtime.client import AsyncJobtrail
 
 try:  # the simulation delivers webhooks to the real receiver
     from starlette.requests import Request
 except ImportError as exc:
     raise missing_extra("webhooks", "the simulation", exc) from exc
-from jobtrail._http_provider import HttpProvider, parse_config
-from jobtrail._offload import inline
-from jobtrail._record import Operation
-from jobtrail._redact import install_log_redaction
-from jobtrail._results import read_result
-from jobtrail._states import FINAL_STATES, State
-from jobtrail._store import Store
-from jobtrail._webhooks import Receiver
-from jobtrail._worker import WORKED_STATES, Worker
+from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import install_log_redaction
+from jobtrail.domain.states import FINAL_STATES, State
+from jobtrail.interfaces.webhooks import Receiver
+from jobtrail.ledger.offload import inline
+from jobtrail.ledger.results import read_result
+from jobtrail.ledger.store import Store
+from jobtrail.providers.http import HttpProvider, parse_config
+from jobtrail.runtime.worker import WORKED_STATES, Worker
 from jobtrail.testing._fake_provider import signed_headers
 
 _US = 1_000_000

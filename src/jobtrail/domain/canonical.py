@@ -1,0 +1,163 @@
+"""Canonical JSON bytes, the request fingerprint and the time format we hash.
+
+The encoding is the subset of RFC 8785 (JCS) we can state in three rules:
+
+* objects have string keys sorted by Unicode code point, no whitespace
+  anywhere, strings escaped as ``json.dumps(ensure_ascii=False)`` does, UTF-8;
+* integers are written in full; ``true``/``false``/``null`` as usual;
+* floats must be finite and are written as ECMAScript writes numbers
+  (shortest round-trip digits; an integral float below 1e21 has no fraction,
+  so ``2.0`` and ``2`` encode alike; exponent form outside 1e-6..1e21).
+
+NaN and infinities are refused: they have no JSON form.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from json.encoder import encode_basestring
+from typing import Any
+
+from jobtrail.domain.errors import UsageError
+
+FINGERPRINT_VERSION = "jobtrail/request/v1"
+_FLAT = frozenset({str, int, bool, type(None)})
+_CONSTANTS = {None: "null", True: "true", False: "false"}
+#: one encoder for every write (json.dumps with options builds a new one per call)
+_COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def canonical_json(value: Any) -> str:
+    """Return the canonical text of ``value`` (see the module docstring)."""
+    if type(value) is dict and all(type(k) is str for k in value) and all(type(v) in _FLAT for v in value.values()):
+        # a flat object without floats (the ledger's rows): the C encoder writes exactly these bytes
+        return compact_json(value)
+    parts: list[str] = []
+    _write(value, parts)
+    return "".join(parts)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    return canonical_json(value).encode("utf-8")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """Parse JSON from outside (providers, webhooks, results) strictly: ``NaN``/``Infinity`` are refused.
+
+    Python's parser accepts them, but nothing that holds them can be stored or fingerprinted.
+    """
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def compact_json(value: Any) -> str:
+    """Deterministic compact JSON for storage (sorted keys, no whitespace, UTF-8, no NaN).
+
+    For values made only of strings, integers, booleans, null, lists and objects
+    this is byte-for-byte :func:`canonical_json`, at C speed; floats are written
+    as Python writes them, which is why fingerprints use :func:`canonical_json`.
+    """
+    return _COMPACT.encode(value)
+
+
+def _write(value: Any, out: list[str]) -> None:
+    if value is None or value is True or value is False:
+        out.append(_CONSTANTS[value])
+    elif isinstance(value, str):
+        out.append(encode_basestring(value))
+    elif isinstance(value, int):
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append(es_number(value))
+    elif isinstance(value, Mapping):
+        out.append("{")
+        for i, key in enumerate(sorted(value)):
+            if not isinstance(key, str):
+                raise UsageError(f"JSON object keys must be strings, got {key!r}; convert the key to a string")
+            if i:
+                out.append(",")
+            out.append(encode_basestring(key))
+            out.append(":")
+            _write(value[key], out)
+        out.append("}")
+    elif isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _write(item, out)
+        out.append("]")
+    else:
+        raise UsageError(
+            f"cannot encode {type(value).__name__} as JSON; "
+            "use strings, integers, finite floats, booleans, null, lists and objects"
+        )
+
+
+def es_number(x: float) -> str:
+    """Write a finite float the way ECMAScript's Number.prototype.toString does."""
+    if math.isnan(x) or math.isinf(x):
+        raise UsageError("NaN and infinite numbers have no JSON form; send them as strings")
+    if x == 0:
+        return "0"
+    sign = "-" if x < 0 else ""
+    _, digit_tuple, exponent = Decimal(repr(abs(x))).as_tuple()
+    digits = "".join(map(str, digit_tuple)).rstrip("0") or "0"
+    assert isinstance(exponent, int)
+    # position of the decimal point relative to the start of ``digits``
+    n = exponent + len("".join(map(str, digit_tuple)))
+    k = len(digits)
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * (-n) + digits
+    e = n - 1
+    mantissa = digits[0] + ("." + digits[1:] if k > 1 else "")
+    return f"{sign}{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+
+
+def request_fingerprint(provider: str, target: str, endpoint: str, body: Any) -> str:
+    """sha256 (hex) of the canonical encoding of what we ask the provider to do."""
+    doc = {
+        "v": FINGERPRINT_VERSION,
+        "provider": provider,
+        "target": target,
+        "endpoint": endpoint,
+        "body": body,
+    }
+    return hashlib.sha256(canonical_bytes(doc)).hexdigest()
+
+
+def rfc3339(us: int | None) -> str | None:
+    """Microseconds since the epoch -> RFC 3339 UTC with microseconds (``...Z``)."""
+    if us is None:
+        return None
+    seconds, micros = divmod(us, 1_000_000)
+    return f"{_rfc3339_second(seconds)}.{micros:06d}Z"
+
+
+@functools.lru_cache(maxsize=256)  # every write formats the current time: the second repeats
+def _rfc3339_second(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def to_us(dt: datetime) -> int:
+    if dt.tzinfo is None:
+        raise UsageError("naive datetime given; pass an aware datetime (for example in UTC)")
+    delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(us: int) -> datetime:
+    return datetime.fromtimestamp(us // 1_000_000, tz=UTC).replace(microsecond=us % 1_000_000)

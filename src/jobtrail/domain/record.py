@@ -1,0 +1,206 @@
+"""The operation record and history entry as read from storage."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from jobtrail.domain.canonical import from_us, rfc3339
+from jobtrail.domain.errors import UsageError
+from jobtrail.domain.states import State
+
+DEFAULT_CREATE_DEADLINE = timedelta(hours=1)
+DEFAULT_RESULT_DEADLINE = timedelta(hours=24)
+DEFAULT_CANCEL_DEADLINE = timedelta(minutes=30)
+MAX_KEY_LENGTH = 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperationSpec:
+    """What a caller asks for: one logical remote job.
+
+    Args:
+        provider: name of the provider adapter that will run it.
+        target: what the job acts on (account, project, dataset...), free text.
+        endpoint: the provider endpoint, e.g. ``POST /v1/batches``.
+        body: the JSON request body; kept on the record to re-send it unchanged.
+        operation_key: optional caller-chosen key, unique per provider.
+        caller: who asked.
+        approved_by: who approved (a person, a policy), if anyone.
+        create_deadline: how long creating may take before a person must look.
+        result_deadline: how long the job may take before we stop waiting.
+        cancel_deadline: how long a cancel may take to be confirmed.
+    """
+
+    provider: str
+    target: str
+    endpoint: str
+    body: Any
+    operation_key: str | None = None
+    caller: str = "unknown"
+    approved_by: str | None = None
+    create_deadline: timedelta | None = DEFAULT_CREATE_DEADLINE
+    result_deadline: timedelta | None = DEFAULT_RESULT_DEADLINE
+    cancel_deadline: timedelta | None = DEFAULT_CANCEL_DEADLINE
+
+    def __post_init__(self) -> None:
+        key = self.operation_key
+        if key is not None:
+            if not key.strip():
+                raise UsageError("the operation key is empty; give a key that names the job, or none at all")
+            if len(key) > MAX_KEY_LENGTH or any(ord(c) < 32 or ord(c) == 127 for c in key):
+                raise UsageError(
+                    f"the operation key must be at most {MAX_KEY_LENGTH} characters, without control characters"
+                )
+
+    def check_deadlines(self) -> None:
+        """A caller's deadlines must lie ahead (the ledger itself records any, a past one included)."""
+        for name in ("create_deadline", "result_deadline", "cancel_deadline"):
+            value = getattr(self, name)
+            if value is not None and not value > timedelta(0):
+                raise UsageError(
+                    f"{name} must be positive (got {value.total_seconds():g} s); leave it out for the default"
+                )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Operation:
+    """One operation record. Immutable: every change goes through the store."""
+
+    operation_id: str
+    provider: str
+    target: str
+    endpoint: str
+    operation_key: str | None
+    request_fingerprint: str
+    request_body: Any
+    idempotency_token: str
+    trace_id: str
+    remote_job_id: str | None
+    state: State
+    remote_state: str | None
+    state_reason: str | None
+    attempts: int
+    create_deadline_us: int | None
+    result_deadline_us: int | None
+    cancel_deadline_us: int | None
+    caller: str
+    approved_by: str | None
+    created_at_us: int
+    updated_at_us: int
+    next_action_at_us: int | None
+    version: int
+    history_head: str
+    lease_owner: str | None
+    lease_expires_at_us: int | None
+    lease_epoch: int
+    #: requests made in the current state: status polls while observing, fetches while collecting
+    polls: int = 0
+    #: where the finished result lives (a URL, an id, or ``observation:N`` for a stored one)
+    result_ref: str | None = None
+    #: who asked to cancel before the job id was known (the worker cancels once it is)
+    cancel_requested_by: str | None = None
+    #: what the provider reported as already done (files written, items processed): the damage bound
+    partial_effects: Any = None
+
+    @property
+    def create_deadline(self) -> datetime | None:
+        return None if self.create_deadline_us is None else from_us(self.create_deadline_us)
+
+    @property
+    def result_deadline(self) -> datetime | None:
+        return None if self.result_deadline_us is None else from_us(self.result_deadline_us)
+
+    @property
+    def cancel_deadline(self) -> datetime | None:
+        return None if self.cancel_deadline_us is None else from_us(self.cancel_deadline_us)
+
+    def deadline_us(self, kind: str) -> int | None:
+        return {
+            "create": self.create_deadline_us,
+            "result": self.result_deadline_us,
+            "cancel": self.cancel_deadline_us,
+        }[kind]
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape of ``jobtrail ops show --json`` (the token is never shown)."""
+        from jobtrail.domain.explain import next_action
+
+        return {
+            "operation_id": self.operation_id,
+            "provider": self.provider,
+            "target": self.target,
+            "endpoint": self.endpoint,
+            "operation_key": self.operation_key,
+            "request_fingerprint": self.request_fingerprint,
+            "trace_id": self.trace_id,
+            "remote_job_id": self.remote_job_id,
+            "state": self.state.value,
+            "remote_state": self.remote_state,
+            "state_reason": self.state_reason,
+            "attempts": self.attempts,
+            "create_deadline": rfc3339(self.create_deadline_us),
+            "result_deadline": rfc3339(self.result_deadline_us),
+            "cancel_deadline": rfc3339(self.cancel_deadline_us),
+            "caller": self.caller,
+            "approved_by": self.approved_by,
+            "created_at": rfc3339(self.created_at_us),
+            "updated_at": rfc3339(self.updated_at_us),
+            "next_action_at": rfc3339(self.next_action_at_us),
+            "version": self.version,
+            "lease": {
+                "owner": self.lease_owner,
+                "expires_at": rfc3339(self.lease_expires_at_us),
+                "epoch": self.lease_epoch,
+            },
+            "polls": self.polls,
+            "result_ref": self.result_ref,
+            "cancel_requested_by": self.cancel_requested_by,
+            "partial_effects": self.partial_effects,
+            "next_action": next_action(self),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryEntry:
+    """One append-only, hash-chained history entry."""
+
+    operation_id: str
+    seq: int
+    at_us: int
+    actor: str
+    from_state: str | None
+    to_state: str
+    cause: str
+    evidence: str
+    remote_job_id: str | None
+    trace_id: str
+    request_ids: str
+    request_fingerprint: str
+    prev_hash: str
+    entry_hash: str
+    hash_version: int
+    #: what a version-2 entry binds to the chain (row field digests, observations, result digest)
+    covers: str | None = None
+    obs_upto: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape of ``jobtrail ops history --json``."""
+        return {
+            "operation_id": self.operation_id,
+            "seq": self.seq,
+            "at": rfc3339(self.at_us),
+            "actor": self.actor,
+            "from": self.from_state,
+            "to": self.to_state,
+            "cause": self.cause,
+            "evidence": json.loads(self.evidence),
+            "remote_job_id": self.remote_job_id,
+            "trace_id": self.trace_id,
+            "provider_request_ids": json.loads(self.request_ids),
+            "request_fingerprint": self.request_fingerprint,
+            "prev_hash": self.prev_hash,
+            "hash": self.entry_hash,
+        }

@@ -1,0 +1,589 @@
+"""The create path of DESIGN.md: persist first, send once with the stored token, reconcile every doubt.
+
+:func:`advance_create` performs the one next action of an operation in the
+create phase (if it is due) and returns the updated record. Every send is
+preceded by a durable attempt entry; every answer is stored as an observation
+before the state moves; a doubtful outcome is reconciled by the provider's
+path, re-sending only with the same token and only inside the create deadline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import random
+from typing import Any
+
+from jobtrail.domain.canonical import canonical_bytes, compact_json, rfc3339
+from jobtrail.domain.evidence import (
+    AmbiguousCreate,
+    CannotTell,
+    ConfirmedCreate,
+    ConflictingJobIds,
+    CreateAttempt,
+    CreateNotSent,
+    DeadlinePassed,
+    DefinitiveRejection,
+    HumanDecision,
+    ProvedAbsent,
+    ReconciliationStarted,
+    SynchronousResult,
+)
+from jobtrail.domain.failpoints import failpoint
+from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import REDACTED
+from jobtrail.domain.states import State
+from jobtrail.flows.observe import adopt_orphans
+from jobtrail.ledger.store import Store
+from jobtrail.ledger.writer import Writer
+from jobtrail.providers.contract import CreateOutcome, LookupOutcome, Provider, ReconcileMode, Response
+
+log = logging.getLogger("jobtrail")
+
+CREATE_PHASE = frozenset({State.CREATE_PENDING, State.CREATE_UNKNOWN, State.RECONCILIATION})
+_US = 1_000_000
+
+
+class CreateFlow:
+    """Drives operations of one store through the create phase with their provider."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        writer: Writer | None = None,
+        actor: str = "jobtrail",
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.writer = writer or Writer(store)
+        self.io = self.writer.io
+        self.actor = actor
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
+
+    def _now(self) -> int:
+        return self.store.clock()
+
+    # -- the one next action -------------------------------------------------------------
+
+    async def advance(self, op: Operation, provider: Provider) -> Operation:
+        """Do the operation's next create-phase action if it is due; return the new record."""
+        if op.state not in CREATE_PHASE:
+            return op
+        now = self._now()
+        if op.next_action_at_us is not None and op.next_action_at_us > now:
+            return op
+        if op.state is State.CREATE_UNKNOWN:
+            modes = provider.capabilities.reconcile
+            path = modes[0].value if modes else "none"
+            return await self.writer.transition(
+                op,
+                State.RECONCILIATION,
+                ReconciliationStarted(path=path),
+                actor=self.actor,
+                changes={"next_action_at_us": now},
+            )
+        open_attempt = op.attempts > 0 and await self._attempt_open(op)
+        if open_attempt:
+            stored = await self.io(self.store.answer_to_attempt, op.operation_id, op.attempts)
+            if stored is not None:
+                # the last owner stored the provider's answer to this attempt, then died before acting
+                # on it: that answer is the evidence, so settle from it without sending anything
+                reason = "replay" if stored["raw"].get("reason") == "replay" else "send"
+                return await self._settle(
+                    op,
+                    provider,
+                    _stored_outcome(stored),
+                    attempt=op.attempts,
+                    reason=reason,
+                    obs_id=int(stored["observation_id"]),
+                )
+        deadline = op.create_deadline_us
+        if deadline is not None and now >= deadline:
+            return await self._deadline_passed(op, now)
+        if op.state is State.CREATE_PENDING:
+            if open_attempt:
+                # the process that sent attempt N died before any answer to it was stored
+                return await self.writer.transition(
+                    op,
+                    State.CREATE_UNKNOWN,
+                    AmbiguousCreate(
+                        error_class="outcome_not_recorded",
+                        attempt=op.attempts,
+                        detail=f"attempt {op.attempts} was sent (or about to be) but no answer to it was "
+                        "stored; the provider may have created the job",
+                    ),
+                    actor=self.actor,
+                    changes={
+                        "next_action_at_us": now,
+                        "state_reason": "previous attempt's outcome not recorded",
+                    },
+                )
+            return await self._send(op, provider, reason="send")
+        return await self._reconcile(op, provider, now)
+
+    async def _attempt_open(self, op: Operation) -> bool:
+        """Is the latest attempt still without a recorded outcome?
+
+        Other facts (a person's cancel request) may have been recorded since: only
+        what can follow an attempt without leaving the state counts.
+        """
+        last = await self.io(self.store.last_entry, op.operation_id, causes=_ATTEMPT_AND_OUTCOMES)
+        return last is not None and last.cause == CreateAttempt.kind
+
+    async def _deadline_passed(self, op: Operation, now: int) -> Operation:
+        if op.attempts == 0:
+            reason = "create deadline passed before any create was sent; no remote job exists"
+        else:
+            reason = (
+                f"create_unresolved: the create deadline passed after {op.attempts} attempt(s) without "
+                "a confirmed job id; a person must check the provider for a job with trace id "
+                f"{op.trace_id} before deciding"
+            )
+        if op.cancel_requested_by:
+            reason += (
+                f"; {op.cancel_requested_by} asked to cancel it before the create was confirmed: if a job "
+                "exists, cancel it by hand"
+            )
+        return await self.writer.transition(
+            op,
+            State.NEEDS_ATTENTION,
+            DeadlinePassed(deadline="create", observed_at_us=now),
+            actor=self.actor,
+            changes={"state_reason": reason, "next_action_at_us": None},
+        )
+
+    async def _reconcile(self, op: Operation, provider: Provider, now: int) -> Operation:
+        caps = provider.capabilities
+        if not caps.reconcile:
+            return await self.writer.transition(
+                op,
+                State.NEEDS_ATTENTION,
+                CannotTell(
+                    reason="no_reconciliation_path",
+                    detail="this provider cannot guarantee at-most-once creation: it offers no way "
+                    "to ask whether a create that may have been sent made a job",
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": None,
+                    "state_reason": (
+                        f"at-most-once not guaranteed by provider {provider.name}: a create may have "
+                        "reached it. Check its console or job list for a job created around "
+                        f"{rfc3339(op.updated_at_us)} (trace id {op.trace_id}); then resolve to accepted "
+                        "with its job id, or to create_pending if none exists"
+                    ),
+                },
+            )
+        mode = caps.reconcile[0]
+        if mode is ReconcileMode.REPLAY:
+            retention = caps.token_retention
+            if retention is not None and now > op.created_at_us + int(retention.total_seconds() * _US):
+                return await self.writer.transition(
+                    op,
+                    State.NEEDS_ATTENTION,
+                    CannotTell(
+                        reason="token_expired",
+                        detail=f"the provider keeps tokens for {retention}; a replay now could create a second job",
+                    ),
+                    actor=self.actor,
+                    changes={
+                        "next_action_at_us": None,
+                        "state_reason": "idempotency token expired at the provider",
+                    },
+                )
+            return await self._send(op, provider, reason="replay")
+        return await self._lookup(op, provider, mode)
+
+    async def _lookup(self, op: Operation, provider: Provider, mode: ReconcileMode) -> Operation:
+        found = await self._looked_up(op, provider, mode)
+        if found.kind == "found":
+            return await self._confirm_or_conflict(
+                op, provider, found.remote_job_ids[0], found, via=mode.value, others=found.remote_job_ids[1:]
+            )
+        if found.kind == "absent":
+            return await self.writer.transition(
+                op,
+                State.CREATE_PENDING,
+                ProvedAbsent(
+                    path=mode.value,
+                    detail=found.detail,
+                    http_status=found.response.http_status,
+                    provider_request_id=found.response.provider_request_id,
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": self._now(),
+                    "state_reason": f"{mode.value}: no job exists; re-sending with the same token",
+                },
+            )
+        return await self._wait(
+            op,
+            provider,
+            f"{mode.value} could not tell ({found.detail})",
+            None,
+            AmbiguousCreate(
+                error_class="lookup_inconclusive",
+                attempt=op.attempts,
+                detail=found.detail,
+                http_status=found.response.http_status,
+            ),
+        )
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def _send(self, op: Operation, provider: Provider, *, reason: str) -> Operation:
+        attempt = op.attempts + 1
+        op = await self.writer.record(
+            op,
+            CreateAttempt(attempt=attempt, reason=reason),
+            actor=self.actor,
+            changes={
+                "attempts": attempt,
+                "state_reason": f"attempt {attempt} ({reason}) sent; outcome not yet recorded",
+            },
+        )
+        failpoint("create.after_attempt")
+        outcome = await provider.create(op)
+        failpoint("create.after_response")
+        obs_id = await self._observe(
+            op,
+            "create_response",
+            outcome.response.to_json()
+            | {
+                "outcome": outcome.kind,
+                "remote_job_id": outcome.remote_job_id,
+                "status_url": outcome.status_url,
+                "error_class": outcome.error_class,
+                "detail": outcome.detail,
+                "declared_non_retryable": outcome.declared_non_retryable,
+                "retry_after_s": outcome.response.retry_after_s,
+                "attempt": attempt,
+                "reason": reason,
+            }
+            | ({"result": outcome.result} if outcome.kind == "synchronous" else {}),
+            outcome.response.http_status,
+            outcome.response.provider_request_id,
+        )
+        failpoint("create.after_observation")
+        return await self._settle(op, provider, outcome, attempt=attempt, reason=reason, obs_id=obs_id)
+
+    async def _settle(
+        self, op: Operation, provider: Provider, outcome: CreateOutcome, *, attempt: int, reason: str, obs_id: int
+    ) -> Operation:
+        """Act on the answer to attempt ``attempt`` (just received, or stored by an owner that died)."""
+        resp = outcome.response
+        if outcome.kind == "confirmed":
+            assert outcome.remote_job_id is not None
+            others: tuple[str, ...] = ()
+            if reason == "replay":
+                others = await self._cross_check(op, provider, outcome.remote_job_id)
+            return await self._confirm_or_conflict(
+                op,
+                provider,
+                outcome.remote_job_id,
+                outcome,
+                via=reason,
+                others=others,
+                status_url=outcome.status_url,
+            )
+        if outcome.kind == "synchronous":
+            result_obs = await self._observe(
+                op,
+                "synchronous_result",
+                {"result": outcome.result},
+                resp.http_status,
+                resp.provider_request_id,
+            )
+            changes: dict[str, Any] = {
+                "next_action_at_us": self._now(),
+                "state_reason": f"synchronous result stored under this operation (observation {result_obs})",
+                "result_ref": f"observation:{result_obs}",
+            }
+            if outcome.remote_job_id:
+                changes["remote_job_id"] = outcome.remote_job_id
+            return await self.writer.transition(
+                op,
+                State.RESULT_COLLECTING,
+                SynchronousResult(
+                    http_status=resp.http_status or 200,
+                    provider_request_id=resp.provider_request_id,
+                    remote_job_id=outcome.remote_job_id,
+                    observation_id=result_obs,
+                    result_sha256=hashlib.sha256(canonical_bytes(outcome.result)).hexdigest(),
+                ),
+                actor=self.actor,
+                changes=changes,
+                request_ids=_ids(resp.provider_request_id),
+            )
+        if outcome.kind == "rejected":
+            problem = resp.body if isinstance(resp.body, dict) else {"body": resp.body}
+            if op.state is State.RECONCILIATION:
+                # IETF semantics replay the stored outcome, errors included: the original was refused too
+                return await self.writer.transition(
+                    op,
+                    State.CREATE_PENDING,
+                    ProvedAbsent(
+                        path="replay",
+                        detail=f"the replay was refused with HTTP {resp.http_status}, so the "
+                        "original create was refused too",
+                        http_status=resp.http_status,
+                        provider_request_id=resp.provider_request_id,
+                    ),
+                    actor=self.actor,
+                    changes={"next_action_at_us": self._now()},
+                    request_ids=_ids(resp.provider_request_id),
+                )
+            return await self.writer.transition(
+                op,
+                State.FAILED,
+                DefinitiveRejection(
+                    http_status=resp.http_status or 0,
+                    problem=problem,
+                    provider_request_id=resp.provider_request_id,
+                    declared_non_retryable=outcome.declared_non_retryable,
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": None,
+                    "state_reason": (
+                        f"rejected by the provider: {outcome.detail}; a changed request is a new operation"
+                    ),
+                },
+                request_ids=_ids(resp.provider_request_id),
+            )
+        if outcome.kind == "not_sent":
+            return await self._wait(
+                op,
+                provider,
+                f"attempt {attempt} never left: {outcome.error_class}",
+                None,
+                None,
+                not_sent=outcome,
+                obs_id=obs_id,
+            )
+        redirected = outcome.error_class == "redirect"  # re-sending a redirected POST only repeats it
+        if redirected or (op.state is State.RECONCILIATION and outcome.error_class == "malformed_response"):
+            # the replay repeats the same unreadable answer: waiting cannot settle it
+            return await self.writer.transition(
+                op,
+                State.NEEDS_ATTENTION,
+                CannotTell(
+                    reason=outcome.error_class,
+                    detail=outcome.detail,
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": None,
+                    "state_reason": outcome.detail
+                    if redirected
+                    else (
+                        f"the provider's answers carry no job id ({outcome.detail}); check the provider "
+                        "file's create.job_id, then look for the job in the provider's console"
+                    ),
+                },
+                request_ids=_ids(resp.provider_request_id),
+            )
+        evidence = AmbiguousCreate(
+            error_class=outcome.error_class,
+            attempt=attempt,
+            detail=outcome.detail,
+            http_status=resp.http_status,
+            retry_after_s=resp.retry_after_s,
+            provider_request_id=resp.provider_request_id,
+        )
+        return await self._wait(
+            op, provider, f"attempt {attempt} ambiguous: {outcome.error_class}", resp.retry_after_s, evidence
+        )
+
+    async def _looked_up(self, op: Operation, provider: Provider, mode: ReconcileMode) -> LookupOutcome:
+        """Ask the provider by a non-replay path, and store its answer as an observation."""
+        found = await provider.lookup(op, mode)
+        await self._observe(
+            op,
+            "reconcile_lookup",
+            found.response.to_json() | {"kind": found.kind, "path": mode.value},
+            found.response.http_status,
+            found.response.provider_request_id,
+        )
+        return found
+
+    async def _cross_check(self, op: Operation, provider: Provider, job_id: str) -> tuple[str, ...]:
+        """After a replay, ask an independent path (if any) which jobs carry our token."""
+        for mode in provider.capabilities.reconcile:
+            if mode is ReconcileMode.REPLAY:
+                continue
+            found = await self._looked_up(op, provider, mode)
+            if found.kind == "found":
+                return tuple(j for j in found.remote_job_ids if j != job_id)
+        return ()
+
+    async def _confirm_or_conflict(
+        self,
+        op: Operation,
+        provider: Provider,
+        job_id: str,
+        outcome: CreateOutcome | LookupOutcome,
+        *,
+        via: str,
+        others: tuple[str, ...] = (),
+        status_url: str | None = None,
+    ) -> Operation:
+        resp = outcome.response
+        # answers to earlier attempts of this token (only possible after more than one attempt)
+        earlier = [j for j in await self._earlier_job_ids(op) if j != job_id] if op.attempts > 1 else []
+        conflicting = (*others, *earlier)
+        if conflicting:
+            return await self.writer.transition(
+                op,
+                State.NEEDS_ATTENTION,
+                ConflictingJobIds(
+                    first_job_id=conflicting[0],
+                    second_job_id=job_id,
+                    first_response={
+                        "source": "earlier answer or independent lookup",
+                        "job_ids": list(conflicting),
+                    },
+                    second_response=resp.to_json(),
+                ),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": None,
+                    "state_reason": (
+                        "the provider answered one idempotency token with different job ids "
+                        f"({conflicting[0]} and {job_id}): it broke its idempotency contract; both may be "
+                        "running. A person must decide which to keep and cancel the other"
+                    ),
+                },
+                request_ids=_ids(resp.provider_request_id),
+            )
+        op = await self.writer.transition(
+            op,
+            State.ACCEPTED,
+            ConfirmedCreate(
+                remote_job_id=job_id,
+                http_status=resp.http_status,
+                provider_request_id=resp.provider_request_id,
+                status_url=status_url,
+                via=via,
+            ),
+            actor=self.actor,
+            # the first status read waits one poll interval: the job was created a moment ago
+            changes={
+                "remote_job_id": job_id,
+                "state_reason": None,
+                "next_action_at_us": self._now() + int(provider.poll_backoff.delay(1, self.rng) * _US),
+            },
+            request_ids=_ids(resp.provider_request_id),
+        )
+        failpoint("create.after_job_id")
+        if provider.capabilities.webhook_scheme:  # events may have come before we knew the job id
+            await self.io(adopt_orphans, self.store, provider.name, job_id, op.operation_id)
+            op = await self.io(self.store.get, op.operation_id)
+        return op
+
+    async def _earlier_job_ids(self, op: Operation) -> list[str]:
+        ids = []
+        for obs in await self.io(self.store.observations, op.operation_id):
+            raw = obs["raw"]
+            confirmed = raw.get("outcome") in ("confirmed", "synchronous")
+            if obs["kind"] == "create_response" and confirmed and raw.get("remote_job_id"):
+                ids.append(raw["remote_job_id"])
+        return ids[:-1]  # the newest is the answer being confirmed now
+
+    async def _wait(
+        self,
+        op: Operation,
+        provider: Provider,
+        why: str,
+        retry_after_s: float | None,
+        evidence: AmbiguousCreate | None,
+        *,
+        not_sent: CreateOutcome | None = None,
+        obs_id: int | None = None,
+    ) -> Operation:
+        """Record a doubtful or failed attempt and when to try again (Retry-After, else back-off)."""
+        delay = provider.backoff.after(retry_after_s, max(op.attempts, 1), self.rng)
+        at = self._now() + int(delay * _US)
+        changes = {"next_action_at_us": at, "state_reason": f"{why}; next try at {rfc3339(at)}"}
+        if not_sent is not None:
+            return await self.writer.record(
+                op,
+                CreateNotSent(
+                    error_class=not_sent.error_class,
+                    attempt=op.attempts,
+                    detail=not_sent.detail,
+                    retry_at=rfc3339(at),
+                ),
+                actor=self.actor,
+                changes=changes,
+            )
+        assert evidence is not None
+        stamped = dataclasses.replace(evidence, retry_at=rfc3339(at))
+        if op.state is State.CREATE_PENDING:
+            return await self.writer.transition(
+                op,
+                State.CREATE_UNKNOWN,
+                stamped,
+                actor=self.actor,
+                changes=changes,
+                request_ids=_ids(evidence.provider_request_id),
+            )
+        return await self.writer.record(
+            op, stamped, actor=self.actor, changes=changes, request_ids=_ids(evidence.provider_request_id)
+        )
+
+    async def _observe(
+        self, op: Operation, kind: str, raw: dict[str, Any], status: int | None, request_id: str | None
+    ) -> int:
+        return await self.writer.observe(
+            op.operation_id, kind=kind, raw=raw, http_status=status, provider_request_id=request_id
+        )
+
+
+#: an attempt, and what settles one without leaving the create phase (every other outcome leaves it)
+_ATTEMPT_AND_OUTCOMES = (
+    CreateAttempt.kind,
+    CreateNotSent.kind,
+    ProvedAbsent.kind,
+    AmbiguousCreate.kind,
+    ReconciliationStarted.kind,
+    HumanDecision.kind,
+)
+
+
+def _stored_outcome(stored: dict[str, Any]) -> CreateOutcome:
+    """The outcome of an attempt, read back from its stored (redacted) answer."""
+    raw = stored["raw"]
+    kind = raw.get("outcome")
+    if kind not in ("confirmed", "synchronous", "rejected", "ambiguous", "not_sent"):
+        kind = "ambiguous"  # an answer we cannot read back is a doubt, never a confirmation
+    # what was stored went through the redactor: a job id or result it masked is no longer the
+    # provider's, and an answer kept without its result cannot give it back, so both are doubts
+    # (a provider with tokens is then replayed; one without says so plainly)
+    if kind == "confirmed" and (not raw.get("remote_job_id") or REDACTED in str(raw["remote_job_id"])):
+        kind = "ambiguous"
+    if kind == "synchronous" and ("result" not in raw or REDACTED in compact_json(raw["result"])):
+        kind = "ambiguous"
+    response = Response(
+        http_status=stored.get("http_status"),
+        headers=raw.get("headers") or {},
+        body=raw.get("body"),
+        provider_request_id=stored.get("provider_request_id"),
+        retry_after_s=raw.get("retry_after_s"),
+    )
+    return CreateOutcome(
+        kind=kind,
+        response=response,
+        remote_job_id=raw.get("remote_job_id"),
+        status_url=raw.get("status_url"),
+        result=raw.get("result"),
+        error_class=raw.get("error_class") or ("stored_answer_unusable" if kind == "ambiguous" else ""),
+        detail=raw.get("detail") or "",
+        declared_non_retryable=bool(raw.get("declared_non_retryable")),
+    )
+
+
+def _ids(request_id: str | None) -> tuple[str, ...]:
+    return (request_id,) if request_id else ()

@@ -1,0 +1,456 @@
+"""Observing a running job and collecting its result: one poll or one fetch per call.
+
+Every poll stores an observation (normalised and raw state, HTTP status,
+provider request id, progress, the redacted raw answer, who polled under which
+lease, and when the next poll is due). Progress never implies completion; an
+unknown remote state is recorded and polling goes on. Only a terminal status
+moves the state, and only with that observation as evidence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping
+
+import sqlalchemy as sa
+
+from jobtrail.domain.canonical import canonical_bytes, rfc3339
+from jobtrail.domain.errors import StaleRecord
+from jobtrail.domain.evidence import (
+    CancelIntent,
+    DeadlinePassed,
+    ResultUnavailable,
+    StatusObservation,
+    ValidatedResult,
+    ValidationFailure,
+)
+from jobtrail.domain.failpoints import failpoint
+from jobtrail.domain.record import Operation
+from jobtrail.domain.states import RemoteState, State
+from jobtrail.ledger import schema as t
+from jobtrail.ledger.results import (
+    NO_CREDENTIALS_CHECK,
+    NO_CREDENTIALS_REASON,
+    Check,
+    load_check,
+    prepare_result,
+    validate,
+)
+from jobtrail.ledger.store import Reschedule, Store
+from jobtrail.ledger.writer import Writer
+from jobtrail.providers.contract import Provider
+
+_US = 1_000_000
+#: a result fetch that keeps failing is given up after this many attempts
+MAX_RESULT_ATTEMPTS = 5
+
+_ENDINGS = {
+    RemoteState.SUCCEEDED: State.RESULT_COLLECTING,
+    RemoteState.FAILED: State.FAILED,
+    RemoteState.EXPIRED: State.FAILED,
+    RemoteState.CANCELLED: State.CANCELLED,
+}
+
+
+#: states in which the worker polls the remote job
+WATCHED_STATES = frozenset(
+    {
+        State.ACCEPTED,
+        State.OBSERVING,
+        State.CANCEL_REQUESTED,
+        State.CANCELLING,
+        State.CANCELLATION_UNCONFIRMED,
+        State.RESULT_TIMED_OUT,
+    }
+)
+_CANCEL_STATES = frozenset({State.CANCEL_REQUESTED, State.CANCELLING, State.CANCELLATION_UNCONFIRMED})
+#: states a person has been told about: polled at the back-off's cap, not faster
+_SLOW_STATES = frozenset({State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT})
+
+
+class ObserveFlow:
+    """Polls a remote job; applies the result and cancel deadlines; starts a deferred cancel."""
+
+    def __init__(self, store: Store, writer: Writer, *, actor: str, rng: random.Random | None = None) -> None:
+        self.store = store
+        self.writer = writer
+        self.io = writer.io
+        self.actor = actor
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
+
+    async def advance(self, op: Operation, provider: Provider) -> Operation:
+        if op.state not in WATCHED_STATES:
+            return op
+        now = self.store.clock()
+        if op.next_action_at_us is not None and op.next_action_at_us > now:
+            return op
+        slow = now + int(provider.poll_backoff.cap_s * _US)
+        if op.state in (State.ACCEPTED, State.OBSERVING) and op.cancel_requested_by:
+            return await self._deferred_cancel(op, now)
+        if op.state is State.OBSERVING and op.result_deadline_us is not None and now >= op.result_deadline_us:
+            return await self.writer.transition(
+                op,
+                State.RESULT_TIMED_OUT,
+                DeadlinePassed(deadline="result", observed_at_us=now),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": slow,
+                    "state_reason": (
+                        f"result deadline passed at {rfc3339(op.result_deadline_us)} with the job "
+                        f"{op.remote_state or 'in an unknown state'}; the remote job is NOT assumed stopped"
+                    ),
+                },
+            )
+        if (
+            op.state in (State.CANCEL_REQUESTED, State.CANCELLING)
+            and op.cancel_deadline_us is not None
+            and now >= op.cancel_deadline_us
+        ):
+            return await self.writer.transition(
+                op,
+                State.CANCELLATION_UNCONFIRMED,
+                DeadlinePassed(deadline="cancel", observed_at_us=now),
+                actor=self.actor,
+                changes={
+                    "next_action_at_us": slow,
+                    "state_reason": (
+                        f"cancel deadline passed at {rfc3339(op.cancel_deadline_us)} without the provider confirming "
+                        f"the cancel (last seen: {op.remote_state or 'unknown'}); see `jobtrail ops escalation "
+                        f"{op.operation_id}`"
+                    ),
+                },
+            )
+        status = await provider.status(op)
+        failpoint("observe.after_status")
+        resp = status.response
+        polls = op.polls + 1
+        # Retry-After counts from the answer, not from the request: a slow answer must not pull the next poll
+        # ahead of the time the provider asked for
+        answered = self.store.clock()
+        delay = provider.poll_backoff.after(resp.retry_after_s, polls, self.rng)
+        if op.state in _SLOW_STATES:  # a person has been told: the slow pace, or later if the provider asks
+            delay = max(provider.poll_backoff.cap_s, delay)
+        next_at = answered + int(delay * _US)
+        await self.writer.observe(
+            op.operation_id,
+            kind="status_poll",
+            raw=resp.to_json() | {"error_class": status.error_class, "result_ref": status.result_ref},
+            http_status=resp.http_status,
+            provider_request_id=resp.provider_request_id,
+            remote_state=status.remote_state.value,
+            raw_state=status.raw_state,
+            worker=op.lease_owner,
+            lease_epoch=op.lease_epoch if op.lease_owner else None,
+            progress=status.progress,
+            provider_time=status.provider_time,
+            next_action_at_us=next_at,
+        )
+        effects = {"partial_effects": status.effects} if status.effects is not None else {}
+        if status.error_class:
+            return await self.writer.reschedule(
+                op,
+                {
+                    "polls": polls,
+                    "next_action_at_us": next_at,
+                    **effects,
+                    "state_reason": f"status poll failed ({status.error_class}); next poll at {rfc3339(next_at)}",
+                },
+            )
+        evidence = StatusObservation(
+            remote_state=status.remote_state,
+            raw_state=status.raw_state,
+            http_status=resp.http_status,
+            provider_request_id=resp.provider_request_id,
+            remote_job_id=op.remote_job_id,
+            observed_at=rfc3339(answered),
+            provider_time=status.provider_time,
+            progress=status.progress,
+            result_ref=status.result_ref,
+        )
+        request_ids = (resp.provider_request_id,) if resp.provider_request_id else ()
+        ending = _ENDINGS.get(status.remote_state)
+        if op.state is State.ACCEPTED:
+            op = await self.writer.transition(
+                op,
+                State.OBSERVING,
+                evidence,
+                actor=self.actor,
+                request_ids=request_ids,
+                changes={
+                    "remote_state": status.raw_state,
+                    "polls": polls,
+                    **effects,
+                    "next_action_at_us": now if ending else next_at,
+                },
+            )
+            if ending is None:
+                return op
+        if ending is None:
+            waiting = (
+                "unknown state, still polling"
+                if status.remote_state is RemoteState.UNKNOWN
+                else status.remote_state.value
+            )
+            if op.state is State.RESULT_TIMED_OUT:
+                waiting = f"result deadline passed; the remote job is NOT assumed stopped and is still {waiting}"
+            elif op.state is State.CANCELLATION_UNCONFIRMED:
+                waiting = f"cancel deadline passed and the cancel is still not confirmed (job {waiting})"
+            elif op.state in _CANCEL_STATES:
+                waiting = f"cancel not confirmed yet (job {waiting})"
+            return await self.writer.reschedule(
+                op,
+                {
+                    "remote_state": status.raw_state,
+                    "polls": polls,
+                    "next_action_at_us": next_at,
+                    **effects,
+                    "state_reason": f"{waiting}; next poll at {rfc3339(next_at)}",
+                },
+            )
+        return await self.writer.transition(
+            op,
+            ending,
+            evidence,
+            actor=self.actor,
+            request_ids=request_ids,
+            changes={
+                "remote_state": status.raw_state,
+                "result_ref": status.result_ref,
+                **effects,
+                "state_reason": _ending_reason(op, ending, status.raw_state),
+            },
+        )
+
+    async def _deferred_cancel(self, op: Operation, now: int) -> Operation:
+        """The cancel asked for before the job id was known: its time has come."""
+        window = op.cancel_deadline_us - op.created_at_us if op.cancel_deadline_us is not None else None
+        intent = CancelIntent(
+            requested_by=op.cancel_requested_by or "unknown",
+            reason="cancel requested before the create was confirmed",
+            expected_effect="the job is stopped as soon as its id is known",
+        )
+        return await self.writer.transition(
+            op,
+            State.CANCEL_REQUESTED,
+            intent,
+            actor=self.actor,
+            changes={
+                "cancel_requested_by": None,
+                "cancel_deadline_us": None if window is None else now + window,
+                "state_reason": f"carrying out the cancel {op.cancel_requested_by} asked for before the job id "
+                "was known",
+            },
+        )
+
+
+def _ending_reason(op: Operation, ending: State, raw_state: str | None) -> str:
+    after_cancel = op.state in _CANCEL_STATES
+    if ending is State.RESULT_COLLECTING:
+        if after_cancel:
+            return "the job finished before the cancel took effect; collecting its result"
+        return "the provider reports the job finished; collecting the result"
+    if ending is State.FAILED:
+        return f"the provider reports the job {raw_state}" + (
+            " (after the cancel was requested)" if after_cancel else ""
+        )
+    if after_cancel:
+        return "cancelled: the provider reports the job cancelled"
+    return "the provider reports the job cancelled (not by us)"
+
+
+class CollectFlow:
+    """Fetches, checks and stores a finished job's result: its own recorded action."""
+
+    def __init__(
+        self,
+        store: Store,
+        writer: Writer,
+        *,
+        actor: str,
+        rng: random.Random | None = None,
+        checks: Mapping[str, Check] | None = None,
+    ) -> None:
+        self.store = store
+        self.writer = writer
+        self.io = writer.io
+        self.actor = actor
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
+        self.checks = dict(checks or {})
+
+    def _check_for(self, provider: Provider) -> Check | None:
+        if provider.name in self.checks:
+            return self.checks[provider.name]
+        named = provider.result_spec.check
+        return load_check(named) if named else None
+
+    async def advance(self, op: Operation, provider: Provider) -> Operation:
+        if op.state is not State.RESULT_COLLECTING:
+            return op
+        now = self.store.clock()
+        if op.next_action_at_us is not None and op.next_action_at_us > now:
+            return op
+        ref = op.result_ref
+        if ref is not None and ref.startswith("observation:"):  # a synchronous result, stored at create
+            stored = await self.io(self.store.observation, int(ref.split(":", 1)[1]))
+            raw = stored["raw"] if stored else {}
+            if "withheld" in raw:  # it carried a credential: nothing to store, nothing to hand out
+                return await self._refuse_credential(op)
+            return await self._finish(
+                op, provider, canonical_bytes(raw.get("result")), "application/json", None, "synchronous"
+            )
+        attempts = op.polls + 1
+        one_time = provider.capabilities.result == "one_time"
+        if one_time and op.polls > await self.io(self.store.count_observations, op.operation_id, "result_fetch"):
+            return await self._unavailable(
+                op,
+                f"the one-time result was fetched (attempt {op.polls}) but storing it "
+                "was never recorded, and the provider does not allow fetching it "
+                "again: it may be lost",
+                None,
+            )
+        if one_time:  # durable before the fetch: a crash between fetch and store is then visible as such
+            op = await self.writer.reschedule(op, {"polls": attempts, "state_reason": "fetching the one-time result"})
+        resp = await provider.fetch_result(op, ref)
+        failpoint("collect.after_fetch")
+        await self.writer.observe(
+            op.operation_id,
+            kind="result_fetch",
+            raw={
+                "http_status": resp.http_status,
+                "headers": dict(resp.headers),
+                "attempt": attempts,
+                "size": None if resp.raw is None else len(resp.raw),
+                "error": resp.body,
+            },
+            http_status=resp.http_status,
+            provider_request_id=resp.provider_request_id,
+        )
+        if resp.http_status == 200 and resp.raw is not None:
+            content_type = next((v for k, v in resp.headers.items() if k.lower() == "content-type"), None)
+            return await self._finish(op, provider, resp.raw, content_type, resp.headers, f"fetched {ref or 'result'}")
+        why = f"result fetch {attempts} failed (HTTP {resp.http_status or 'no answer'})"
+        if isinstance(resp.body, dict) and resp.body.get("error") == "refused":  # no request made; asking again
+            return await self._unavailable(op, str(resp.body.get("detail")), None)  # cannot change the answer
+        # an error answer, or a connection that was never made, handed nothing over; silence or 410 may have
+        not_sent = resp.http_status is None and isinstance(resp.body, dict) and resp.body.get("error") == "not_sent"
+        maybe_consumed = resp.http_status == 410 or (resp.http_status is None and not not_sent)
+        if (one_time and maybe_consumed) or attempts >= MAX_RESULT_ATTEMPTS:
+            give_up = (
+                "a one-time result may have been handed over and cannot be fetched again"
+                if one_time and maybe_consumed
+                else f"gave up after {attempts} attempts"
+            )
+            return await self._unavailable(op, f"{why}; {give_up}", resp.http_status)
+        # counted from the answer (Retry-After means "after this answer"), not from when the fetch was sent
+        next_at = self.store.clock() + int(provider.backoff.after(resp.retry_after_s, attempts, self.rng) * _US)
+        return await self.writer.reschedule(
+            op,
+            {"polls": attempts, "next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"},
+        )
+
+    async def _unavailable(self, op: Operation, reason: str, status: int | None) -> Operation:
+        return await self.writer.transition(
+            op,
+            State.RESULT_UNAVAILABLE,
+            ResultUnavailable(reason=reason, http_status=status),
+            actor=self.actor,
+            changes={"state_reason": f"the remote job finished; {reason}"},
+        )
+
+    async def _refuse_credential(self, op: Operation) -> Operation:
+        return await self.writer.transition(
+            op,
+            State.RESULT_VALIDATION_FAILED,
+            ValidationFailure(check=NO_CREDENTIALS_CHECK, reason=NO_CREDENTIALS_REASON),
+            actor=self.actor,
+            changes={
+                "state_reason": f"the remote job finished; its result failed validation ({NO_CREDENTIALS_REASON})"
+            },
+        )
+
+    async def _finish(
+        self,
+        op: Operation,
+        provider: Provider,
+        data: bytes,
+        content_type: str | None,
+        headers: Mapping[str, str] | None,
+        source: str,
+    ) -> Operation:
+        if self.store.redactor.contains_secret(data):
+            return await self._refuse_credential(op)
+        spec = provider.result_spec
+        if headers is None:  # a result that came with the create: no response headers to check a sum against
+            spec = dataclasses.replace(spec, checksum_header=None)
+        checked = validate(data, content_type, headers or {}, spec, self._check_for(provider))
+        failed = checked.failed
+        if failed is not None:
+            reason = f"{failed['check']}: expected {failed['expected']}, saw {failed['seen']}"
+            return await self.writer.transition(
+                op,
+                State.RESULT_VALIDATION_FAILED,
+                ValidationFailure(check=failed["check"], reason=reason),
+                actor=self.actor,
+                changes={"state_reason": f"the remote job finished; its result failed validation ({reason})"},
+            )
+        stored = await self.io(
+            prepare_result,
+            self.store,
+            op.operation_id,
+            data,
+            content_type=content_type,
+            checks=checked.checks,
+            summary=checked.summary,
+        )
+        summary = checked.summary
+        if summary and summary.get("failed"):
+            shown = ", ".join(summary["failed_ids"][:5]) + (", ..." if summary["failed"] > 5 else "")
+            reason = (
+                f"succeeded with partial failures: {summary['failed']} of {summary['items']} items failed "
+                f"({shown}); result stored, sha256 {stored.sha256[:12]}..."
+            )
+        else:
+            reason = f"result stored ({stored.size} bytes, sha256 {stored.sha256[:12]}..., {source})"
+        return await self.writer.transition(
+            op,
+            State.SUCCEEDED,
+            ValidatedResult(
+                sha256=stored.sha256,
+                size=stored.size,
+                content_type=content_type,
+                checks=tuple(c["check"] for c in checked.checks if c["ok"]),
+            ),
+            actor=self.actor,
+            changes={"state_reason": reason},
+            result=stored,
+        )
+
+
+def pull_poll_forward(store: Store, operation_id: str) -> None:
+    """Make the operation's next poll due now (if it is being watched); it decides, not the webhook."""
+    for _ in range(5):
+        op = store.get(operation_id)
+        if op.state not in WATCHED_STATES or (op.next_action_at_us or 0) <= store.clock():
+            return
+        result = store.apply([Reschedule(op=op, changes={"next_action_at_us": store.clock()})])[0]
+        if not isinstance(result, StaleRecord):
+            return
+
+
+def adopt_orphans(store: Store, provider: str, remote_job_id: str, operation_id: str) -> int:
+    """Attach events that arrived before the operation knew its job id; returns how many."""
+    with store._errors("matching orphan webhooks"), store.engine.begin() as conn:
+        adopted = conn.execute(
+            sa.update(t.webhook_events)
+            .where(
+                t.webhook_events.c.provider == provider,
+                t.webhook_events.c.remote_job_id == remote_job_id,
+                t.webhook_events.c.operation_id.is_(None),
+            )
+            .values(operation_id=operation_id)
+        ).rowcount
+    if adopted:
+        store.add_observation(operation_id, kind="webhook", raw={"adopted_orphan_events": adopted})
+        pull_poll_forward(store, operation_id)
+    return int(adopted)

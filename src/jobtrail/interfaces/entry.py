@@ -1,0 +1,47 @@
+"""The ``jobtrail`` console entry: signal handling first, then the command line.
+
+A worker asked to stop while it is still starting (importing, opening the
+database, loading provider files) must exit cleanly with 0, not die by the
+signal. So before anything heavy is imported, SIGTERM and SIGINT only set a
+flag; the worker honours it as soon as its loop runs, and from then on its
+loop's own handlers take over.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+#: the signals (SIGTERM, SIGINT) that arrived before the worker's loop installed its own handlers
+early_signals: set[int] = set()
+
+
+def _remember(signum: int, frame: FrameType | None) -> None:
+    early_signals.add(signum)
+
+
+#: global options that take a value (``jobtrail --db X worker``)
+_VALUED = frozenset({"--db"})
+
+
+def _command(args: list[str]) -> str | None:
+    """The subcommand, skipping the global options before it."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _VALUED:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def main() -> None:
+    if _command(sys.argv[1:]) == "worker":
+        signal.signal(signal.SIGTERM, _remember)
+        signal.signal(signal.SIGINT, _remember)
+    from jobtrail.interfaces.cli import main as cli_main
+
+    cli_main()

@@ -1,0 +1,496 @@
+"""``jobtrail mcp``: jobtrail's tools for agents over the Model Context Protocol.
+
+Agents pick providers by name and pass request bodies; they never hold a
+credential, never choose a URL and never set headers: the operator's provider
+files and the worker keep all of that. The same operation key with the same
+request returns the existing operation (no second job by rephrasing a retry);
+with a changed request it is refused.
+
+A server acts for one agent (``--agent``): it lists, reads, waits on and
+cancels only the operations that agent submitted, and an operation of another
+agent answers exactly like one that does not exist, unless the operator starts
+the server with ``--shared``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import Any, cast
+
+from jobtrail.domain.canonical import rfc3339
+from jobtrail.domain.errors import JobtrailError, OperationNotFound, UsageError, missing_extra
+from jobtrail.flows.cancel import request_cancel
+from jobtrail.runtime.client import AsyncJobtrail
+
+try:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+except ImportError as exc:  # the ``mcp`` extra
+    raise missing_extra("mcp", "the MCP server (jobtrail mcp)", exc) from exc
+from jobtrail.domain.explain import next_action
+from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import Redactor, default_redactor, is_credential_field
+from jobtrail.domain.states import SETTLED_STATES, State
+from jobtrail.ledger.results import ResultMissing, describe, read_result
+
+_WAITING_FOR_A_PERSON = (State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT)
+_RESULT_INLINE = 64 * 1024
+
+#: a request body an agent passes: at most this deep and this large (as compact JSON)
+MAX_REQUEST_DEPTH = 64
+MAX_REQUEST_BYTES = 1024 * 1024
+#: one JSON-RPC line: room for a largest request plus its envelope; deeper or larger is refused unread
+MAX_LINE_BYTES = 2 * MAX_REQUEST_BYTES
+MAX_LINE_DEPTH = MAX_REQUEST_DEPTH + 16
+MAX_LIST = 1000
+
+#: field names that point a request somewhere (normalised: lower case, no ``-``/``_``)
+_URL_KEYS = frozenset(
+    {"url", "uri", "href", "endpoint", "host", "hostname", "baseurl", "proxy", "callback", "webhook", "redirect"}
+)
+_URL_KEY_SUFFIXES = ("url", "uri", "endpoint", "webhook", "callback")
+#: field names that put something on the wire or carry a credential
+_HEADER_KEYS = frozenset({"headers", "header", "requestheaders", "httpheaders", "cookies", "cookie"})
+_WHOLE_URL = re.compile(r"(?is)^\s*(?:[a-z][a-z0-9+.-]*:)?//\S+\s*$")
+
+INSTRUCTIONS = """jobtrail runs long jobs on remote APIs for you and keeps them safe across restarts.
+Submit with an operation_key you will reuse if you retry: the same key and request never start a second job.
+After any restart, call job_status to learn the one next action. Never pass credentials, headers or URLs:
+providers are configured by the operator and chosen by name."""
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _refused(where: str, what: str) -> UsageError:
+    return UsageError(
+        f"request field {where} is refused ({what}): agents cannot pass credentials, headers or URLs; "
+        "the operator configures them on the provider, which you choose by name"
+    )
+
+
+def _depth_and_size(request: Any) -> None:
+    """Bounded before anything walks or encodes the request (iterative: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(request, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_REQUEST_DEPTH:
+            raise UsageError(
+                f"the request is nested deeper than {MAX_REQUEST_DEPTH} levels; flatten it (the limit protects "
+                "the server and the ledger)"
+            )
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, depth + 1) for v in value)
+    size = len(json.dumps(request, ensure_ascii=False, default=str).encode("utf-8"))
+    if size > MAX_REQUEST_BYTES:
+        raise UsageError(
+            f"the request is {size} bytes as JSON, more than the {MAX_REQUEST_BYTES} an agent may pass; "
+            "put large inputs where the provider can fetch them and pass a reference the operator allows"
+        )
+
+
+def _path_matches(path: str, allowed: Iterable[str]) -> bool:
+    wild = re.sub(r"\[\d+\]", "[*]", path)
+    return any(a in (path, wild) for a in allowed)
+
+
+def guard_request(request: Any, *, url_fields: Iterable[str] = (), redactors: Iterable[Redactor] = ()) -> None:
+    """Refuse a request body that reaches past the operator's configuration.
+
+    Checked at every depth, names case- and separator-insensitively: header tables, URL-bearing
+    fields (except the provider's declared ``[create] url_fields``), fields named for credentials,
+    and any value (or field name) that is or encodes a credential: the operator's configured ones
+    by value, and known secret formats. Messages name the field, never its value.
+    """
+    if not isinstance(request, dict):
+        raise UsageError("request must be a JSON object (the body the provider's create endpoint takes)")
+    _depth_and_size(request)
+    allowed = tuple(url_fields)
+    checkers = tuple(redactors) or (default_redactor,)
+
+    def carries_credential(text: str) -> bool:
+        return any(r.looks_like_credential(text) for r in checkers)
+
+    stack: list[tuple[str, Any]] = [("$", request)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                name = str(key)
+                if carries_credential(name):
+                    raise _refused(f"name under {path}", "a field name that carries a credential")
+                sub = f"{path}.{name}"
+                n = _norm(name)
+                if n in _HEADER_KEYS:
+                    raise _refused(sub, "headers")
+                url_named = n in _URL_KEYS or n.endswith(_URL_KEY_SUFFIXES)
+                if url_named and not _path_matches(sub, allowed):
+                    raise _refused(sub, "a URL field the provider does not declare in [create] url_fields")
+                credential_named = is_credential_field(name)
+                if credential_named and item not in (None, "", [], {}) and not isinstance(item, bool | int | float):
+                    raise _refused(sub, "a credential field")
+                stack.append((sub, item))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            if carries_credential(value):
+                raise _refused(path, "its value is or encodes a credential")
+            if _WHOLE_URL.match(value) and not _path_matches(path, allowed):
+                raise _refused(path, "a URL, and the provider does not declare this field in [create] url_fields")
+
+
+def _explained(tool: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Our errors reach the agent as the tool's error message (what is wrong and what to do)."""
+
+    @functools.wraps(tool)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await tool(*args, **kwargs)
+        except JobtrailError as exc:
+            raise ToolError(str(exc)) from None
+
+    return wrapper
+
+
+def _missing(operation_id: str) -> OperationNotFound:
+    """The one answer for an operation that does not exist *or* is another agent's (no existence leak)."""
+    return OperationNotFound(
+        f"no operation {operation_id!r} in this database; "
+        "list them with `jobtrail ops list` (and check --db / JOBTRAIL_DB)",
+        operation_id=operation_id,
+    )
+
+
+def _limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+        raise UsageError(f"limit must be a whole number from 1 to {MAX_LIST}, not {limit!r}")
+    return limit
+
+
+def _seconds(name: str, value: float, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UsageError(f"{name} must be a number of seconds from {low:g} to {high:g}, not {value!r}")
+    if not low <= value <= high:
+        raise UsageError(f"{name} must be from {low:g} to {high:g} seconds, not {value:g}")
+    return float(value)
+
+
+def _url_fields(jt: AsyncJobtrail, provider: str) -> tuple[str, ...]:
+    config = getattr(jt.providers.get(provider), "config", None)
+    extra = getattr(config, "extra", None) or {}
+    return tuple(extra.get("url_fields", ()))
+
+
+def _register_credentials(jt: AsyncJobtrail) -> None:
+    """Resolve each provider's credential once, so the guard knows the operator's values (never shown)."""
+    for provider in jt.providers.values():
+        credential = getattr(getattr(provider, "config", None), "credential", None)
+        if credential is None:
+            continue
+        # not resolvable yet: the worker says so when it sends, and there is nothing to compare against
+        with contextlib.suppress(JobtrailError):
+            credential.resolve()  # registers the value with the redactor
+
+
+def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared: bool = False) -> MCPServer:
+    """The MCP tools, acting for ``agent`` (only its operations unless ``shared``)."""
+    server = MCPServer(name="jobtrail", instructions=INSTRUCTIONS)
+    store = jt.store
+    redactors = (store.redactor,) if store.redactor is default_redactor else (store.redactor, default_redactor)
+    _register_credentials(jt)
+    prefix = f"{agent}/"
+
+    async def own_key(provider: str, key: str) -> str:
+        """Keys are the agent's own: another agent's same key is another operation, and says nothing of it."""
+        if shared:
+            return key
+        earlier = await jt.io(store.find_by_key, provider, key)  # an operation this agent made before keys were its own
+        if earlier is not None and earlier.caller == agent:
+            return key
+        return prefix + key
+
+    def visible(op: Operation) -> bool:
+        return shared or op.caller == agent
+
+    async def get(operation_id: str) -> Operation:
+        """By its id, or by the operation_key this agent gave it (an agent that lost its memory has the key)."""
+        try:
+            op = await jt.io(store.resolve, operation_id, key_prefix="" if shared else prefix)
+        except OperationNotFound:
+            raise _missing(operation_id) from None
+        if not visible(op):
+            raise _missing(operation_id)
+        return op
+
+    def brief(op: Operation) -> dict[str, Any]:
+        key = op.operation_key
+        if not shared and key is not None and key.startswith(prefix):
+            key = key[len(prefix) :]
+        redact = store.redactor
+        return {
+            "operation_id": op.operation_id,
+            "provider": op.provider,
+            "operation_key": key,
+            "state": op.state.value,
+            "reason": None if op.state_reason is None else redact.text(op.state_reason),
+            "remote_job_id": None if op.remote_job_id is None else redact.text(op.remote_job_id),
+            "next_action": next_action(op),
+            "next_action_at": rfc3339(op.next_action_at_us),
+            "caller": op.caller,
+            "approved_by": op.approved_by,
+        }
+
+    caller = None if shared else agent
+
+    @server.tool(
+        description=(
+            "Start a long-running job on a configured provider (by name). Returns the operation id, durable before "
+            "anything is sent, and the next action. Reuse the same operation_key when you retry: the same key and "
+            f"request return the existing operation, a changed request is refused. Providers: {', '.join(jt.providers)}"
+        )
+    )
+    @_explained
+    async def submit_job(
+        provider: str,
+        request: dict[str, Any],
+        operation_key: str,
+        create_deadline_s: int = 3600,
+        result_deadline_s: int = 86400,
+    ) -> dict[str, Any]:
+        jt.provider(provider)  # an unknown provider is named as such before anything else
+        guard_request(request, url_fields=_url_fields(jt, provider), redactors=redactors)
+        if not operation_key or len(operation_key) > 200:
+            raise UsageError("operation_key must be 1 to 200 characters")
+        create_s = _seconds("create_deadline_s", create_deadline_s, 1, 30 * 86400)
+        result_s = _seconds("result_deadline_s", result_deadline_s, 1, 365 * 86400)
+        op = await jt.submit(
+            provider,
+            request,
+            key=await own_key(provider, operation_key),
+            caller=agent,
+            approved_by=approver,
+            create_deadline=timedelta(seconds=create_s),
+            result_deadline=timedelta(seconds=result_s),
+        )
+        if not visible(op):  # only a key that collides across agent names could get here
+            raise UsageError("this operation_key cannot be used by this agent; choose another")
+        if op.state is State.CREATE_PENDING and op.attempts == 0:
+            op = await jt.drive_create(op.operation_id)
+        return brief(op)
+
+    @server.tool(
+        description="Where an operation stands, why, and its one next action (use after any restart). "
+        "operation_id: the id submit_job returned, or the operation_key you gave it."
+    )
+    @_explained
+    async def job_status(operation_id: str) -> dict[str, Any]:
+        return brief(await get(operation_id))
+
+    @server.tool(
+        description=f"List your operations, newest first; filter by state (e.g. needs_attention) or provider. "
+        f"limit is 1 to {MAX_LIST}."
+    )
+    @_explained
+    async def list_jobs(state: str | None = None, provider: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        if state is not None and state not in {s.value for s in State}:
+            raise UsageError(f"state must be one of {', '.join(s.value for s in State)}, not {state!r}")
+        found = await jt.io(
+            store.list_operations, state=state, provider=provider, limit=_limit(limit), caller=caller
+        )
+        return [brief(op) for op in found]
+
+    @server.tool(
+        description="Wait (at most timeout_s seconds, up to 120) until the operation's state changes or "
+        "it settles; returns its status. A worker must be running."
+    )
+    @_explained
+    async def wait_for_change(operation_id: str, timeout_s: float = 30) -> dict[str, Any]:
+        start = await get(operation_id)
+        operation_id = start.operation_id
+        deadline = time.monotonic() + _seconds("timeout_s", timeout_s, 0, 120)
+        op = start
+        while op.state is start.state and op.state not in SETTLED_STATES and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            op = await get(operation_id)
+        return brief(op) | {"changed": op.state is not start.state}
+
+    @server.tool(
+        description="Ask to cancel a job. The intent is recorded first; a worker sends the cancel once and "
+        "only the provider's own status makes it cancelled."
+    )
+    @_explained
+    async def cancel_job(operation_id: str, reason: str) -> dict[str, Any]:
+        operation_id = (await get(operation_id)).operation_id
+        done = await jt.io(request_cancel, store, operation_id, requested_by=f"agent:{agent}", reason=reason)
+        return {"outcome": done.outcome, "message": done.message, **brief(done.operation)}
+
+    @server.tool(description="The collected, validated result of a succeeded job (or why there is none).")
+    @_explained
+    async def get_result(operation_id: str) -> dict[str, Any]:
+        operation_id = (await get(operation_id)).operation_id
+        try:
+            row, data = await jt.io(read_result, store, operation_id)
+        except ResultMissing as exc:
+            return {"operation_id": operation_id, "result": None, "why": store.redactor.text(str(exc))}
+        if any(r.contains_secret(data) for r in redactors):  # never stored so; if it is, it is not handed out
+            raise UsageError(
+                f"the stored result of {operation_id} carries a configured credential and is not handed out; "
+                "tell the operator (check no_credentials)"
+            )
+        out = describe(row)
+        if len(data) <= _RESULT_INLINE:
+            try:
+                out["result"] = json.loads(data)
+            except (ValueError, RecursionError):
+                out["result_text"] = data.decode("utf-8", errors="replace")
+        else:
+            out["note"] = f"the result is {len(data)} bytes; fetch it with `jobtrail result {operation_id} --out FILE`"
+        return out
+
+    @server.tool(
+        description="Your operations that wait for a person (needs_attention, unconfirmed cancels, timed-out "
+        "results), with what the person must decide."
+    )
+    @_explained
+    async def jobs_needing_a_person() -> list[dict[str, Any]]:
+        waiting = []
+        for state in _WAITING_FOR_A_PERSON:
+            found = await jt.io(store.list_operations, state=state, limit=200, caller=caller)
+            waiting += [brief(op) for op in found]
+        return waiting
+
+    return server
+
+
+# -- the stdio transport, guarded --------------------------------------------------------------------
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _nesting(line: bytes) -> int:
+    """How deep a JSON text nests, without parsing it (no recursion, linear time)."""
+    depth = deepest = 0
+    for b in _STRING.sub(b"", line).translate(None, _NOT_BRACKETS):
+        if b in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _error_reply(code: int, message: str, request_id: Any = None) -> str:
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        request_id = None
+    reply = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    return json.dumps(reply, separators=(",", ":")) + "\n"
+
+
+def check_line(line: bytes) -> str | None:
+    """None if ``line`` may go on to the MCP session, else the JSON-RPC error reply for it."""
+    import mcp_types
+
+    if len(line) > MAX_LINE_BYTES:
+        return _error_reply(-32600, f"Invalid Request: a message is at most {MAX_LINE_BYTES} bytes")
+    if _nesting(line) > MAX_LINE_DEPTH:
+        return _error_reply(-32600, f"Invalid Request: a message nests at most {MAX_LINE_DEPTH} levels")
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        return _error_reply(-32700, f"Parse error: the line is not valid JSON ({exc})")
+    try:
+        mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except Exception as exc:  # the SDK's validation error, whatever its class
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        request_id = doc.get("id") if isinstance(doc, dict) else None
+        return _error_reply(-32600, f"Invalid Request: not a JSON-RPC 2.0 message ({first})", request_id)
+    return None
+
+
+class _Wire:
+    """The process's stdin/stdout as the MCP session's streams; bad lines are answered here."""
+
+    def __init__(self, reader: Any, writer: Any) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._lock = threading.Lock()
+
+    def _write_now(self, text: str) -> None:
+        with self._lock:
+            self._writer.write(text.encode("utf-8"))
+            self._writer.flush()
+
+    async def write(self, text: str) -> None:
+        import anyio.to_thread
+
+        await anyio.to_thread.run_sync(self._write_now, text)
+
+    async def flush(self) -> None:
+        return None
+
+    def _read_line(self) -> bytes | None:
+        """One line of at most MAX_LINE_BYTES (+1 to tell it is longer); the rest of a longer one is skipped."""
+        line: bytes = self._reader.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return None
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while True:
+                rest: bytes = self._reader.readline(64 * 1024)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        return line
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        import anyio.to_thread
+
+        while True:
+            line = await anyio.to_thread.run_sync(self._read_line)
+            if line is None:
+                return
+            if not line.strip():
+                continue
+            problem = check_line(line)
+            if problem is not None:
+                await self.write(problem)
+                continue
+            yield line.decode("utf-8", errors="replace")
+
+
+async def serve_stdio(server: MCPServer) -> None:
+    """Serve over stdin/stdout like the SDK, but answer malformed, oversized or too-deep lines with a
+    JSON-RPC error instead of silence, and never hand them to a parser that could recurse on them."""
+    from mcp.server.stdio import stdio_server
+
+    wire_in = os.fdopen(os.dup(sys.stdin.fileno()), "rb")
+    wire_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    # stray output from handlers goes to stderr, never onto the wire
+    saved_out = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        wire = cast(Any, _Wire(wire_in, wire_out))
+        async with stdio_server(stdin=wire, stdout=wire) as (read_stream, write_stream):
+            lowlevel = server._lowlevel_server
+            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+    finally:
+        os.dup2(saved_out, 1)
+        os.close(saved_out)
+        wire_out.close()
+        wire_in.close()

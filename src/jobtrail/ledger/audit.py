@@ -1,0 +1,541 @@
+"""Checking the history: every chain, every record, observation and result, and an anchor kept outside.
+
+``verify`` walks each operation's chain and reports, per operation, the first
+bad entry with its kind, and then every field the chain no longer covers
+(``field`` names it: an operation column, ``observations``, ``observation N``
+or ``result``):
+
+``edited``
+    an entry's stored fields no longer hash to its stored hash; or a column of
+    the operation row, an observation or a stored result differs from the
+    digest its history recorded;
+``gap``
+    a sequence number is missing: an entry was deleted from the middle;
+``reordered``
+    an authentic entry sits at another position than the one it was hashed at;
+``inserted``
+    an entry that is not part of the original chain (it does not link, or
+    it lies beyond the head the operation row records), or observations
+    the history never covered inside a covered range;
+``truncated``
+    entries are missing from the end (against the row's head or the anchor);
+``deleted``
+    an operation the anchor knows is gone, or has no history at all; a
+    covered observation or a recorded result that is gone;
+``anchor_mismatch``
+    the chain is internally consistent but differs from what the anchor
+    recorded (a re-chained history), or the anchor's own HMAC does not match.
+
+What each entry covers is described in :mod:`jobtrail.ledger.chain`. An anchor holds
+every chain head and their Merkle root, optionally HMAC-keyed. Changes made
+after the newest anchor, by someone able to rewrite a whole chain and its row
+consistently, are not detectable: export anchors often and keep them where the
+database's writers cannot reach.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from jobtrail.domain.canonical import canonical_bytes, request_fingerprint, rfc3339
+from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.redact import Secret
+from jobtrail.domain.states import AUTOMATIC_STATES
+from jobtrail.ledger import schema as t
+from jobtrail.ledger.chain import (
+    ENTRY_FIELDS,
+    FIXED_FIELDS,
+    GENESIS,
+    OBSERVATION_FIELDS,
+    SEALED_FIELDS,
+    entry_hash,
+    field_digest,
+    leaf_bytes,
+    merkle_root,
+    observation_digest,
+    window_digest,
+)
+from jobtrail.ledger.store import Store
+
+ANCHOR_FORMAT = "jobtrail-anchor/v1"
+#: rows per fetch while streaming; results carry their bytes, so fewer of them at once
+_BATCH = 2000
+_RESULT_BATCH = 16
+
+
+@dataclass(slots=True)
+class Finding:
+    operation_id: str
+    seq: int
+    kind: str
+    detail: str
+    field: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "operation_id": self.operation_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "field": self.field,
+            "detail": self.detail,
+        }
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """Outcome of :func:`verify`. ``ok`` only when nothing at all was found."""
+
+    operations: int = 0
+    entries: int = 0
+    observations: int = 0
+    results: int = 0
+    root: str = ""
+    anchor_checked: bool = False
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def first_bad(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape of ``jobtrail audit verify --json``."""
+        return {
+            "ok": self.ok,
+            "checked": {
+                "operations": self.operations,
+                "entries": self.entries,
+                "observations": self.observations,
+                "results": self.results,
+            },
+            "head": self.root,
+            "anchor_checked": self.anchor_checked,
+            "first_bad": None if self.first_bad is None else self.first_bad.to_json(),
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+@dataclass(slots=True)
+class _Operation:
+    """Everything stored about one operation, gathered for checking."""
+
+    row: dict[str, Any] | None
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+
+
+def _stream(conn: Any, query: Any, batch: int) -> Iterator[dict[str, Any]]:
+    for row in conn.execution_options(yield_per=batch).execute(query).mappings():
+        yield dict(row)
+
+
+def _gather(store: Store) -> Iterator[tuple[str, _Operation]]:
+    """Each operation id with its row, history, observations and result, streamed in id order."""
+    obs = t.observations.c
+    with store._read() as conn:
+        sources = {
+            "row": _stream(conn, sa.select(t.operations).order_by(t.operations.c.operation_id), _BATCH),
+            "entries": _stream(conn, sa.select(t.history).order_by(t.history.c.operation_id, t.history.c.seq), _BATCH),
+            "observations": _stream(
+                conn,
+                sa.select(obs.observation_id, obs.digest, *(obs[name] for name in OBSERVATION_FIELDS)).order_by(
+                    obs.operation_id, obs.observation_id
+                ),
+                _BATCH,
+            ),
+            "result": _stream(conn, sa.select(t.results).order_by(t.results.c.operation_id), _RESULT_BATCH),
+        }
+        heads = {name: next(source, None) for name, source in sources.items()}
+        while True:
+            pending = [h["operation_id"] for h in heads.values() if h is not None]
+            if not pending:
+                return
+            op_id = min(pending)
+            gathered = _Operation(row=None)
+            for name, source in sources.items():
+                while heads[name] is not None and heads[name]["operation_id"] == op_id:  # type: ignore[index]
+                    item = heads[name]
+                    if name == "row":
+                        gathered.row = item
+                    elif name == "result":
+                        gathered.result = item
+                    else:
+                        getattr(gathered, name).append(item)
+                    heads[name] = next(source, None)
+            yield op_id, gathered
+
+
+def _check_chain(op_id: str, op: dict[str, Any] | None, entries: list[dict[str, Any]]) -> Finding | None:
+    if op is None:
+        seq = entries[0]["seq"] if entries else 0
+        return Finding(op_id, seq, "deleted", "history, observations or a result exist but the operation row is gone")
+    if not entries:
+        return Finding(op_id, 0, "deleted", "the operation has no history at all")
+    by_hash = {e["entry_hash"]: e["seq"] for e in entries}
+    prev = GENESIS
+    newest_version = 0
+    for position, entry in enumerate(entries, start=1):
+        seq = entry["seq"]
+        if seq != position:
+            return Finding(op_id, position, "gap", f"entry {position} is missing (next found: {seq})")
+        if entry["hash_version"] < newest_version:
+            # versions only ever rise: an older one after a newer one was rewritten to shed what it covered
+            return Finding(op_id, seq, "edited", f"entry {seq} was downgraded to hash version {entry['hash_version']}")
+        newest_version = max(newest_version, entry["hash_version"])
+        if _hash(entry) != entry["entry_hash"]:
+            for other in range(1, len(entries) + 2):
+                if other != seq and _hash({**entry, "seq": other}) == entry["entry_hash"]:
+                    return Finding(op_id, seq, "reordered", f"entry {seq} was written as entry {other}")
+            return Finding(op_id, seq, "edited", "stored fields do not match the entry's hash")
+        if entry["prev_hash"] != prev:
+            if entry["prev_hash"] in by_hash:
+                return Finding(
+                    op_id,
+                    seq,
+                    "reordered",
+                    f"entry {seq} follows entry {by_hash[entry['prev_hash']]}, not entry {seq - 1}",
+                )
+            return Finding(
+                op_id,
+                max(seq - 1, 1),
+                "inserted",
+                f"entry {seq - 1} is not the entry that entry {seq} was chained to",
+            )
+        for name in ("request_fingerprint", "trace_id"):
+            if entry[name] != op[name]:
+                return Finding(op_id, seq, "edited", f"{name}: the operation row's value was changed", name)
+        prev = entry["entry_hash"]
+    last = entries[-1]
+    if last["seq"] > op["version"]:
+        return Finding(
+            op_id,
+            op["version"] + 1,
+            "inserted",
+            f"entries beyond the operation's recorded head (version {op['version']})",
+        )
+    if last["seq"] < op["version"]:
+        return Finding(
+            op_id,
+            last["seq"] + 1,
+            "truncated",
+            f"the operation's head is entry {op['version']}, history ends at {last['seq']}",
+        )
+    if last["entry_hash"] != op["history_head"]:
+        return Finding(op_id, last["seq"], "edited", "history_head: does not match the last entry", "history_head")
+    for column, name in (("to_state", "state"), ("remote_job_id", "remote_job_id")):
+        if last[column] != op[name]:
+            return Finding(
+                op_id, last["seq"], "edited", f"{name}: differs from the operation's last history entry", name
+            )
+    return None
+
+
+def _hash(entry: dict[str, Any]) -> str:
+    try:
+        return entry_hash(entry)
+    except ValueError:  # an unknown hash version is an edit, not a crash of the verifier
+        return ""
+
+
+def _covers(entry: dict[str, Any]) -> dict[str, Any] | None:
+    if entry["hash_version"] < 2 or entry.get("covers") is None:
+        return None
+    covers: dict[str, Any] = json.loads(entry["covers"])
+    return covers
+
+
+def _check_row(op_id: str, op: dict[str, Any], entries: list[dict[str, Any]]) -> list[Finding]:
+    """Every column against the entry that covers it: the creation entry, the last entry, or the seal."""
+    findings: list[Finding] = []
+    first = _covers(entries[0])
+    if first is not None:
+        for name in FIXED_FIELDS:
+            if field_digest(op[name]) != first["fixed"][name]:
+                findings.append(
+                    Finding(op_id, 1, "edited", f"{name}: differs from what the creation entry covers", name)
+                )
+    else:  # created before 0006: the fingerprint still covers what we asked for
+        body = json.loads(op["request_body"]) if _is_json(op["request_body"]) else None
+        if request_fingerprint(op["provider"], op["target"], op["endpoint"], body) != op["request_fingerprint"]:
+            findings.append(
+                Finding(
+                    op_id,
+                    1,
+                    "edited",
+                    "request_body: provider, target, endpoint or body no longer match the request fingerprint",
+                    "request_body",
+                )
+            )
+    last = entries[-1]
+    covers = _covers(last)
+    if covers is None:
+        return findings
+    sealed: dict[str, Any] | None = None
+    resting = op["state"] not in {s.value for s in AUTOMATIC_STATES}
+    if not resting:
+        try:
+            sealed = json.loads(op["row_seal"]) if op["row_seal"] is not None else None
+        except ValueError:
+            sealed = None
+        if not isinstance(sealed, dict):
+            findings.append(Finding(op_id, last["seq"], "edited", "row_seal: missing or unreadable", "row_seal"))
+            sealed = {}
+    for name in ENTRY_FIELDS:
+        seen = field_digest(op[name])
+        if sealed is not None and name in SEALED_FIELDS:
+            # a reschedule may have written it since the last entry: the row's seal holds it
+            if seen != sealed.get(name):
+                findings.append(Finding(op_id, last["seq"], "edited", f"{name}: differs from the row's seal", name))
+        elif seen != covers["row"][name]:
+            findings.append(
+                Finding(op_id, last["seq"], "edited", f"{name}: differs from what entry {last['seq']} covers", name)
+            )
+    return findings
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_observations(op_id: str, entries: list[dict[str, Any]], observations: list[dict[str, Any]]) -> list[Finding]:
+    findings: list[Finding] = []
+    floor: int | None = None  # ids at or below this predate 0006 and were never covered
+    for obs in observations:
+        if obs["digest"] is None:
+            continue
+        if observation_digest(obs) != obs["digest"]:
+            findings.append(
+                Finding(
+                    op_id,
+                    0,
+                    "edited",
+                    f"observation {obs['observation_id']}: its stored fields do not match its digest",
+                    f"observation {obs['observation_id']}",
+                )
+            )
+    previous_upto: int | None = None
+    for entry in entries:
+        covers = _covers(entry)
+        if covers is None:
+            continue
+        window = covers["obs"]
+        after, upto = int(window["after"]), int(window["upto"])
+        if floor is None:
+            floor = after
+        if (previous_upto is not None and after != previous_upto) or entry["obs_upto"] != upto:
+            findings.append(
+                Finding(op_id, entry["seq"], "edited", "observations: the covered ranges do not join", "observations")
+            )
+        previous_upto = upto
+        items = [(o["observation_id"], o["digest"]) for o in observations if after < o["observation_id"] <= upto]
+        if len(items) < window["count"]:
+            kind, what = "deleted", f"{window['count'] - len(items)} of them are gone"
+        elif len(items) > window["count"]:
+            kind, what = "inserted", f"{len(items) - window['count']} more are there now"
+        elif window_digest(items) != window["digest"]:
+            kind, what = "edited", "they were altered"
+        else:
+            continue
+        findings.append(
+            Finding(
+                op_id,
+                entry["seq"],
+                kind,
+                f"observations: entry {entry['seq']} covers {window['count']} observations "
+                f"(ids {after + 1}..{upto}); {what}",
+                "observations",
+            )
+        )
+    if floor is not None:
+        for obs in observations:
+            if obs["digest"] is None and obs["observation_id"] > floor:
+                findings.append(
+                    Finding(
+                        op_id,
+                        0,
+                        "edited",
+                        f"observation {obs['observation_id']}: its digest was removed",
+                        f"observation {obs['observation_id']}",
+                    )
+                )
+    return findings
+
+
+def recorded_result_digest(entries: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """(seq, sha256) of the newest entry that recorded a stored result, from the chain itself."""
+    for entry in reversed(entries):
+        covers = _covers(entry)
+        if covers is not None and covers.get("result"):
+            return entry["seq"], str(covers["result"])
+        if covers is None and entry["cause"] == "validated_result":
+            digest = json.loads(entry["evidence"]).get("sha256")
+            if isinstance(digest, str):
+                return entry["seq"], digest
+    return None
+
+
+def _check_result(
+    op_id: str, entries: list[dict[str, Any]], stored: dict[str, Any] | None, results_dir: Path
+) -> list[Finding]:
+    recorded = recorded_result_digest(entries)
+    if recorded is None:
+        # a result stored but never recorded (a crash between the two) is never served: nothing to protect
+        return []
+    seq, digest = recorded
+    if stored is None:
+        return [Finding(op_id, seq, "deleted", f"result: entry {seq} recorded a result; its row is gone", "result")]
+    if stored["body"] is not None:
+        data = bytes(stored["body"])
+    else:
+        try:
+            data = (results_dir / str(stored["path"])).read_bytes()
+        except (OSError, TypeError):
+            return [Finding(op_id, seq, "deleted", f"result: the file {stored['path']} cannot be read", "result")]
+    findings = []
+    if hashlib.sha256(data).hexdigest() != digest:
+        findings.append(
+            Finding(
+                op_id,
+                seq,
+                "edited",
+                f"result: the stored bytes do not hash to the sha256 entry {seq} recorded",
+                "result",
+            )
+        )
+    if stored["sha256"] != digest:
+        findings.append(
+            Finding(
+                op_id, seq, "edited", f"result.sha256: differs from the sha256 entry {seq} recorded", "result.sha256"
+            )
+        )
+    return findings
+
+
+def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | None = None) -> VerifyReport:
+    """Check every chain, every row, observation and result against its chain, and (optionally) an anchor."""
+    from jobtrail.ledger.results import data_dir
+
+    results_dir = data_dir(store)
+    report = VerifyReport()
+    heads: dict[str, tuple[int, str, list[dict[str, Any]]]] = {}
+    leaves: list[bytes] = []
+    for op_id, op in _gather(store):
+        report.operations += 0 if op.row is None else 1
+        report.entries += len(op.entries)
+        report.observations += len(op.observations)
+        report.results += 0 if op.result is None else 1
+        finding = _check_chain(op_id, op.row, op.entries)
+        if finding:
+            finding.field = finding.field or "history"
+            report.findings.append(finding)
+        elif op.row is not None:
+            report.findings.extend(_check_row(op_id, op.row, op.entries))
+            report.findings.extend(_check_observations(op_id, op.entries, op.observations))
+            report.findings.extend(_check_result(op_id, op.entries, op.result, results_dir))
+        if op.entries and op.row is not None:
+            heads[op_id] = (op.entries[-1]["seq"], op.entries[-1]["entry_hash"], op.entries)
+            leaves.append(leaf_bytes(op_id, op.entries[-1]["seq"], op.entries[-1]["entry_hash"]))
+    report.root = merkle_root(leaves)
+    if anchor is not None:
+        report.anchor_checked = True
+        for finding in _check_anchor(anchor, heads, key):
+            finding.field = finding.field or "history"
+            report.findings.append(finding)
+    return report
+
+
+def _check_anchor(
+    anchor: dict[str, Any],
+    heads: dict[str, tuple[int, str, list[dict[str, Any]]]],
+    key: Secret | None,
+) -> list[Finding]:
+    if anchor.get("format") != ANCHOR_FORMAT or not isinstance(anchor.get("heads"), list):
+        raise ConfigError(f"not a jobtrail anchor (expected format {ANCHOR_FORMAT!r})")
+    findings: list[Finding] = []
+    if anchor.get("hmac") is not None:
+        if key is None:
+            raise ConfigError("the anchor is HMAC-keyed; pass the key's name with --key-env NAME")
+        if not hmac.compare_digest(anchor["hmac"], _anchor_mac(anchor, key)):
+            return [Finding("*", 0, "anchor_mismatch", "the anchor's HMAC does not match: the anchor file was altered")]
+    anchored_leaves = [leaf_bytes(h[0], h[1], h[2]) for h in anchor["heads"]]
+    if merkle_root(anchored_leaves) != anchor.get("root"):
+        findings.append(Finding("*", 0, "anchor_mismatch", "the anchor's heads do not hash to its root"))
+    for op_id, seq, head in anchor["heads"]:
+        current = heads.get(op_id)
+        if current is None:
+            findings.append(Finding(op_id, seq, "deleted", "the anchor knows this operation; the database does not"))
+            continue
+        cur_seq, _cur_head, entries = current
+        if cur_seq < seq:
+            findings.append(
+                Finding(
+                    op_id,
+                    cur_seq + 1,
+                    "truncated",
+                    f"the anchor recorded {seq} entries, the database has {cur_seq}",
+                )
+            )
+        elif entries[seq - 1]["entry_hash"] != head:
+            findings.append(
+                Finding(
+                    op_id,
+                    seq,
+                    "anchor_mismatch",
+                    f"entry {seq} differs from the anchored head: the history was rewritten",
+                )
+            )
+    return findings
+
+
+def make_anchor(store: Store, *, key: Secret | None = None, key_name: str | None = None) -> dict[str, Any]:
+    """Every chain head and their Merkle root, to be stored outside the database."""
+    heads: list[list[Any]] = []
+    ops = t.operations.c
+    with store._read() as conn:
+        for row in conn.execute(sa.select(ops.operation_id, ops.version, ops.history_head).order_by(ops.operation_id)):
+            heads.append([row.operation_id, row.version, row.history_head])
+    anchor: dict[str, Any] = {
+        "format": ANCHOR_FORMAT,
+        "created_at": rfc3339(store.clock()),
+        "operations": len(heads),
+        "entries": sum(h[1] for h in heads),
+        "root": merkle_root([leaf_bytes(*h) for h in heads]),
+        "heads": heads,
+        "hmac_key": key_name,
+        "hmac": None,
+    }
+    if key is not None:
+        anchor["hmac"] = _anchor_mac(anchor, key)
+    return anchor
+
+
+def _anchor_mac(anchor: dict[str, Any], key: Secret) -> str:
+    body = {k: v for k, v in anchor.items() if k != "hmac"}
+    return hmac.new(key.reveal().encode(), canonical_bytes(body), hashlib.sha256).hexdigest()
+
+
+def load_anchor(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read anchor {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a jobtrail anchor")
+    return data

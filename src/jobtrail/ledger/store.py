@@ -1,0 +1,1322 @@
+"""The operation ledger on SQLite or PostgreSQL.
+
+Every change is one short transaction: a conditional UPDATE of the operation
+row (on its version and, under a lease, its fencing epoch) and the INSERT of
+one history entry that extends the row's hash chain. The row lock taken by the
+UPDATE serialises writers of one operation, so two writers can never fork a
+chain; writers of different operations never wait for each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from jobtrail.domain.canonical import compact_json, request_fingerprint, to_us
+from jobtrail.domain.errors import (
+    ConfigError,
+    OperationKeyConflict,
+    OperationNotFound,
+    SecretInRequest,
+    StaleRecord,
+    StorageError,
+    UsageError,
+    require_extra,
+)
+from jobtrail.domain.evidence import Evidence, OperationCreated, ValidatedResult
+from jobtrail.domain.ids import new_idempotency_token, new_operation_id, new_trace_id
+from jobtrail.domain.machine import check_transition
+from jobtrail.domain.record import HistoryEntry, Operation, OperationSpec
+from jobtrail.domain.redact import Redactor, default_redactor
+from jobtrail.domain.states import AUTOMATIC_STATES, State
+from jobtrail.ledger import schema as t
+from jobtrail.ledger.chain import (
+    ENTRY_FIELDS,
+    FIXED_FIELDS,
+    GENESIS,
+    HASH_VERSION,
+    entry_hash,
+    field_digests,
+    observation_digest,
+    seal,
+    window_digest,
+)
+
+log = logging.getLogger("jobtrail")
+
+DEFAULT_DB_ENV = "JOBTRAIL_DB"
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+#: Columns a change may set besides the state (the state itself only via the machine).
+MUTABLE_COLUMNS = frozenset(
+    {
+        "remote_job_id",
+        "remote_state",
+        "state_reason",
+        "attempts",
+        "next_action_at_us",
+        "polls",
+        "result_ref",
+        "cancel_requested_by",
+        "partial_effects",
+        "cancel_deadline_us",
+    }
+)
+
+
+def default_db_path() -> Path:
+    """``$XDG_DATA_HOME/jobtrail/jobtrail.db`` (``~/.local/share/jobtrail/jobtrail.db``)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "jobtrail" / "jobtrail.db"
+
+
+def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
+    """``--db`` wins, then ``$JOBTRAIL_DB``, then :func:`default_db_path`.
+
+    A plain path means a SQLite file; ``postgresql://`` URLs use psycopg 3.
+    """
+    raw = str(db) if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
+    if "://" not in raw:
+        path = Path(raw).expanduser().resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
+    scheme = raw.split("://", 1)[0]
+    if scheme in ("postgres", "postgresql", "postgresql+psycopg"):
+        require_extra("postgres", "a PostgreSQL database", "psycopg")
+        return "postgresql+psycopg://" + raw.split("://", 1)[1]
+    if scheme == "sqlite":
+        return raw
+    raise ConfigError(
+        f"unsupported database URL scheme {scheme!r}; use a file path (SQLite) "
+        "or postgresql://user@host:port/dbname (set it with --db or JOBTRAIL_DB)"
+    )
+
+
+def _psycopg(name: str) -> tuple[type[Exception], ...]:
+    """psycopg's error class ``name``, if PostgreSQL is in use (psycopg is the optional ``postgres`` extra).
+
+    Without psycopg imported no psycopg error can be raised, so SQLite users never import it.
+    """
+    module = sys.modules.get("psycopg")
+    return (getattr(module, name),) if module is not None else ()
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """One write to one operation: a transition (``to`` set) or a same-state record."""
+
+    op: Operation
+    evidence: Evidence
+    actor: str
+    to: State | None = None
+    changes: dict[str, Any] = field(default_factory=dict)
+    epoch: int | None = None
+    request_ids: Sequence[str] = ()
+    #: the validated result this change records (its evidence a ValidatedResult of the same sha256):
+    #: stored in the same transaction, so only the lease owner's own transition can store it
+    result: StoredResult | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredResult:
+    """A result's row as the ledger keeps it: the bytes inline, or the path of a content-addressed file."""
+
+    sha256: str
+    size: int
+    content_type: str | None
+    body: bytes | None
+    path: str | None
+    checks: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reschedule:
+    """Update the schedule fields of ``op`` (no state change, no history entry): a poll's outcome."""
+
+    op: Operation
+    changes: dict[str, Any] = field(default_factory=dict)
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observe:
+    """One outside fact to store (redacted) as an observation."""
+
+    operation_id: str
+    kind: str
+    raw: Any
+    http_status: int | None = None
+    provider_request_id: str | None = None
+    remote_state: str | None = None
+    raw_state: str | None = None
+    provider_time: str | None = None
+    worker: str | None = None
+    lease_epoch: int | None = None
+    progress: float | None = None
+    next_action_at_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """Give up the lease on an operation (only if the lease is still ours: same epoch)."""
+
+    operation_id: str
+    epoch: int
+
+
+Write = Change | Reschedule | Observe | Release
+
+
+class Store:
+    """The ledger. Open with :meth:`Store.open`; safe to share between threads."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        redactor: Redactor | None = None,
+        clock: Callable[[], int] = _now_us,
+    ) -> None:
+        self.engine = engine
+        self.redactor = redactor or default_redactor
+        self.clock = clock
+        self.dialect = engine.dialect.name
+        #: (device, inode) of the SQLite file, once seen (see :meth:`check_file`)
+        self._file_identity: tuple[int, int] | None = None
+
+    # -- opening ----------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        db: str | os.PathLike[str] | None = None,
+        *,
+        redactor: Redactor | None = None,
+        clock: Callable[[], int] = _now_us,
+        migrate: bool = True,
+    ) -> Store:
+        """Open (and by default create or upgrade) the ledger at ``db``."""
+        url = resolve_db_url(db)
+        engine = _make_engine(url)
+        store = cls(engine, redactor=redactor, clock=clock)
+        if migrate:
+            store.migrate()
+        store.check_file()
+        return store
+
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to ``revision``; data survives every upgrade."""
+        from jobtrail.ledger.migrate import upgrade
+
+        with self._errors("upgrading the schema"), self.engine.begin() as conn:
+            upgrade(conn, revision)
+
+    def check_file(self) -> None:
+        """Raise :class:`StorageError` if the SQLite file was deleted or replaced since this store first looked.
+
+        SQLite keeps writing to an unlinked file without a word, and the next process
+        would open an empty ledger: a long-running process must stop instead.
+        """
+        path = self.engine.url.database if self.dialect == "sqlite" else None
+        if not path or path == ":memory:":
+            return
+        try:
+            stat = os.stat(path)
+            seen: tuple[int, int] | None = (stat.st_dev, stat.st_ino)
+        except FileNotFoundError:
+            seen = None
+        if self._file_identity is None and seen is not None:
+            self._file_identity = seen
+            return
+        if seen != self._file_identity:
+            what = "deleted" if seen is None else "replaced by another file"
+            raise StorageError(
+                f"the database file {path} was {what} while this process had it open; stopping so that nothing "
+                "more is written where no one will read it. Restore the file (or point --db / JOBTRAIL_DB at "
+                "the right one) and start again"
+            )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            if not isinstance(exc, (sa.exc.DBAPIError, sa.exc.TimeoutError, sqlite3.Error, *_psycopg("Error"))):
+                raise
+            raise StorageError(_explain_db_error(self.engine, doing, exc)) from exc
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._errors("reading"), self.engine.connect() as conn:
+            yield conn.execution_options(jobtrail_read=True)
+
+    # -- creating ---------------------------------------------------------------
+
+    def create_operation(self, spec: OperationSpec, *, actor: str | None = None) -> tuple[Operation, bool]:
+        """Make the record durable. Returns ``(operation, created)``.
+
+        The same ``operation_key`` with the same request returns the existing
+        operation (``created`` is False); with a different request it raises
+        :class:`OperationKeyConflict`.
+        """
+        return self.create_operations([spec], actor=actor)[0]
+
+    def create_operations(
+        self, specs: Sequence[OperationSpec], *, actor: str | None = None
+    ) -> list[tuple[Operation, bool]]:
+        """Make many records durable in one transaction (one commit), as :meth:`create_operation` does.
+
+        If a key collides, each record is then made in its own transaction, so a
+        refused one raises after the records before it are durable.
+        """
+        prepared = [self._new_operation(spec, actor) for spec in specs]
+        try:
+            with self._errors("creating an operation"), self.engine.begin() as conn:
+                conn.execute(_INSERT_OPERATION, [row for _, row, _ in prepared])
+                conn.execute(_INSERT_HISTORY, [entry for _, _, entry in prepared])
+        except StorageError as exc:
+            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                raise
+            if len(prepared) > 1:  # find which one collided, and let each answer for itself
+                return [self.create_operation(spec, actor=actor) for spec in specs]
+            return [(self._existing_for_key(prepared[0][0], prepared[0][1]["request_fingerprint"], exc), False)]
+        for _, row, _ in prepared:
+            log.info("operation %s created (state create_pending)", row["operation_id"])
+        return [(_operation(row), True) for _, row, _ in prepared]
+
+    def _existing_for_key(self, spec: OperationSpec, fingerprint: str, exc: StorageError) -> Operation:
+        existing = None if spec.operation_key is None else self.find_by_key(spec.provider, spec.operation_key)
+        if existing is None:
+            raise exc
+        if existing.request_fingerprint != fingerprint:
+            raise OperationKeyConflict(
+                f"operation key {spec.operation_key!r} already names {existing.operation_id} "
+                f"for provider {spec.provider!r} with a different request "
+                f"(fingerprint {existing.request_fingerprint[:12]}..., yours {fingerprint[:12]}...); "
+                "a changed request is a new operation: submit it with a new operation key",
+                operation_id=existing.operation_id,
+                operation_key=spec.operation_key,
+            ) from None
+        return existing
+
+    def _new_operation(
+        self, spec: OperationSpec, actor: str | None
+    ) -> tuple[OperationSpec, dict[str, Any], dict[str, Any]]:
+        secret_paths = self.redactor.secret_paths(spec.body)
+        if secret_paths:
+            raise SecretInRequest(
+                f"the request body carries what looks like a credential at {', '.join(secret_paths)}; "
+                "jobtrail never stores credentials: configure them on the provider "
+                "(referenced by name, injected at send time) and remove them from the body",
+                paths=secret_paths,
+            )
+        body_text = compact_json(spec.body)
+        fingerprint = request_fingerprint(spec.provider, spec.target, spec.endpoint, spec.body)
+        now = self.clock()
+
+        def deadline(delta: Any) -> int | None:
+            return None if delta is None else now + int(delta.total_seconds() * 1_000_000)
+
+        op_id = new_operation_id(now // 1000)
+        trace_id = new_trace_id()
+        genesis = OperationCreated(request_fingerprint=fingerprint, operation_key=spec.operation_key)
+        row: dict[str, Any] = {
+            "operation_id": op_id,
+            "provider": spec.provider,
+            "target": spec.target,
+            "endpoint": spec.endpoint,
+            "operation_key": spec.operation_key,
+            "request_fingerprint": fingerprint,
+            "request_body": body_text,
+            "idempotency_token": new_idempotency_token(),
+            "trace_id": trace_id,
+            "remote_job_id": None,
+            "state": State.CREATE_PENDING.value,
+            "remote_state": None,
+            "state_reason": None,
+            "attempts": 0,
+            "create_deadline_us": deadline(spec.create_deadline),
+            "result_deadline_us": deadline(spec.result_deadline),
+            "cancel_deadline_us": deadline(spec.cancel_deadline),
+            "caller": spec.caller,
+            "approved_by": spec.approved_by,
+            "created_at_us": now,
+            "updated_at_us": now,
+            "next_action_at_us": now,
+            "version": 1,
+            "lease_owner": None,
+            "lease_expires_at_us": None,
+            "lease_epoch": 0,
+            "polls": 0,
+            "result_ref": None,
+            "cancel_requested_by": None,
+            "partial_effects": None,
+        }
+        row["row_seal"] = seal(row)
+        # the creation entry covers every field fixed now (the token by digest only) and the first values
+        covers = {
+            "fixed": field_digests(row, FIXED_FIELDS),
+            "row": field_digests(row, ENTRY_FIELDS),
+            "obs": {"after": 0, "upto": 0, "count": 0, "digest": window_digest([])},
+        }
+        entry = self._entry(
+            operation_id=op_id,
+            seq=1,
+            at_us=now,
+            actor=actor or spec.caller,
+            from_state=None,
+            to_state=State.CREATE_PENDING,
+            evidence=genesis,
+            remote_job_id=None,
+            trace_id=trace_id,
+            request_ids=(),
+            fingerprint=fingerprint,
+            prev_hash=GENESIS,
+            covers=covers,
+        )
+        row["history_head"] = entry["entry_hash"]
+        return spec, row, entry
+
+    # -- changing ---------------------------------------------------------------
+
+    def transition(
+        self,
+        op: Operation,
+        to: State,
+        evidence: Evidence,
+        *,
+        actor: str,
+        changes: dict[str, Any] | None = None,
+        epoch: int | None = None,
+        request_ids: Sequence[str] = (),
+        result: StoredResult | None = None,
+    ) -> Operation:
+        """Move ``op`` to ``to`` if the state table allows it with this evidence.
+
+        Refused transitions raise :class:`TransitionRefused` and write nothing.
+        A record changed since ``op`` was read raises :class:`StaleRecord`.
+        """
+        return self._apply_one(
+            Change(
+                op=op,
+                to=to,
+                evidence=evidence,
+                actor=actor,
+                changes=changes or {},
+                epoch=epoch,
+                request_ids=request_ids,
+                result=result,
+            )
+        )
+
+    def record(
+        self,
+        op: Operation,
+        evidence: Evidence,
+        *,
+        actor: str,
+        changes: dict[str, Any] | None = None,
+        epoch: int | None = None,
+        request_ids: Sequence[str] = (),
+    ) -> Operation:
+        """Append a history entry without changing state (a create attempt, a poll)."""
+        return self._apply_one(
+            Change(
+                op=op,
+                evidence=evidence,
+                actor=actor,
+                changes=changes or {},
+                epoch=epoch,
+                request_ids=request_ids,
+            )
+        )
+
+    def _apply_one(self, change: Change) -> Operation:
+        result = self.apply([change])[0]
+        if isinstance(result, StaleRecord):
+            raise result
+        assert isinstance(result, Operation)
+        return result
+
+    def apply(self, batch: Sequence[Write]) -> list[Any]:
+        """Apply many writes, of many operations, in one transaction (one commit, one fsync).
+
+        Each :class:`Change` is checked by the state machine before anything is
+        written; a refused change raises and nothing of the batch is written. A
+        change or reschedule whose record moved on (version, or lease epoch) is
+        returned as :class:`StaleRecord` and the others still land. Results come
+        back in order: the new :class:`Operation` for a change or reschedule,
+        the observation id for an :class:`Observe`, None for a :class:`Release`.
+        """
+        now = self.clock()
+        prepared = [self._prepare(item, now) for item in batch]
+        results: list[Any] = [None] * len(prepared)
+        history_rows: list[dict[str, Any]] = []
+        observation_rows: list[dict[str, Any]] = []
+        observation_slots: list[int] = []
+        releases: list[dict[str, Any]] = []
+        result_rows: list[dict[str, Any]] = []
+        with self._errors("recording a transition"), self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                # Lock every row the batch touches, in one order: an observation's id is then
+                # committed before any later entry of its operation reads the observations to
+                # cover (sequence order is not commit order otherwise), and batches cannot deadlock.
+                touched = sorted(
+                    {
+                        item.operation_id if isinstance(item, Observe | Release) else item.op.operation_id
+                        for item, _, _ in prepared
+                    }
+                )
+                conn.execute(
+                    sa.select(t.operations.c.operation_id)
+                    .where(t.operations.c.operation_id.in_(touched))
+                    .order_by(t.operations.c.operation_id)
+                    .with_for_update()
+                ).all()
+            # observations first, so an entry of the same batch covers them; then the conditional
+            # UPDATEs one by one (each one's rowcount says stale or not); then the history INSERTs
+            for slot, (item, update, _entry) in enumerate(prepared):
+                if isinstance(item, Observe):
+                    observation_rows.append(update)
+                    observation_slots.append(slot)
+            if observation_rows:
+                ids = conn.execute(_INSERT_OBSERVATION, observation_rows).scalars().all()
+                for slot, observation_id in zip(observation_slots, ids, strict=True):
+                    results[slot] = int(observation_id)
+            covered: dict[str, int] = {}
+            windows = self._windows(conn, [e["operation_id"] for _, _, e in prepared if e is not None])
+            updates = [
+                (slot, item, update, entry)
+                for slot, (item, update, entry) in enumerate(prepared)
+                if isinstance(item, Change | Reschedule)
+            ]
+            landed: set[str] | None = None
+            distinct = len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates)
+            if self.dialect == "postgresql" and updates and distinct:
+                # one write per operation: no entry depends on another's outcome, so every entry is
+                # finished first and the UPDATEs go in one pipelined round trip instead of one each
+                for _, _, update, entry in updates:
+                    if entry is not None:
+                        self._finish_entry(conn, entry, update, covered, windows)
+                landed = _update_pipelined(conn, [update for _, _, update, _ in updates])
+            for item, update, _entry in prepared:
+                if isinstance(item, Release):
+                    releases.append(update)
+            for slot, item, update, entry in updates:
+                assert isinstance(item, Change | Reschedule)
+                if landed is None:
+                    if entry is not None:
+                        self._finish_entry(conn, entry, update, covered, windows)
+                    ok = _update_statement(update["b_epoch"] is not None).run(conn, update) == 1
+                else:
+                    ok = update["b_operation_id"] in landed
+                if not ok:
+                    results[slot] = self._stale(conn, item)
+                else:
+                    if entry is not None:
+                        history_rows.append(entry)
+                        covered[entry["operation_id"]] = entry["obs_upto"]
+                    if isinstance(item, Change) and item.result is not None:
+                        result_rows.append(_result_row(item.op.operation_id, item.result, now))
+                    results[slot] = _advanced(item.op, update)
+            if history_rows:
+                _RAW_INSERT_HISTORY.run_many(conn, history_rows)
+            if result_rows:
+                _DELETE_RESULT.run_many(conn, [{"b_operation_id": r["operation_id"]} for r in result_rows])
+                _INSERT_RESULT.run_many(conn, result_rows)
+            if releases:
+                _RELEASE.run_many(conn, releases)
+        return results
+
+    def _prepare(self, item: Write, now: int) -> tuple[Write, dict[str, Any], dict[str, Any] | None]:
+        if isinstance(item, Observe):
+            return item, self._observation_row(item, now), None
+        if isinstance(item, Release):
+            return item, {"b_operation_id": item.operation_id, "b_epoch": item.epoch}, None
+        bad = set(item.changes) - MUTABLE_COLUMNS
+        if bad:
+            raise UsageError(f"cannot change {', '.join(sorted(bad))} through a transition")
+        op = item.op
+        to = op.state
+        if isinstance(item, Reschedule) and op.state not in AUTOMATIC_STATES:
+            # nothing is scheduled in a resting state, and a row changed without an entry there is
+            # exactly what the audit reports as an edit
+            raise UsageError(
+                f"operation {op.operation_id} is {op.state.value}: nothing is scheduled in that state, "
+                "so it cannot be rescheduled; record a transition instead"
+            )
+        if isinstance(item, Change) and item.to is not None:
+            check_transition(op, item.to, item.evidence)
+            to = item.to
+        if isinstance(item, Change) and item.result is not None:
+            _check_result(item)
+        values: dict[str, Any] = {
+            "remote_job_id": op.remote_job_id,
+            "remote_state": op.remote_state,
+            "state_reason": None if to is not op.state else op.state_reason,
+            "attempts": op.attempts,
+            "next_action_at_us": op.next_action_at_us,
+            "polls": op.polls,
+            "result_ref": op.result_ref,
+            "cancel_requested_by": op.cancel_requested_by,
+            "partial_effects": op.partial_effects,
+            "cancel_deadline_us": op.cancel_deadline_us,
+        }
+        if to is not op.state:
+            # entering a state decides whether anything happens automatically next,
+            # and starts its request count afresh
+            values["next_action_at_us"] = now if to in AUTOMATIC_STATES else None
+            values["polls"] = 0
+        values.update(item.changes)
+        if to not in AUTOMATIC_STATES:
+            values["next_action_at_us"] = None
+        if values["state_reason"] is not None:
+            values["state_reason"] = self.redactor.text(str(values["state_reason"]))
+        if values["remote_state"] is not None:  # a provider's own word: it may echo a credential
+            values["remote_state"] = self.redactor.text(str(values["remote_state"]))
+        if values["partial_effects"] is not None:  # any JSON value, a bare string too: always encoded
+            values["partial_effects"] = compact_json(self.redactor.value(values["partial_effects"]))
+        epoch = item.epoch if item.epoch is not None else (op.lease_epoch if op.lease_owner else None)
+        update = {
+            **values,
+            "b_operation_id": op.operation_id,
+            "b_version": op.version,
+            "b_epoch": epoch,
+            "state": to.value,
+            "updated_at_us": now,
+            "version": op.version,
+            "history_head": op.history_head,
+        }
+        if isinstance(item, Reschedule):
+            update["row_seal"] = seal(update)
+            return item, update, None
+        # the entry covers the row as this transition writes it; the observations it covers
+        # are read inside the transaction (_finish_entry), which also computes its hash
+        digests = field_digests(update, ENTRY_FIELDS)
+        update["row_seal"] = seal(update, digests)
+        covers: dict[str, Any] = {"row": digests}
+        if isinstance(item.evidence, ValidatedResult):
+            covers["result"] = item.evidence.sha256
+        entry = self._entry(
+            operation_id=op.operation_id,
+            seq=op.version + 1,
+            at_us=now,
+            actor=item.actor,
+            from_state=op.state,
+            to_state=to,
+            evidence=item.evidence,
+            remote_job_id=values["remote_job_id"],
+            trace_id=op.trace_id,
+            request_ids=item.request_ids,
+            fingerprint=op.request_fingerprint,
+            prev_hash=op.history_head,
+            covers=covers,
+            finished=False,
+        )
+        update["version"] = op.version + 1
+        return item, update, entry
+
+    @staticmethod
+    def _windows(conn: Connection, op_ids: Sequence[str]) -> dict[str, tuple[int | None, list[tuple[int, Any]]]]:
+        """For each operation: where its last entry's coverage ends, and the observations stored since.
+
+        One query for the whole batch (the entries' rows are locked already on PostgreSQL).
+        """
+        if not op_ids:
+            return {}
+        o, h, ob = t.operations.c, t.history.c, t.observations.c
+        query = (
+            sa.select(o.operation_id, h.obs_upto, ob.observation_id, ob.digest)
+            .select_from(
+                t.operations.outerjoin(
+                    t.history, sa.and_(h.operation_id == o.operation_id, h.seq == o.version)
+                ).outerjoin(t.observations, sa.and_(ob.operation_id == o.operation_id, ob.observation_id > h.obs_upto))
+            )
+            .where(o.operation_id.in_(sorted(set(op_ids))))
+            .order_by(o.operation_id, ob.observation_id)
+        )
+        out: dict[str, tuple[int | None, list[tuple[int, Any]]]] = {}
+        for op_id, upto, oid, digest in conn.execute(query):
+            _, items = out.setdefault(op_id, (None if upto is None else int(upto), []))
+            if oid is not None:
+                items.append((int(oid), digest))
+        return out
+
+    def _finish_entry(
+        self,
+        conn: Connection,
+        entry: dict[str, Any],
+        update: dict[str, Any],
+        covered: dict[str, int],
+        windows: dict[str, tuple[int | None, list[tuple[int, Any]]]],
+    ) -> None:
+        """Cover the observations stored since the previous entry, then hash the entry (inside the write)."""
+        op_id = entry["operation_id"]
+        after, items = windows.get(op_id, (None, []))
+        if op_id in covered or after is None:
+            # rare: a second entry of one operation in a batch, or the previous entry predates 0006
+            # (then the operation's older observations stay uncovered)
+            after = covered.get(op_id)
+            if after is None:
+                after = int(_LEGACY_OBSERVATIONS.fetch(conn, {"b_operation_id": op_id})[0][0] or 0)
+            items = [
+                (int(oid), digest)
+                for oid, digest in _OBSERVATION_WINDOW.fetch(conn, {"b_operation_id": op_id, "b_after": after})
+            ]
+        upto = items[-1][0] if items else after
+        covers = entry["covers"]
+        covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
+        entry["covers"] = compact_json(covers)
+        entry["obs_upto"] = upto
+        entry["entry_hash"] = entry_hash(entry)
+        update["history_head"] = entry["entry_hash"]
+
+    def _stale(self, conn: Connection, change: Change | Reschedule) -> StaleRecord:
+        current = conn.execute(
+            sa.select(t.operations.c.version, t.operations.c.lease_epoch).where(
+                t.operations.c.operation_id == change.op.operation_id
+            )
+        ).first()
+        op_id = change.op.operation_id
+        if current is None:
+            return StaleRecord(f"operation {op_id} no longer exists", operation_id=op_id)
+        epoch = change.epoch if change.epoch is not None else (change.op.lease_epoch if change.op.lease_owner else None)
+        if epoch is not None and current.lease_epoch != epoch:
+            return StaleRecord(
+                f"operation {op_id}: lease epoch {epoch} is no longer current "
+                f"(now {current.lease_epoch}); another worker claimed it, so this write was "
+                "refused: drop the operation and let the lease owner act",
+                operation_id=op_id,
+                epoch=epoch,
+            )
+        return StaleRecord(
+            f"operation {op_id} changed since it was read (version {change.op.version}, "
+            f"now {current.version}); read it again and decide again",
+            operation_id=op_id,
+            version=change.op.version,
+        )
+
+    def _entry(
+        self,
+        *,
+        operation_id: str,
+        seq: int,
+        at_us: int,
+        actor: str,
+        from_state: State | None,
+        to_state: State,
+        evidence: Evidence,
+        remote_job_id: str | None,
+        trace_id: str,
+        request_ids: Sequence[str],
+        fingerprint: str,
+        prev_hash: str,
+        covers: dict[str, Any],
+        finished: bool = True,
+    ) -> dict[str, Any]:
+        redact = self.redactor
+        row: dict[str, Any] = {
+            "operation_id": operation_id,
+            "seq": seq,
+            "at_us": at_us,
+            "actor": redact.text(actor),
+            "from_state": None if from_state is None else from_state.value,
+            "to_state": to_state.value,
+            "cause": evidence.kind,
+            "evidence": compact_json(redact.value(evidence.to_json())),
+            "remote_job_id": remote_job_id,
+            "trace_id": trace_id,
+            "request_ids": compact_json([redact.text(r) for r in request_ids]),
+            "request_fingerprint": fingerprint,
+            "prev_hash": prev_hash,
+            "hash_version": HASH_VERSION,
+            # unfinished: _finish_entry adds the observation window, then encodes and hashes
+            "covers": covers,
+            "obs_upto": 0,
+        }
+        if finished:
+            row["covers"] = compact_json(covers)
+            row["entry_hash"] = entry_hash(row)
+        return row
+
+    # -- observations -------------------------------------------------------------
+
+    def add_observation(self, operation_id: str, *, kind: str, raw: Any, **fields: Any) -> int:
+        """Store one outside fact with its redacted raw response; returns its id."""
+        result: int = self.apply([Observe(operation_id=operation_id, kind=kind, raw=raw, **fields)])[0]
+        return result
+
+    def _observation_row(self, item: Observe, now: int) -> dict[str, Any]:
+        redact = self.redactor
+        row: dict[str, Any] = {
+            "operation_id": item.operation_id,
+            "kind": item.kind,
+            "fetched_at_us": now,
+            "provider_time": item.provider_time,
+            "http_status": item.http_status,
+            "provider_request_id": None if item.provider_request_id is None else redact.text(item.provider_request_id),
+            "remote_state": item.remote_state,
+            "raw_state": None if item.raw_state is None else redact.text(item.raw_state),
+            # a synchronous result is user data: kept byte-exact (or withheld whole), never field-masked
+            "raw": compact_json(
+                redact.result_value(item.raw) if item.kind == "synchronous_result" else redact.value(item.raw)
+            ),
+            "worker": item.worker,
+            "lease_epoch": item.lease_epoch,
+            "progress": item.progress,
+            "next_action_at_us": item.next_action_at_us,
+        }
+        row["digest"] = observation_digest(row)
+        return row
+
+    def observations(self, operation_id: str) -> list[dict[str, Any]]:
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(t.observations)
+                .where(t.observations.c.operation_id == operation_id)
+                .order_by(t.observations.c.observation_id)
+            ).mappings()
+            return [{**row, "raw": json.loads(row["raw"])} for row in rows]
+
+    def observation(self, observation_id: int) -> dict[str, Any] | None:
+        with self._read() as conn:
+            row = (
+                conn.execute(sa.select(t.observations).where(t.observations.c.observation_id == observation_id))
+                .mappings()
+                .first()
+            )
+        return None if row is None else {**row, "raw": json.loads(row["raw"])}
+
+    def count_observations(self, operation_id: str, kind: str) -> int:
+        with self._read() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(t.observations)
+                    .where(t.observations.c.operation_id == operation_id, t.observations.c.kind == kind)
+                ).scalar_one()
+            )
+
+    # -- reading ------------------------------------------------------------------
+
+    def get(self, operation_id: str) -> Operation:
+        with self._read() as conn:
+            row = (
+                conn.execute(sa.select(t.operations).where(t.operations.c.operation_id == operation_id))
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise OperationNotFound(
+                f"no operation {operation_id!r} in this database; "
+                "list them with `jobtrail ops list` (and check --db / JOBTRAIL_DB)",
+                operation_id=operation_id,
+            )
+        return _operation(row)
+
+    def resolve(self, ref: str, *, key_prefix: str = "") -> Operation:
+        """An operation by its id, or else by its operation key (``key_prefix`` + ``ref``).
+
+        A key used with several providers names no single operation: the error lists their ids.
+        """
+        try:
+            return self.get(ref)
+        except OperationNotFound:
+            pass
+        with self._read() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(t.operations)
+                    .where(t.operations.c.operation_key == key_prefix + ref)
+                    .order_by(t.operations.c.provider)
+                    .limit(20)
+                )
+                .mappings()
+                .all()
+            )
+        if len(rows) == 1:
+            return _operation(rows[0])
+        if rows:
+            listed = ", ".join(f"{r['operation_id']} ({r['provider']})" for r in rows)
+            raise UsageError(f"the key {ref!r} is used with several providers: {listed}; give the operation id")
+        raise OperationNotFound(
+            f"no operation has the id or key {ref!r} in this database; "
+            "list them with `jobtrail ops list` (and check --db / JOBTRAIL_DB)",
+            operation_id=ref,
+        )
+
+    def find_by_key(self, provider: str, operation_key: str) -> Operation | None:
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    sa.select(t.operations).where(
+                        t.operations.c.provider == provider,
+                        t.operations.c.operation_key == operation_key,
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else _operation(row)
+
+    def list_operations(
+        self,
+        *,
+        state: State | str | Sequence[State | str] | None = None,
+        provider: str | None = None,
+        limit: int | None = 100,
+        caller: str | None = None,
+        key: str | None = None,
+    ) -> list[Operation]:
+        """Operations, newest first, filtered by state (one or several), provider, caller and key."""
+        query = _listed(sa.select(t.operations), state, provider, caller, key)
+        query = query.order_by(t.operations.c.operation_id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            return [_operation(row) for row in conn.execute(query).mappings()]
+
+    def count_operations(
+        self,
+        *,
+        state: State | str | Sequence[State | str] | None = None,
+        provider: str | None = None,
+        caller: str | None = None,
+        key: str | None = None,
+    ) -> int:
+        """How many operations :meth:`list_operations` would list without its limit."""
+        query = _listed(sa.select(sa.func.count()).select_from(t.operations), state, provider, caller, key)
+        with self._read() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def history(self, operation_id: str) -> list[HistoryEntry]:
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(t.history).where(t.history.c.operation_id == operation_id).order_by(t.history.c.seq)
+            ).mappings()
+            return [HistoryEntry(**row) for row in rows]
+
+    def claim(
+        self,
+        worker: str,
+        *,
+        limit: int,
+        lease_s: float,
+        providers: Sequence[str] | None = None,
+        states: Sequence[State] | None = None,
+    ) -> list[Operation]:
+        """Lease up to ``limit`` due operations (next action due, lease free or expired).
+
+        Each claim raises the operation's fencing epoch, so writes made under an
+        older lease are refused. PostgreSQL skips rows other workers are claiming.
+        """
+        now = self.clock()
+        ops = t.operations
+        due = (
+            sa.select(ops.c.operation_id)
+            .where(
+                ops.c.next_action_at_us <= now,
+                sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
+                *_filters(providers, states),
+            )
+            .order_by(ops.c.next_action_at_us, ops.c.operation_id)
+            .limit(limit)
+        )
+        if self.dialect == "postgresql":
+            due = due.with_for_update(skip_locked=True)
+        stmt = (
+            sa.update(ops)
+            .where(ops.c.operation_id.in_(due.scalar_subquery()))
+            .values(
+                lease_owner=worker,
+                lease_expires_at_us=now + int(lease_s * 1_000_000),
+                lease_epoch=ops.c.lease_epoch + 1,
+            )
+            .returning(*ops.c)
+        )
+        with self._errors("claiming operations"), self.engine.begin() as conn:
+            rows = conn.execute(stmt).mappings().all()
+        # RETURNING promises no order: earliest due first, as the claim chose them
+        return sorted((_operation(row) for row in rows), key=lambda op: (op.next_action_at_us, op.operation_id))
+
+    def lease(self, operation_id: str, owner: str, *, lease_s: float) -> Operation | None:
+        """Lease one operation, due or not, if nobody holds a live lease on it (raising its epoch).
+
+        Returns None while another owner's lease is live: that owner is acting
+        (or about to) and nobody else may. Raises :class:`OperationNotFound`.
+        """
+        now = self.clock()
+        ops = t.operations
+        stmt = (
+            sa.update(ops)
+            .where(
+                ops.c.operation_id == operation_id,
+                sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
+            )
+            .values(
+                lease_owner=owner,
+                lease_expires_at_us=now + int(lease_s * 1_000_000),
+                lease_epoch=ops.c.lease_epoch + 1,
+            )
+            .returning(*ops.c)
+        )
+        with self._errors("leasing an operation"), self.engine.begin() as conn:
+            row = conn.execute(stmt).mappings().first()
+        if row is None:
+            self.get(operation_id)  # raises if there is no such operation
+            return None
+        return _operation(row)
+
+    def answer_to_attempt(self, operation_id: str, attempt: int) -> dict[str, Any] | None:
+        """The stored answer (``create_response`` observation) to create attempt ``attempt``, or None.
+
+        Looks at the newest few only: a late answer to an older attempt (its owner's lease
+        had run out) may have been stored after the one sought.
+        """
+        obs = t.observations
+        with self._read() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(obs)
+                    .where(obs.c.operation_id == operation_id, obs.c.kind == "create_response")
+                    .order_by(obs.c.observation_id.desc())
+                    .limit(8)
+                )
+                .mappings()
+                .all()
+            )
+        for row in rows:
+            raw = json.loads(row["raw"])
+            if isinstance(raw, dict) and raw.get("attempt") == attempt:
+                return {**row, "raw": raw}
+        return None
+
+    def next_due_us(
+        self, *, providers: Sequence[str] | None = None, states: Sequence[State] | None = None
+    ) -> int | None:
+        """When the earliest automatic action is due (None: nothing will happen without a person)."""
+        query = sa.select(sa.func.min(t.operations.c.next_action_at_us)).where(*_filters(providers, states))
+        with self._read() as conn:
+            value = conn.execute(query).scalar()
+        return None if value is None else int(value)
+
+    def last_entry(self, operation_id: str, *, causes: Sequence[str] = ()) -> HistoryEntry | None:
+        """The newest history entry (whose cause is one of ``causes``, when given)."""
+        where = [t.history.c.operation_id == operation_id]
+        if causes:
+            where.append(t.history.c.cause.in_(list(causes)))
+        with self._read() as conn:
+            row = (
+                conn.execute(sa.select(t.history).where(*where).order_by(t.history.c.seq.desc()).limit(1))
+                .mappings()
+                .first()
+            )
+        return None if row is None else HistoryEntry(**row)
+
+    def count(self) -> int:
+        with self._read() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(t.operations)).scalar_one())
+
+
+def _listed(
+    query: sa.Select[Any],
+    state: State | str | Sequence[State | str] | None,
+    provider: str | None,
+    caller: str | None,
+    key: str | None,
+) -> sa.Select[Any]:
+    ops = t.operations.c
+    if state is not None:
+        states = [state] if isinstance(state, State | str) else list(state)
+        query = query.where(ops.state.in_([State(s).value for s in states]))
+    if provider is not None:
+        query = query.where(ops.provider == provider)
+    if caller is not None:
+        query = query.where(ops.caller == caller)
+    if key is not None:
+        query = query.where(ops.operation_key == key)
+    return query
+
+
+def _filters(providers: Sequence[str] | None, states: Sequence[State] | None) -> list[Any]:
+    out: list[Any] = []
+    if providers is not None:
+        out.append(t.operations.c.provider.in_(list(providers)))
+    if states is not None:
+        out.append(t.operations.c.state.in_([State(s).value for s in states]))
+    return out
+
+
+def _operation(row: Any) -> Operation:
+    data = dict(row)
+    data.pop("row_seal", None)  # the audit's, not the record's
+    data["state"] = State(data["state"])
+    data["request_body"] = json.loads(data["request_body"])
+    if data.get("partial_effects") is not None:
+        data["partial_effects"] = json.loads(data["partial_effects"])
+    return Operation(**data)
+
+
+def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
+    data = {f: getattr(op, f) for f in Operation.__dataclass_fields__}
+    for key in (*MUTABLE_COLUMNS, "updated_at_us", "version", "history_head"):
+        data[key] = update[key]
+    data["state"] = State(update["state"])
+    if data["partial_effects"] is not None:
+        data["partial_effects"] = json.loads(data["partial_effects"])
+    return Operation(**data)
+
+
+_INSERT_OPERATION = sa.insert(t.operations)
+_INSERT_HISTORY = sa.insert(t.history)
+_INSERT_OBSERVATION = sa.insert(t.observations).returning(t.observations.c.observation_id, sort_by_parameter_order=True)
+_UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head", "row_seal")
+
+
+class _Prepared:
+    """A statement compiled once per dialect and run straight on the DBAPI cursor.
+
+    The hot writes (a record's conditional UPDATE, history INSERTs, lease
+    releases) skip SQLAlchemy's per-call work; they still run inside the
+    SQLAlchemy transaction, on its connection.
+    """
+
+    def __init__(self, statement: sa.Update | sa.Insert | sa.Delete | sa.Select[Any]) -> None:
+        self.statement = statement
+        #: per dialect: (SQL, values fixed in the statement, parameter names, positional or not)
+        self._compiled: dict[str, tuple[str, dict[str, Any], tuple[str, ...], bool]] = {}
+
+    def _args(self, conn: Connection, params: dict[str, Any]) -> tuple[str, Any]:
+        entry = self._compiled.get(conn.dialect.name)
+        if entry is None:
+            compiled = self.statement.compile(dialect=conn.dialect)
+            # learn once what SQLAlchemy's construct_params (a tenth of a write's time) adds: the
+            # values written into the statement itself (``.values(lease_owner=None)``), by rendered name
+            sample = compiled.construct_params(params)
+            fixed = {k: v for k, v in sample.items() if k not in params}
+            names = tuple(compiled.positiontup or sample)
+            # published whole, in one assignment: another thread sees all of it or none of it
+            entry = self._compiled[conn.dialect.name] = (compiled.string, fixed, names, bool(compiled.positiontup))
+        sql, fixed, names, positional = entry
+        values = {**fixed, **params} if fixed else params
+        if positional:
+            return sql, [values[name] for name in names]
+        return sql, {name: values[name] for name in names}
+
+    def run(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Execute once; returns the number of rows it touched."""
+        sql, args = self._args(conn, params)
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql, args)
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    def fetch(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
+        """Execute a query once; returns its rows as tuples."""
+        sql, args = self._args(conn, params)
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql, args)
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
+    def run_many(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        sql = self._args(conn, rows[0])[0]
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.executemany(sql, [self._args(conn, row)[1] for row in rows])
+        finally:
+            cursor.close()
+
+
+_RELEASE = _Prepared(
+    sa.update(t.operations)
+    .where(
+        t.operations.c.operation_id == sa.bindparam("b_operation_id"),
+        t.operations.c.lease_epoch == sa.bindparam("b_epoch"),
+    )
+    .values(lease_owner=None, lease_expires_at_us=None)
+)
+_OBSERVATION_WINDOW = _Prepared(
+    sa.select(t.observations.c.observation_id, t.observations.c.digest)
+    .where(
+        t.observations.c.operation_id == sa.bindparam("b_operation_id"),
+        t.observations.c.observation_id > sa.bindparam("b_after"),
+    )
+    .order_by(t.observations.c.observation_id)
+)
+_LEGACY_OBSERVATIONS = _Prepared(
+    sa.select(sa.func.max(t.observations.c.observation_id)).where(
+        t.observations.c.operation_id == sa.bindparam("b_operation_id"), t.observations.c.digest.is_(None)
+    )
+)
+_DELETE_RESULT = _Prepared(sa.delete(t.results).where(t.results.c.operation_id == sa.bindparam("b_operation_id")))
+_INSERT_RESULT = _Prepared(sa.insert(t.results).values({c.name: sa.bindparam(c.name) for c in t.results.c}))
+_RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
+
+
+def _check_result(change: Change) -> None:
+    """A result is stored only by the transition to succeeded that records exactly it."""
+    result, evidence = change.result, change.evidence
+    assert result is not None
+    same = (
+        isinstance(evidence, ValidatedResult)
+        and (evidence.sha256, evidence.size, evidence.content_type) == (result.sha256, result.size, result.content_type)
+        and (result.body is None) != (result.path is None)
+        and (
+            result.body is None
+            or (len(result.body), hashlib.sha256(result.body).hexdigest()) == (result.size, result.sha256)
+        )
+    )
+    if change.to is not State.SUCCEEDED or not same:
+        raise UsageError(
+            "a result is stored only with the transition to succeeded whose ValidatedResult evidence "
+            "names its sha256, size and content type"
+        )
+
+
+def _result_row(operation_id: str, result: StoredResult, now: int) -> dict[str, Any]:
+    return {
+        "operation_id": operation_id,
+        "sha256": result.sha256,
+        "size": result.size,
+        "content_type": result.content_type,
+        "body": result.body,
+        "path": result.path,
+        "checks": compact_json(result.checks),
+        "summary": None if result.summary is None else compact_json(result.summary),
+        "redacted": False,  # kept for the schema: results are never altered
+        "stored_at_us": now,
+    }
+
+
+def _update_pipelined(conn: Connection, updates: list[dict[str, Any]]) -> set[str]:
+    """Run the conditional UPDATEs of distinct operations pipelined (PostgreSQL); returns those that landed.
+
+    psycopg's executemany sends every parameter set before reading any answer (one round trip), and
+    RETURNING names each row that matched its version and epoch.
+    """
+    landed: set[str] = set()
+    cursor: Any = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # psycopg's own cursor
+    try:
+        for fenced in (False, True):
+            group = [u for u in updates if (u["b_epoch"] is not None) is fenced]
+            if not group:
+                continue
+            prepared = _update_statement(fenced, returning=True)
+            sql = prepared._args(conn, group[0])[0]
+            cursor.executemany(sql, [prepared._args(conn, u)[1] for u in group], returning=True)
+            while True:
+                landed.update(row[0] for row in cursor.fetchall())
+                if not cursor.nextset():
+                    break
+    finally:
+        cursor.close()
+    return landed
+
+
+@functools.cache
+def _update_statement(fenced: bool, returning: bool = False) -> _Prepared:
+    """The conditional UPDATE of one record: on its version and, under a lease, its epoch."""
+    stmt = (
+        sa.update(t.operations)
+        .where(
+            t.operations.c.operation_id == sa.bindparam("b_operation_id"),
+            t.operations.c.version == sa.bindparam("b_version"),
+        )
+        .values({name: sa.bindparam(name) for name in _UPDATE_VALUES})
+    )
+    if fenced:
+        stmt = stmt.where(t.operations.c.lease_epoch == sa.bindparam("b_epoch"))
+    if returning:
+        stmt = stmt.returning(t.operations.c.operation_id)
+    return _Prepared(stmt)
+
+
+def _make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url)
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    # We issue BEGIN ourselves (see _sqlite_begin): the driver's own implicit
+    # transactions would start too late for a write lock taken up front.
+    dbapi_conn.isolation_level = None
+    cursor = dbapi_conn.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA synchronous = FULL")
+    cursor.execute("PRAGMA secure_delete = ON")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    # Writers take the write lock at BEGIN, so a writer waits (busy_timeout)
+    # instead of failing when it upgrades from a read lock.
+    if conn.get_execution_options().get("jobtrail_read"):
+        conn.exec_driver_sql("BEGIN")
+    else:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _explain_db_error(engine: Engine, doing: str, exc: Exception) -> str:
+    where = engine.url.render_as_string(hide_password=True)
+    orig = getattr(exc, "orig", None)
+    text = str(orig) if orig is not None else str(exc)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if "locked" in text or "busy" in text:
+        hint = (
+            f"another process held the write lock for more than {SQLITE_BUSY_TIMEOUT_MS // 1000} s; "
+            "nothing was written, retry, or stop the process holding the database"
+        )
+    elif "unable to open" in text or "No such file" in text or "readonly" in text:
+        hint = "check that the path exists and is writable (set it with --db or JOBTRAIL_DB)"
+    elif "Connection refused" in text or "could not connect" in text or "connection failed" in text:
+        hint = "is the PostgreSQL server running and reachable? check --db / JOBTRAIL_DB"
+    elif "append-only" in text:
+        hint = "history entries can never be changed or deleted"
+    elif isinstance(exc, (sa.exc.IntegrityError, sqlite3.IntegrityError, *_psycopg("IntegrityError"))):
+        hint = "a uniqueness or reference rule refused the write; nothing was written"
+    else:
+        hint = "nothing was written; check the database and retry"
+    return f"database error while {doing} ({where}): {first}; {hint}"
+
+
+__all__ = ["Change", "Store", "default_db_path", "resolve_db_url", "to_us"]

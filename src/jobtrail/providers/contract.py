@@ -1,0 +1,240 @@
+"""The provider contract: what an adapter for one remote API declares and does.
+
+A provider states its guarantees as :class:`Capabilities` and performs five
+calls. Each call returns an outcome object and never raises for what the
+remote side did (time-outs, resets, odd status codes, malformed bodies): those
+are facts to record. It raises only for our own misuse or misconfiguration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any, Literal, Protocol
+
+from jobtrail.domain.backoff import Backoff
+from jobtrail.domain.record import Operation
+from jobtrail.domain.states import RemoteState
+from jobtrail.ledger.results import ResultSpec
+
+
+class ReconcileMode(StrEnum):
+    """How a provider lets us find out whether a create we may have sent made a job."""
+
+    #: Re-send the create with the same idempotency token; the provider answers with the original job.
+    REPLAY = "replay"
+    #: List or search jobs by a client reference we sent with the create.
+    LIST_BY_REFERENCE = "list_by_reference"
+    #: Read the job's status by a client-supplied id (our token).
+    STATUS_BY_CLIENT_ID = "status_by_client_id"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPlacement:
+    """Where the idempotency token travels on a create."""
+
+    where: Literal["header", "body", "none"]
+    name: str = ""
+    #: IETF draft: the header is an RFC 8941 sf-string, i.e. double-quoted. Stripe-style is bare.
+    quoted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """A provider's contract, as far as at-most-once creation and honest endings depend on it."""
+
+    token: TokenPlacement
+    #: How long the provider remembers a token (None: not documented).
+    token_retention: timedelta | None
+    #: Reconciliation paths, tried in order; empty means none exists.
+    reconcile: tuple[ReconcileMode, ...]
+    cancel: bool
+    cancel_idempotent: bool
+    result: Literal["safe_read", "one_time"]
+    webhook_scheme: str | None
+    states: Mapping[str, RemoteState]
+    resume: bool = False
+
+    def normalise(self, raw: str | None) -> RemoteState:
+        """Map a raw provider state; anything unmapped is ``unknown`` (never terminal)."""
+        if raw is None:
+            return RemoteState.UNKNOWN
+        return self.states.get(raw, self.states.get(raw.lower(), RemoteState.UNKNOWN))
+
+    @property
+    def at_most_once(self) -> bool:
+        """Can a doubtful create be settled without risking a second job?"""
+        return bool(self.reconcile)
+
+
+CreateKind = Literal["confirmed", "synchronous", "rejected", "ambiguous", "not_sent"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Response:
+    """What came back over the wire, before redaction (the store redacts it)."""
+
+    http_status: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+    provider_request_id: str | None = None
+    retry_after_s: float | None = None
+    #: the undecoded body (result fetches only); never stored as is
+    raw: bytes | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"http_status": self.http_status, "headers": dict(self.headers), "body": self.body}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateOutcome:
+    """The result of one create (or replay) attempt."""
+
+    kind: CreateKind
+    response: Response = field(default_factory=Response)
+    remote_job_id: str | None = None
+    status_url: str | None = None
+    result: Any = None
+    error_class: str = ""
+    detail: str = ""
+    declared_non_retryable: bool = False
+
+
+LookupKind = Literal["found", "absent", "unknown"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LookupOutcome:
+    """The result of asking, by a reconciliation path other than replay, whether our job exists."""
+
+    kind: LookupKind
+    path: ReconcileMode
+    response: Response = field(default_factory=Response)
+    #: every job the provider associates with our token (more than one breaks its contract)
+    remote_job_ids: tuple[str, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusOutcome:
+    """One status read."""
+
+    remote_state: RemoteState
+    raw_state: str | None
+    response: Response = field(default_factory=Response)
+    progress: float | None = None
+    result_ref: str | None = None
+    provider_time: str | None = None
+    #: what the provider says is already done (files written, items processed): the damage bound
+    effects: Any = None
+    error_class: str = ""
+
+
+class Provider(Protocol):
+    """What an adapter implements. :class:`HttpProvider` covers most APIs from a file."""
+
+    name: str
+    #: what the jobs act on by default (an account, a project, a host)
+    target: str
+    #: the create endpoint, e.g. ``POST /v1/jobs`` (part of the request fingerprint)
+    create_endpoint: str
+    capabilities: Capabilities
+    #: when to try again after a doubtful create
+    backoff: Backoff
+    #: how often to poll a running job (Retry-After, when the provider sends it, wins)
+    poll_backoff: Backoff
+    #: what a valid result looks like
+    result_spec: ResultSpec
+
+    async def create(self, op: Operation) -> CreateOutcome:
+        """Send the create with ``op.idempotency_token`` and ``op.trace_id``."""
+        ...
+
+    async def lookup(self, op: Operation, mode: ReconcileMode) -> LookupOutcome:
+        """Ask whether a job exists for ``op`` by a non-replay path."""
+        ...
+
+    async def status(self, op: Operation) -> StatusOutcome:
+        """Read the remote job's state."""
+        ...
+
+    async def cancel(self, op: Operation) -> Response:
+        """Ask the provider to cancel the remote job (once)."""
+        ...
+
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+        """Fetch the finished job's result."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+def slowest_call_s(provider: Provider) -> float:
+    """The longest one call to ``provider`` can take (its time-outs; 0 when it declares none)."""
+    config = getattr(provider, "config", None)
+    return float(getattr(config, "timeout_s", 0.0) or 0.0) + float(getattr(config, "connect_timeout_s", 0.0) or 0.0)
+
+
+def guarantees(provider: Provider) -> dict[str, Any]:
+    """What a provider's declared contract lets jobtrail promise (``jobtrail providers check``)."""
+    from jobtrail.domain.record import DEFAULT_CREATE_DEADLINE
+
+    caps = provider.capabilities
+    token = caps.token
+    if token.where == "none":
+        token_text = "no idempotency token is sent"  # noqa: S105 - not a password
+    else:
+        token_text = f"token in {token.where} {token.name!r}" + (" (quoted sf-string)" if token.quoted else "")
+    if caps.at_most_once:
+        modes = ", ".join(m.value for m in caps.reconcile)
+        once = {"verdict": "yes", "why": f"{token_text}; a doubtful create is reconciled by {modes}"}
+    else:
+        once = {
+            "verdict": "no",
+            "why": f"{token_text} and no reconciliation path: after a lost response "
+            "jobtrail stops at needs_attention and a person must check the provider for a job",
+        }
+    if caps.cancel:
+        cancel = {
+            "verdict": "yes",
+            "why": "cancel endpoint declared"
+            + (", idempotent" if caps.cancel_idempotent else ", not idempotent: sent at most once"),
+        }
+    else:
+        cancel = {"verdict": "no", "why": "no cancel endpoint: a cancel request can only be recorded"}
+    result = {
+        "verdict": caps.result,
+        "why": "safe to fetch again"
+        if caps.result == "safe_read"
+        else "a one-time artifact: stored before it is acknowledged, never fetched twice",
+    }
+    warnings = []
+    retention = caps.token_retention
+    if token.where != "none" and retention is None:
+        warnings.append(
+            "the provider's token retention is not declared (create.token_retention_s); "
+            "jobtrail cannot tell how long a replay is safe"
+        )
+    elif retention is not None and retention < DEFAULT_CREATE_DEADLINE:
+        warnings.append(
+            f"tokens are kept for {retention}, less than the default create deadline "
+            f"({DEFAULT_CREATE_DEADLINE}): submit with --create-deadline below {retention}"
+        )
+    config = getattr(provider, "config", None)
+    credential = getattr(config, "credential", None)
+    return {
+        "provider": provider.name,
+        "base_url": getattr(config, "base_url", None),
+        # the only other places a provider's result links may send jobtrail (without the credential)
+        "download_hosts": [str(rule) for rule in getattr(config, "download_hosts", ())],
+        "at_most_once": caps.at_most_once,
+        "credential": None if credential is None else credential.describe(),
+        "guarantees": {"at-most-once creation": once, "cancel": cancel, "result": result},
+        "reconcile": [m.value for m in caps.reconcile],
+        "token_retention_s": None if retention is None else retention.total_seconds(),
+        "warnings": warnings,
+    }

@@ -1,0 +1,268 @@
+"""``jobtrail worker``: claims due operations under a lease and does each one's next action.
+
+One loop per process. It claims due operations in batches (next action due,
+lease free or expired; the claim raises each one's fencing epoch), runs their
+next actions concurrently, and writes through a group-committing
+:class:`BatchWriter`. Every write is conditional on the epoch of the claim,
+so a worker that lost its lease (paused, partitioned, slow) has its write
+refused and drops the operation. Nothing is kept in memory between actions:
+the next action and its time are on the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from jobtrail.domain.canonical import rfc3339
+from jobtrail.domain.errors import ConfigError, JobtrailError, StaleRecord
+from jobtrail.domain.record import Operation
+from jobtrail.domain.states import AUTOMATIC_STATES, ESCALATED_STATES, State
+from jobtrail.flows.cancel import CancelFlow
+from jobtrail.flows.create import CREATE_PHASE, CreateFlow
+from jobtrail.flows.observe import CollectFlow, ObserveFlow
+from jobtrail.ledger.offload import Offload, threads
+from jobtrail.ledger.results import Check
+from jobtrail.ledger.store import Store
+from jobtrail.ledger.writer import BatchWriter
+from jobtrail.providers.contract import Provider, slowest_call_s
+
+log = logging.getLogger("jobtrail")
+_US = 1_000_000
+#: every state with an automatic next action
+WORKED_STATES = tuple(AUTOMATIC_STATES)
+#: states whose next action can settle the operation soon; the escalated ones (a person has been told;
+#: slow polls go on, but nothing automatic is expected to end them) do not keep ``until_settled`` waiting
+ACTIVE_STATES = tuple(s for s in AUTOMATIC_STATES if s not in ESCALATED_STATES)
+#: most actions one claim may chain
+_CHAIN = 4
+#: how often the worker makes sure its SQLite file is still the one it opened
+_FILE_CHECK_S = 1.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    claimed: int = 0
+    #: claim queries run (each one short transaction)
+    claims: int = 0
+    actions: int = 0
+    stale: int = 0
+    #: actions not started because too little of the lease was left to finish a provider call
+    lease_too_short: int = 0
+    errors: int = 0
+    transactions: int = 0
+    writes: int = 0
+    settled: bool = False
+    by_state: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """The reference loop of DESIGN.md.
+
+    Args:
+        store: the ledger.
+        providers: adapters by name; only their operations are claimed.
+        worker_id: recorded on every lease and observation (default host:pid).
+        concurrency: operations in flight at once.
+        lease_s: how long a claim lasts; must exceed the slowest provider call.
+        batch: most operations claimed per query.
+        idle_s: longest sleep when nothing is due.
+        checks: per provider name, the caller's own check of a result (return None/True to accept,
+            False or a message to refuse, or raise).
+        io: where database and file work runs (threads, never the event loop; the simulation runs it inline).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        providers: Mapping[str, Provider],
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 1000,
+        lease_s: float = 60.0,
+        batch: int = 200,
+        idle_s: float = 0.5,
+        rng: random.Random | None = None,
+        checks: Mapping[str, Check] | None = None,
+        io: Offload = threads,
+    ) -> None:
+        self.store = store
+        self.providers = dict(providers)
+        self.worker_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        self.lease_s = lease_s
+        self.batch = batch
+        self.idle_s = idle_s
+        self._slowest_us = {}
+        for name, provider in self.providers.items():
+            slowest = slowest_call_s(provider)
+            if lease_s <= slowest:
+                raise ConfigError(
+                    f"--lease {lease_s:g} must exceed provider {name}'s slowest call "
+                    f"({slowest:g} s: timeout_s + connect_timeout_s)"
+                )
+            self._slowest_us[name] = int(slowest * _US)
+        self.io = io
+        self.writer = BatchWriter(store, io=io)
+        rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
+        actor = f"worker:{self.worker_id}"
+        self.create = CreateFlow(store, writer=self.writer, actor=actor, rng=rng)
+        self.observe = ObserveFlow(store, self.writer, actor=actor, rng=rng)
+        self.collect = CollectFlow(store, self.writer, actor=actor, rng=rng, checks=checks)
+        self.cancel = CancelFlow(store, self.writer, actor=actor, rng=rng)
+        self.stats = WorkerStats()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight actions finish and release their leases."""
+        self._stopping.set()
+
+    async def run(self, *, until_settled: bool = False, timeout: float | None = None) -> WorkerStats:
+        """Work until stopped, or (``until_settled``) until every operation is settled.
+
+        Settled: ended, waiting for a person, or escalated (``cancellation_unconfirmed``,
+        ``result_timed_out``: still polled slowly, but nothing automatic is expected to end them).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        inflight: set[asyncio.Task[None]] = set()
+        checked = 0.0
+        try:
+            while not self._stopping.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                if time.monotonic() - checked >= _FILE_CHECK_S:  # a deleted ledger stops the worker
+                    await self.io(self.store.check_file)
+                    checked = time.monotonic()
+                capacity = self.concurrency - len(inflight)
+                claimed = await self._claim(capacity) if capacity > 0 else []
+                for op in claimed:
+                    task = asyncio.create_task(self._handle(op))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+                if claimed:
+                    await asyncio.sleep(0)
+                    continue
+                if until_settled and not inflight and await self._settled():
+                    self.stats.settled = True
+                    break
+                await self._idle(bool(inflight))
+        finally:
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+            self.stats.transactions = self.writer.transactions
+            self.stats.writes = self.writer.writes
+            for provider in self.providers.values():
+                await provider.aclose()
+        return self.stats
+
+    async def _claim(self, capacity: int) -> list[Operation]:
+        try:
+            claimed = await self.io(
+                self.writer.exclusive,
+                self.store.claim,
+                self.worker_id,
+                limit=min(self.batch, capacity),
+                lease_s=self.lease_s,
+                providers=tuple(self.providers),
+                states=WORKED_STATES,
+            )
+        except JobtrailError as exc:
+            log.warning("worker %s could not claim: %s", self.worker_id, exc)
+            return []
+        self.stats.claims += 1
+        self.stats.claimed += len(claimed)
+        return claimed
+
+    async def _settled(self) -> bool:
+        due = await self.io(self.store.next_due_us, providers=tuple(self.providers), states=ACTIVE_STATES)
+        return due is None
+
+    async def _idle(self, busy: bool) -> None:
+        wait = self.idle_s
+        if busy:
+            wait = 0.005
+        else:
+            due = await self.io(self.store.next_due_us, providers=tuple(self.providers), states=WORKED_STATES)
+            if due is not None:
+                wait = min(wait, max(0.001, (due - self.store.clock()) / _US))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=wait)
+
+    async def _handle(self, op: Operation) -> None:
+        provider = self.providers[op.provider]
+        try:
+            # an action that leaves the next one due at once (accepted after a replay, the job
+            # finished at this poll) continues under the same lease instead of a new claim
+            for _ in range(_CHAIN):
+                if not self._lease_covers_a_call(op):
+                    # paused, or a long chain: too little lease left to finish a provider call, so the
+                    # action is not started (it could outlive the lease while another worker takes over)
+                    self.stats.lease_too_short += 1
+                    break
+                new = await self._step(op, provider)
+                self.stats.actions += 1
+                self.stats.by_state[new.state.value] = self.stats.by_state.get(new.state.value, 0) + 1
+                due = new.next_action_at_us
+                stop = new is op or new.state not in WORKED_STATES or due is None or due > self.store.clock()
+                op = new
+                if stop:
+                    break
+            await self.writer.release(op)
+        except StaleRecord as exc:
+            # our lease was taken over, or someone (a person's cancel) changed the record: drop the operation,
+            # and give the lease back so the next claim acts at once (fenced: a successor's lease stays)
+            self.stats.stale += 1
+            log.info("worker %s dropped %s: %s", self.worker_id, op.operation_id, exc)
+            with contextlib.suppress(Exception):
+                await self.writer.release(op)
+        except Exception as exc:
+            self.stats.errors += 1
+            log.error("worker %s: %s failed in %s: %s", self.worker_id, op.operation_id, op.state.value, exc)
+            await self._back_off(op, exc)
+
+    def _lease_covers_a_call(self, op: Operation) -> bool:
+        if op.lease_expires_at_us is None:
+            return True
+        return op.lease_expires_at_us - self.store.clock() > self._slowest_us[op.provider]
+
+    async def _step(self, op: Operation, provider: Provider) -> Operation:
+        if op.state in CREATE_PHASE:
+            return await self.create.advance(op, provider)
+        if op.state is State.RESULT_COLLECTING:
+            return await self.collect.advance(op, provider)
+        if op.state is State.CANCEL_REQUESTED and op.polls == 0:
+            return await self.cancel.advance(op, provider)
+        return await self.observe.advance(op, provider)
+
+    async def _back_off(self, op: Operation, exc: Exception) -> None:
+        """An unexpected error: keep the record as it is, try again later, say why on the record."""
+        try:
+            current = await self.io(self.store.get, op.operation_id)
+            if current.lease_epoch != op.lease_epoch:
+                return
+            if current.state not in AUTOMATIC_STATES:  # the step's own write landed: nothing to retry
+                await self.writer.release(current)
+                return
+            delay = self.providers[op.provider].backoff.after(None, max(current.attempts, 1))
+            at = self.store.clock() + int(max(delay, 1.0) * _US)
+            current = await self.writer.reschedule(
+                current,
+                {
+                    "next_action_at_us": at,
+                    "state_reason": f"{type(exc).__name__}: {exc}; retrying at {rfc3339(at)}",
+                },
+            )
+            await self.writer.release(current)
+        except Exception as again:  # the database itself may be the problem; the lease will expire
+            log.error("worker %s could not reschedule %s: %s", self.worker_id, op.operation_id, again)
