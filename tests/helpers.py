@@ -221,7 +221,7 @@ def ledger_bytes(store: Store) -> bytes:
 
     import sqlalchemy as sa
 
-    from jobtrail.ledger.results import data_dir
+    from jobtrail.ledger.files import data_dir
 
     chunks: list[bytes] = []
     if store.dialect == "sqlite":

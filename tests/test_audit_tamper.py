@@ -25,7 +25,8 @@ import sqlalchemy as sa
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.ledger.audit import make_anchor, verify
 from jobtrail.ledger.chain import entry_hash, observation_digest
-from jobtrail.ledger.results import INLINE_MAX_BYTES, data_dir, read_result, stored_result
+from jobtrail.ledger.files import data_dir
+from jobtrail.ledger.results import INLINE_MAX_BYTES, read_result, stored_result
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider

@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 
 from jobtrail import AsyncJobtrail, State, Store
+from jobtrail.domain.results import ResultCorrupted
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.flows.escalation import bundle_markdown, escalation_bundle
 from jobtrail.ledger.audit import verify
-from jobtrail.ledger.results import INLINE_MAX_BYTES, ResultCorrupted, data_dir, read_result, stored_result
+from jobtrail.ledger.files import data_dir
+from jobtrail.ledger.results import INLINE_MAX_BYTES, read_result, stored_result
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, Fault

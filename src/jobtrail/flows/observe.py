@@ -27,16 +27,10 @@ from jobtrail.domain.evidence import (
 )
 from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Operation
+from jobtrail.domain.results import NO_CREDENTIALS_CHECK, NO_CREDENTIALS_REASON, Check, load_check, validate
 from jobtrail.domain.states import RemoteState, State
 from jobtrail.ledger import schema as t
-from jobtrail.ledger.results import (
-    NO_CREDENTIALS_CHECK,
-    NO_CREDENTIALS_REASON,
-    Check,
-    load_check,
-    prepare_result,
-    validate,
-)
+from jobtrail.ledger.results import prepare_result
 from jobtrail.ledger.store import Reschedule, Store
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import Provider

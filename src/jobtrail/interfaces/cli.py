@@ -185,7 +185,8 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     Example:
       jobtrail ops show op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --json
     """
-    from jobtrail.ledger.results import describe, stored_result
+    from jobtrail.domain.results import describe
+    from jobtrail.ledger.results import stored_result
 
     store = _existing_store(ctx)
     op = store.resolve(operation_id)  # an id, or the operation's key
@@ -843,7 +844,8 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
     Example:
       jobtrail result op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --out result.json
     """
-    from jobtrail.ledger.results import ResultMissing, describe, read_result
+    from jobtrail.domain.results import ResultMissing, describe
+    from jobtrail.ledger.results import read_result
 
     store = _existing_store(ctx)
     with contextlib.suppress(OperationNotFound):  # a missing one is read_result's to explain
@@ -866,7 +868,7 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
 
 def _ledger_files(store: Store) -> tuple[list[Path], Path]:
     """The ledger's own files (a SQLite database and its journals) and its results directory."""
-    from jobtrail.ledger.results import data_dir
+    from jobtrail.ledger.files import data_dir
 
     files: list[Path] = []
     database = store.engine.url.database if store.dialect == "sqlite" else None

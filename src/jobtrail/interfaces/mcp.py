@@ -41,8 +41,9 @@ except ImportError as exc:  # the ``mcp`` extra
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor, default_redactor, is_credential_field
+from jobtrail.domain.results import ResultMissing, describe
 from jobtrail.domain.states import SETTLED_STATES, State
-from jobtrail.ledger.results import ResultMissing, describe, read_result
+from jobtrail.ledger.results import read_result
 
 _WAITING_FOR_A_PERSON = (State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT)
 _RESULT_INLINE = 64 * 1024

@@ -63,6 +63,7 @@ from jobtrail.ledger.chain import (
     observation_digest,
     window_digest,
 )
+from jobtrail.ledger.files import data_dir
 from jobtrail.ledger.store import Store
 
 ANCHOR_FORMAT = "jobtrail-anchor/v1"
@@ -429,8 +430,6 @@ def _check_result(
 
 def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | None = None) -> VerifyReport:
     """Check every chain, every row, observation and result against its chain, and (optionally) an anchor."""
-    from jobtrail.ledger.results import data_dir
-
     results_dir = data_dir(store)
     report = VerifyReport()
     heads: dict[str, tuple[int, str, list[dict[str, Any]]]] = {}

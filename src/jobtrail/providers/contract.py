@@ -16,8 +16,8 @@ from typing import Any, Literal, Protocol
 
 from jobtrail.domain.backoff import Backoff
 from jobtrail.domain.record import Operation
+from jobtrail.domain.results import ResultSpec
 from jobtrail.domain.states import RemoteState
-from jobtrail.ledger.results import ResultSpec
 
 
 class ReconcileMode(StrEnum):

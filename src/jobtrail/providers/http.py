@@ -33,8 +33,8 @@ from jobtrail.domain.ids import traceparent
 from jobtrail.domain.jsonpath import extract, extract_any, parse_path, why_unusable
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Secret, default_redactor, is_secret_name
+from jobtrail.domain.results import BatchFormat, ResultSpec
 from jobtrail.domain.states import RemoteState
-from jobtrail.ledger.results import BatchFormat, ResultSpec
 from jobtrail.providers.config import Section
 from jobtrail.providers.contract import (
     Capabilities,

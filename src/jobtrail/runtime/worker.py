@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.errors import ConfigError, JobtrailError, StaleRecord
 from jobtrail.domain.record import Operation
+from jobtrail.domain.results import Check
 from jobtrail.domain.states import AUTOMATIC_STATES, ESCALATED_STATES, State
 from jobtrail.flows.cancel import CancelFlow
 from jobtrail.flows.create import CREATE_PHASE, CreateFlow
 from jobtrail.flows.observe import CollectFlow, ObserveFlow
 from jobtrail.ledger.offload import Offload, threads
-from jobtrail.ledger.results import Check
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import BatchWriter
 from jobtrail.providers.contract import Provider, slowest_call_s

@@ -1,0 +1,44 @@
+"""Large results as content-addressed files under the data directory, written atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from jobtrail.ledger.store import Store
+
+
+def data_dir(store: Store) -> Path:
+    """Where large results live: beside a SQLite file, else $JOBTRAIL_DATA_DIR or the user data dir."""
+    configured = os.environ.get("JOBTRAIL_DATA_DIR")
+    if configured:
+        return Path(configured)
+    if store.dialect == "sqlite" and store.engine.url.database:
+        return Path(f"{store.engine.url.database}-results")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "jobtrail" / "results"
+
+
+def write_atomically(directory: Path, digest: str, data: bytes) -> Path:
+    final = directory / digest[:2] / digest
+    if final.exists() and hashlib.sha256(final.read_bytes()).hexdigest() == digest:
+        return final  # content-addressed: the same bytes are already there
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".incoming-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        dir_fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return final
