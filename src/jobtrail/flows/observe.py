@@ -13,8 +13,6 @@ import dataclasses
 import random
 from collections.abc import Mapping
 
-import sqlalchemy as sa
-
 from jobtrail.domain.canonical import canonical_bytes, rfc3339
 from jobtrail.domain.errors import StaleRecord
 from jobtrail.domain.evidence import (
@@ -29,9 +27,9 @@ from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Operation
 from jobtrail.domain.results import NO_CREDENTIALS_CHECK, NO_CREDENTIALS_REASON, Check, load_check, validate
 from jobtrail.domain.states import RemoteState, State
-from jobtrail.ledger import schema as t
 from jobtrail.ledger.results import prepare_result
 from jobtrail.ledger.store import Reschedule, Store
+from jobtrail.ledger.webhook_events import attach_orphans
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import Provider
 
@@ -434,17 +432,8 @@ def pull_poll_forward(store: Store, operation_id: str) -> None:
 
 def adopt_orphans(store: Store, provider: str, remote_job_id: str, operation_id: str) -> int:
     """Attach events that arrived before the operation knew its job id; returns how many."""
-    with store._errors("matching orphan webhooks"), store.engine.begin() as conn:
-        adopted = conn.execute(
-            sa.update(t.webhook_events)
-            .where(
-                t.webhook_events.c.provider == provider,
-                t.webhook_events.c.remote_job_id == remote_job_id,
-                t.webhook_events.c.operation_id.is_(None),
-            )
-            .values(operation_id=operation_id)
-        ).rowcount
+    adopted = attach_orphans(store, provider, remote_job_id, operation_id)
     if adopted:
         store.add_observation(operation_id, kind="webhook", raw={"adopted_orphan_events": adopted})
         pull_poll_forward(store, operation_id)
-    return int(adopted)
+    return adopted

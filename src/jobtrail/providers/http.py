@@ -9,7 +9,6 @@ is registered with the redactor, and never reaches the record.
 from __future__ import annotations
 
 import asyncio
-import base64
 import ipaddress
 import json
 import os
@@ -17,7 +16,7 @@ import string
 import time
 import tomllib
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +31,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.ids import traceparent
 from jobtrail.domain.jsonpath import extract, extract_any, parse_path, why_unusable
 from jobtrail.domain.record import Operation
-from jobtrail.domain.redact import Secret, default_redactor, is_secret_name
+from jobtrail.domain.redact import default_redactor, is_secret_name
 from jobtrail.domain.results import BatchFormat, ResultSpec
 from jobtrail.domain.states import RemoteState
 from jobtrail.providers.config import Section
@@ -45,6 +44,7 @@ from jobtrail.providers.contract import (
     StatusOutcome,
     TokenPlacement,
 )
+from jobtrail.providers.credentials import Credential
 from jobtrail.providers.egress import (
     AddressRefused,
     EgressPolicy,
@@ -71,60 +71,6 @@ DEFAULT_STATES: dict[str, list[str]] = {
     "cancelled": ["cancelled", "canceled"],
     "expired": ["expired"],
 }
-
-
-# -- credentials ------------------------------------------------------------------------------
-
-CredentialSource = str | Callable[[], str]
-
-
-@dataclass(frozen=True, slots=True)
-class Credential:
-    """A credential by reference, and how it is put on a request."""
-
-    ref: CredentialSource
-    scheme: str  # "bearer" | "header:<Name>" | "basic:<user>"
-
-    def describe(self) -> str:
-        return self.ref if isinstance(self.ref, str) else "callable"
-
-    def resolve(self) -> Secret:
-        ref = self.ref
-        if callable(ref):
-            value = ref()
-        elif ref.startswith("env:"):
-            value = os.environ.get(ref[4:], "")
-            if not value:
-                raise ConfigError(f"credential {ref}: the environment variable {ref[4:]} is not set")
-        elif ref.startswith("file:"):
-            try:
-                value = Path(ref[5:]).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ConfigError(f"credential {ref}: cannot read the file ({exc.strerror})") from None
-        elif ref.startswith("keyring:"):
-            service, _, user = ref[8:].partition("/")
-            try:
-                import keyring  # type: ignore[import-not-found]
-            except ImportError:
-                raise ConfigError(f"credential {ref}: install the keyring package to use keyring:") from None
-            value = keyring.get_password(service, user) or ""
-            if not value:
-                raise ConfigError(f"credential {ref}: no password stored for {service}/{user}")
-        else:
-            raise ConfigError(f"credential {ref!r}: use env:NAME, file:PATH or keyring:SERVICE/USER")
-        secret = Secret(value)
-        if self.scheme.startswith("basic:"):
-            default_redactor.register_basic(self.scheme[6:], value)
-        return secret
-
-    def headers(self, secret: Secret) -> dict[str, str]:
-        if self.scheme == "bearer":
-            return {"Authorization": f"Bearer {secret.reveal()}"}
-        if self.scheme.startswith("header:"):
-            return {self.scheme[7:]: secret.reveal()}
-        user = self.scheme[6:]
-        encoded = base64.b64encode(f"{user}:{secret.reveal()}".encode()).decode()
-        return {"Authorization": f"Basic {encoded}"}
 
 
 # -- the declared endpoints -----------------------------------------------------------------------
@@ -291,7 +237,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     webhooks_s = top.table("webhooks")
     webhooks = None
     if webhooks_s is not None:
-        from jobtrail.interfaces.webhooks import parse_webhooks
+        from jobtrail.providers.webhooks import parse_webhooks
 
         webhooks = parse_webhooks(webhooks_s)
         # a delivery's timestamp is accepted within +-tolerance_s, so a replay can arrive up to

@@ -1,0 +1,130 @@
+"""Webhooks as a provider declares them: the ``[webhooks]`` table, and verification of a delivery.
+
+Standard Webhooks: ``webhook-id``, ``webhook-timestamp`` within the tolerance,
+``webhook-signature`` v1 HMAC-SHA256 over the exact bytes, against every active
+secret so keys can rotate. Receiving a delivery is
+:mod:`jobtrail.interfaces.webhooks`; recording it, :mod:`jobtrail.ledger.webhook_events`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from jobtrail.domain.redact import Secret
+from jobtrail.providers.config import Section
+from jobtrail.providers.credentials import Credential
+
+log = logging.getLogger("jobtrail")
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """The ``[webhooks]`` table of a provider file."""
+
+    secrets: tuple[str, ...]
+    tolerance_s: float = 300.0
+    max_bytes: int = 1024 * 1024
+    retention_s: float = 7 * 86400.0
+    job_id: str = "$.data.id"
+    reference: str | None = None
+    event_type: str = "$.type"
+    #: the longest a delivery may take to arrive whole (a slow drip is cut off, not waited for)
+    read_timeout_s: float = 10.0
+
+    def resolve_secrets(self) -> list[Secret]:
+        return [Credential(ref, "bearer").resolve() for ref in self.secrets]
+
+
+def parse_webhooks(section: Section) -> WebhookConfig:
+    section.choice("scheme", ("standard",), "standard")
+    secrets = section.strings("secrets", "a list of secret references (env:NAME, file:PATH, keyring:S/U)")
+    for ref in secrets:
+        if ref.split(":", 1)[0] not in ("env", "file", "keyring"):
+            section.fail("secrets", "references such as env:WHSEC_CURRENT, never the secret itself", "<hidden>")
+    config = WebhookConfig(
+        secrets=tuple(secrets),
+        tolerance_s=section.number("tolerance_s", "seconds", 300.0, minimum=1),
+        max_bytes=int(section.number("max_bytes", "bytes", 1024 * 1024, minimum=1)),
+        retention_s=section.number("retention_days", "days (at least the provider's retry horizon)", 7.0, minimum=0.001)
+        * 86400,
+        job_id=section.text("job_id", "a JSON path to the job id in the event", "$.data.id"),
+        reference=section.text("reference", "a JSON path to our client reference in the event", None),
+        event_type=section.text("type", "a JSON path to the event type", "$.type"),
+        read_timeout_s=section.number("read_timeout_s", "seconds to receive a whole delivery", 10.0, minimum=0.1),
+    )
+    section.done()
+    return config
+
+
+class Refused(Exception):
+    def __init__(self, status: int, title: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail = status, title, detail
+
+
+#: a Unix time in seconds (12 digits reach the year 33658; more is an attack, not a clock)
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_MAX_ID = 256
+_MAX_SIGNATURES = 8192
+
+
+def check_headers(headers: Mapping[str, str], tolerance_s: float, now_s: float) -> tuple[str, int, str]:
+    """What can be refused before the body is read: returns (event id, timestamp, signatures)."""
+    event_id = headers.get("webhook-id")
+    stamp = headers.get("webhook-timestamp")
+    signatures = headers.get("webhook-signature")
+    if not event_id or not stamp or not signatures:
+        raise Refused(401, "missing signature", "webhook-id, webhook-timestamp and webhook-signature are required")
+    if "." in event_id or len(event_id) > _MAX_ID or not _TIMESTAMP.fullmatch(stamp):
+        raise Refused(
+            401,
+            "bad signature headers",
+            f"webhook-id must not contain '.' (at most {_MAX_ID} characters); webhook-timestamp is Unix seconds",
+        )
+    if len(signatures) > _MAX_SIGNATURES:
+        raise Refused(401, "bad signature headers", f"webhook-signature is over {_MAX_SIGNATURES} characters")
+    timestamp = int(stamp)
+    if abs(now_s - timestamp) > tolerance_s:
+        raise Refused(
+            401,
+            "timestamp outside tolerance",
+            f"the delivery is {abs(now_s - timestamp):.0f} s from now (tolerance {tolerance_s:.0f} s)",
+        )
+    return event_id, timestamp, signatures
+
+
+def verify(
+    body: bytes, headers: Mapping[str, str], secrets: Sequence[Secret], tolerance_s: float, now_s: float
+) -> tuple[str, int]:
+    """Check a Standard Webhooks delivery; returns (event id, timestamp) or raises :class:`Refused`."""
+    event_id, timestamp, signatures = check_headers(headers, tolerance_s, now_s)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused(400, "malformed body", "the body is not UTF-8") from None
+    offered = []
+    for token in signatures.split():
+        version, _, value = token.partition(",")
+        if version == "v1" and value:
+            try:
+                offered.append(base64.b64decode(value, validate=True))
+            except ValueError:
+                continue
+    from standardwebhooks import Webhook  # the ``webhooks`` extra: only a receiver verifies deliveries
+
+    when = datetime.fromtimestamp(timestamp, tz=UTC)
+    for secret in secrets:
+        try:
+            expected = base64.b64decode(Webhook(secret.reveal()).sign(event_id, when, text).partition(",")[2])
+        except Exception as exc:  # a malformed secret must not take the receiver down
+            log.warning("a configured webhook secret cannot be used (%s); check its value", type(exc).__name__)
+            continue
+        if any(hmac.compare_digest(expected, candidate) for candidate in offered):
+            return event_id, timestamp
+    raise Refused(401, "bad signature", "no v1 signature matches an active secret")
