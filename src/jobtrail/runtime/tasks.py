@@ -14,15 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-
 from jobtrail.domain.canonical import request_fingerprint
 from jobtrail.domain.errors import OperationKeyConflict, UsageError
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import State
-from jobtrail.ledger import schema as t
+from jobtrail.ledger import task_steps
 
 if TYPE_CHECKING:
     from jobtrail.runtime.client import AsyncJobtrail
@@ -107,33 +105,7 @@ class Task:
         return (await self.client.io(self._views, name))[0]
 
     def _plan(self, name: str, provider: str, key: str, fingerprint: str) -> None:
-        store = self.store
-        steps = t.task_steps.c
-        with store._errors("planning a task step"), store.engine.begin() as conn:
-            row = conn.execute(sa.select(t.task_steps).where(steps.task_id == self.task_id, steps.name == name)).first()
-            if row is None:
-                position = conn.execute(
-                    sa.select(sa.func.count()).select_from(t.task_steps).where(steps.task_id == self.task_id)
-                ).scalar_one()
-                conn.execute(
-                    sa.insert(t.task_steps),
-                    {
-                        "task_id": self.task_id,
-                        "name": name,
-                        "position": position,
-                        "provider": provider,
-                        "operation_key": key,
-                        "request_fingerprint": fingerprint,
-                        "operation_id": None,
-                        "planned_at_us": store.clock(),
-                    },
-                )
-            elif row.request_fingerprint != fingerprint or row.provider != provider or row.operation_key != key:
-                raise OperationKeyConflict(
-                    f"step {name!r} of task {self.task_id} was planned with a different request; a changed step is "
-                    "a new step: give it a new name",
-                    operation_key=key,
-                )
+        task_steps.plan_step(self.store, self.task_id, name, provider, key, fingerprint)
 
     async def run(self, name: str, request: Any, **options: Any) -> StepView:
         """Carry out a planned step (or resume it after a restart): submit under its key, drive the create."""
@@ -152,12 +124,7 @@ class Task:
         return (await self.client.io(self._views, name))[0]
 
     def _link(self, name: str, operation_id: str) -> None:
-        with self.store._errors("recording a step's operation"), self.store.engine.begin() as conn:
-            conn.execute(
-                sa.update(t.task_steps)
-                .where(t.task_steps.c.task_id == self.task_id, t.task_steps.c.name == name)
-                .values(operation_id=operation_id)
-            )
+        task_steps.link_step(self.store, self.task_id, name, operation_id)
 
     def steps(self) -> list[StepView]:
         """Every step, in order, as it stands now (after a restart too)."""
@@ -177,21 +144,12 @@ class Task:
         }
 
     def _row(self, name: str) -> Any:
-        with self.store._read() as conn:
-            row = conn.execute(
-                sa.select(t.task_steps).where(t.task_steps.c.task_id == self.task_id, t.task_steps.c.name == name)
-            ).first()
-        if row is None:
+        rows = task_steps.step_rows(self.store, self.task_id, name)
+        if not rows:
             raise UsageError(f"task {self.task_id} has no step {name!r}; declare it with task.step() first")
-        return row
+        return rows[0]
 
     def _views(self, name: str | None) -> list[StepView]:
-        steps = t.task_steps.c
-        query = sa.select(t.task_steps).where(steps.task_id == self.task_id).order_by(steps.position)
-        if name is not None:
-            query = query.where(steps.name == name)
-        with self.store._read() as conn:
-            rows = conn.execute(query).all()
         return [
             _view(
                 self.task_id,
@@ -200,14 +158,10 @@ class Task:
                 if row.operation_id
                 else self.store.find_by_key(row.provider, row.operation_key),
             )
-            for row in rows
+            for row in task_steps.step_rows(self.store, self.task_id, name)
         ]
 
 
 def open_task(client: AsyncJobtrail, task_id: str, caller: str) -> Task:
-    store = client.store
-    with store._errors("opening a task"), store.engine.begin() as conn:
-        exists = conn.execute(sa.select(t.tasks.c.task_id).where(t.tasks.c.task_id == task_id)).first()
-        if exists is None:
-            conn.execute(sa.insert(t.tasks), {"task_id": task_id, "caller": caller, "created_at_us": store.clock()})
+    task_steps.open_task(client.store, task_id, caller)
     return Task(client, task_id)
