@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from jobtrail.domain.record import Operation
+from typing import TYPE_CHECKING
+
 from jobtrail.domain.states import State
+
+if TYPE_CHECKING:  # the record's to_json() uses this module: a runtime import back would be a cycle
+    from jobtrail.domain.record import Operation
 
 
 def next_action(op: Operation) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from jobtrail.domain.canonical import from_us, rfc3339
 from jobtrail.domain.errors import UsageError
+from jobtrail.domain.explain import next_action
 from jobtrail.domain.states import State
 
 DEFAULT_CREATE_DEADLINE = timedelta(hours=1)
@@ -126,8 +127,6 @@ class Operation:
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON shape of ``jobtrail ops show --json`` (the token is never shown)."""
-        from jobtrail.domain.explain import next_action
-
         return {
             "operation_id": self.operation_id,
             "provider": self.provider,

@@ -469,12 +469,12 @@ def worker(
     runner = Worker(_store(ctx), adapters, worker_id=worker_id, concurrency=concurrency, lease_s=lease_s)
 
     async def run() -> Any:
-        from jobtrail.interfaces import entry as _entry
+        from jobtrail.interfaces.early import early_signals
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, runner.stop)
-        if _entry.early_signals:  # asked to stop while still starting: claim nothing, exit cleanly
+        if early_signals:  # asked to stop while still starting: claim nothing, exit cleanly
             runner.stop()
         return await runner.run(until_settled=until_settled, timeout=timeout)
 

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import signal
 import sys
-from types import FrameType
 
-#: the signals (SIGTERM, SIGINT) that arrived before the worker's loop installed its own handlers
-early_signals: set[int] = set()
-
-
-def _remember(signum: int, frame: FrameType | None) -> None:
-    early_signals.add(signum)
-
+from jobtrail.interfaces.early import remember
 
 #: global options that take a value (``jobtrail --db X worker``)
 _VALUED = frozenset({"--db"})
@@ -40,8 +33,8 @@ def _command(args: list[str]) -> str | None:
 
 def main() -> None:
     if _command(sys.argv[1:]) == "worker":
-        signal.signal(signal.SIGTERM, _remember)
-        signal.signal(signal.SIGINT, _remember)
+        signal.signal(signal.SIGTERM, remember)
+        signal.signal(signal.SIGINT, remember)
     from jobtrail.interfaces.cli import main as cli_main
 
     cli_main()
