@@ -43,14 +43,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import hashlib
 import io
 import json
 import logging
 import os
 import shutil
-import sqlite3
 import sys
 import tempfile
 import time
@@ -61,7 +59,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from random import Random
-from typing import Any, ClassVar
+from typing import Any
 
 from jobtrail.domain import failpoints as _failpoints
 from jobtrail.domain import ids as _ids
@@ -84,6 +82,7 @@ from jobtrail.ledger.store import Store
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.runtime.worker import WORKED_STATES, Worker
 from jobtrail.testing._fake_provider import signed_headers
+from jobtrail.testing._ledgers import Ledger, PostgresLedger, SqliteLedger
 
 _US = 1_000_000
 #: 2027-01-01T00:00:00Z: the virtual clock's start
@@ -787,7 +786,7 @@ def _evidence_kinds(store: Store, operation_id: str) -> list[tuple[str, str]]:
     return kinds
 
 
-def check(sim: _Sim, ledger: _Ledger, log_text: str) -> list[str]:
+def check(sim: _Sim, ledger: Ledger, log_text: str) -> list[str]:
     """Every invariant of the module docstring; returns what was violated (empty: none)."""
     store, world = sim.store, sim.world
     problems: list[str] = list(sim.problems)
@@ -867,80 +866,6 @@ def check(sim: _Sim, ledger: _Ledger, log_text: str) -> list[str]:
 # -- running many seeds ------------------------------------------------------------------------
 
 
-class _Ledger:
-    """Where one seed's records live, and how to search everything stored for a secret."""
-
-    url: str
-    migrate: bool
-
-    def holding(self, needle: str) -> list[str]:
-        raise NotImplementedError
-
-    def drop(self) -> None:
-        raise NotImplementedError
-
-
-class _SqliteLedger(_Ledger):
-    #: a migrated, empty ledger per work directory, copied for each seed (migrating costs 0.2 s, a copy 1 ms)
-    templates: ClassVar[dict[str, Path]] = {}
-
-    def __init__(self, work: Path, seed: int) -> None:
-        key = str(work)
-        if key not in self.templates:
-            Store.open(work / "template.db").close()
-            self.templates[key] = work / "template.db"
-        self.path = work / f"seed-{seed}.db"
-        shutil.copyfile(self.templates[key], self.path)
-        self.url = str(self.path)
-        self.migrate = False
-
-    def holding(self, needle: str) -> list[str]:
-        with contextlib.closing(sqlite3.connect(self.path)) as conn:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        files = self.path.parent.glob(self.path.name + "*")
-        return [f.name for f in files if needle.encode() in f.read_bytes()]
-
-    def drop(self) -> None:
-        for path in self.path.parent.glob(self.path.name + "*"):
-            path.unlink()
-
-
-class _PostgresLedger(_Ledger):
-    """A schema of its own per seed, dropped afterwards."""
-
-    def __init__(self, base_url: str, seed: int) -> None:
-        import secrets
-
-        import sqlalchemy as sa
-
-        self.schema = f"jtsim_{seed}_{secrets.token_hex(3)}"
-        self.engine = sa.create_engine(base_url.replace("postgresql://", "postgresql+psycopg://", 1))
-        with self.engine.begin() as conn:
-            conn.exec_driver_sql(f"CREATE SCHEMA {self.schema}")
-        joiner = "&" if "?" in base_url else "?"
-        self.url = f"{base_url}{joiner}options=-csearch_path%3D{self.schema}"
-        self.migrate = True
-
-    def holding(self, needle: str) -> list[str]:
-        import sqlalchemy as sa
-
-        found = []
-        with self.engine.connect() as conn:
-            tables = conn.execute(
-                sa.text("SELECT table_name FROM information_schema.tables WHERE table_schema = :s"), {"s": self.schema}
-            ).scalars()
-            for table in list(tables):
-                rows = conn.exec_driver_sql(f'SELECT t::text FROM {self.schema}."{table}" t').scalars()  # noqa: S608
-                if any(needle in row for row in rows):
-                    found.append(f"table {table}")
-        return found
-
-    def drop(self) -> None:
-        with self.engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA {self.schema} CASCADE")
-        self.engine.dispose()
-
-
 def _work_dir() -> Path:
     shm = Path("/dev/shm")  # noqa: S108 - a private mkdtemp below; tmpfs spares the fsyncs
     return Path(tempfile.mkdtemp(prefix="jobtrail-sim-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
@@ -963,9 +888,9 @@ def run_seed(
     own = work is None and db is None
     if db is None:
         work = work or _work_dir()
-        ledger: _Ledger = _SqliteLedger(work, seed)
+        ledger: Ledger = SqliteLedger(work, seed)
     else:
-        ledger = _PostgresLedger(db, seed)
+        ledger = PostgresLedger(db, seed)
     install_log_redaction()
     capture = _Capture()
     _log.addHandler(capture)
@@ -986,7 +911,7 @@ def run_seed(
         ledger.drop()
         if own and work is not None:
             shutil.rmtree(work, ignore_errors=True)
-            _SqliteLedger.templates.pop(str(work), None)
+            SqliteLedger.templates.pop(str(work), None)
     return SeedReport(
         seed=seed,
         violations=violations,
@@ -1029,7 +954,7 @@ def run_seeds(
                 on_report(report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        _SqliteLedger.templates.pop(str(work), None)
+        SqliteLedger.templates.pop(str(work), None)
     return reports
 
 
