@@ -1,0 +1,110 @@
+"""What every command of the ``jobtrail`` command line shares: the root group, exit codes, the store,
+one-line errors. Every read command takes ``--json``.
+
+Exit codes: 0 ok; 1 a negative answer (tampered history, operation not found,
+operation failed); 2 usage, configuration or storage error (cannot answer);
+3 a person must decide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+from rich.console import Console
+
+from jobtrail.domain.errors import JobtrailError, OperationNotFound
+from jobtrail.domain.redact import install_log_redaction
+
+if TYPE_CHECKING:  # the ledger (SQLAlchemy) is imported by the commands that use it: --help stays quick
+    from jobtrail.ledger.store import Store
+
+
+EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
+
+console = Console()
+
+
+def emit_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"jobtrail: {message}", err=True)
+    sys.exit(code)
+
+
+class Group(click.Group):
+    """Turns our errors into one line and an exit code (tracebacks only with --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JobtrailError as exc:
+            if ctx.find_root().params.get("debug"):
+                raise
+            code = EXIT_NEGATIVE if isinstance(exc, OperationNotFound) else EXIT_USAGE
+            fail(str(exc), code)
+
+
+def open_store(ctx: click.Context) -> Store:
+    obj: dict[str, Any] = ctx.ensure_object(dict)
+    if "store" not in obj:
+        from jobtrail.ledger.store import Store
+
+        obj["store"] = Store.open(obj.get("db"))
+        ctx.call_on_close(obj["store"].close)
+    store: Store = obj["store"]
+    return store
+
+
+def sqlite_file(db: str | None) -> Path | None:
+    """The SQLite file ``--db`` (or its defaults) names, or None for a server URL or an in-memory one."""
+    from jobtrail.ledger.store import DEFAULT_DB_ENV, default_db_path
+
+    raw = db if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
+    if raw.startswith("sqlite:///"):
+        raw = raw[len("sqlite:///") :].split("?", 1)[0]
+        return Path(raw).expanduser().absolute() if raw and raw != ":memory:" else None
+    if "://" in raw:
+        return None
+    return Path(raw).expanduser().absolute()
+
+
+def existing_store(ctx: click.Context) -> Store:
+    """For commands that only read: a missing SQLite file is an error, never a fresh empty ledger."""
+    obj: dict[str, Any] = ctx.ensure_object(dict)
+    if "store" not in obj:
+        path = sqlite_file(obj.get("db"))
+        if path is not None and not path.exists():
+            fail(
+                f"no database at {path}: there is nothing to read (none was created). "
+                "Point --db (or JOBTRAIL_DB) at your ledger",
+                EXIT_USAGE,
+            )
+    return open_store(ctx)
+
+
+@click.group(cls=Group)
+@click.option(
+    "--db",
+    envvar="JOBTRAIL_DB",
+    metavar="PATH|URL",
+    help="SQLite file or postgresql:// URL (default: $JOBTRAIL_DB, else ~/.local/share/jobtrail/jobtrail.db).",
+)
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.version_option(package_name="jobtrail", prog_name="jobtrail", message="%(prog)s %(version)s")
+@click.pass_context
+def cli(ctx: click.Context, db: str | None, debug: bool) -> None:
+    """jobtrail: durable, honest bookkeeping for long-running remote jobs.
+
+    \b
+    Example:
+      jobtrail --db ./jobs.db ops list --state needs_attention --json
+    """
+    install_log_redaction()
+    ctx.ensure_object(dict)["db"] = db

@@ -1,0 +1,237 @@
+"""What people ask of an operation: ``submit``, ``resolve``, ``cancel``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+
+from jobtrail.domain.canonical import parse_json
+from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.explain import next_action
+from jobtrail.domain.record import Operation
+from jobtrail.domain.states import State
+from jobtrail.interfaces.cli.common import EXIT_NEEDS_PERSON, EXIT_NEGATIVE, EXIT_OK, cli, emit_json, open_store
+
+_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(value: str | None, option: str) -> timedelta | None:
+    if value is None:
+        return None
+    text = value.strip().lower()
+    unit = text[-1] if text and text[-1] in _DURATION else "s"
+    number = text[:-1] if text and text[-1] in _DURATION else text
+    try:
+        seconds = float(number) * _DURATION[unit]
+    except ValueError:
+        raise ConfigError(f"{option} {value!r}: use a duration like 90s, 15m, 2h or 1d") from None
+    if not seconds > 0:  # NaN too
+        raise ConfigError(f"{option} {value!r}: a deadline must be in the future")
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:  # inf, 1e400
+        raise ConfigError(f"{option} {value!r}: use a duration like 90s, 15m, 2h or 1d") from None
+
+
+def _request(value: str) -> Any:
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"--request {value}: cannot read the file ({exc.strerror})") from None
+    try:
+        return parse_json(text)
+    except ValueError as exc:
+        raise ConfigError(f"--request is not valid JSON ({exc}); pass JSON text or @path/to/file.json") from None
+
+
+_EXIT_FOR_STATE = {State.FAILED: EXIT_NEGATIVE, State.NEEDS_ATTENTION: EXIT_NEEDS_PERSON}
+
+
+@cli.command()
+@click.option(
+    "--provider",
+    "provider_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Provider file (TOML).",
+)
+@click.option("--request", "request_text", required=True, metavar="JSON|@FILE", help="The request body.")
+@click.option("--key", help="Operation key: the same key and request return the existing operation.")
+@click.option("--target", help="What the job acts on (default: the provider's target).")
+@click.option("--caller", default=lambda: os.environ.get("USER", "cli"), help="Who asks (default: $USER).")
+@click.option("--approved-by", help="Who approved this operation.")
+@click.option("--create-deadline", default="1h", show_default=True, help="e.g. 90s, 15m, 2h.")
+@click.option("--result-deadline", default="24h", show_default=True)
+@click.option("--cancel-deadline", default="30m", show_default=True)
+@click.option("--no-send", is_flag=True, help="Only record the operation; a worker sends it later.")
+@click.option(
+    "--lease",
+    "lease_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds this process holds the operation while it sends the create (default: the provider's "
+    "slowest call plus time to record its outcome). A worker takes over only after it runs out.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="JSON lines: {event: submitted, ...} first, then {event: create_finished, ...}.",
+)
+@click.pass_context
+def submit(
+    ctx: click.Context,
+    provider_file: str,
+    request_text: str,
+    key: str | None,
+    target: str | None,
+    caller: str,
+    approved_by: str | None,
+    create_deadline: str,
+    result_deadline: str,
+    cancel_deadline: str,
+    no_send: bool,
+    lease_s: float | None,
+    as_json: bool,
+) -> None:
+    """Record an operation (durable before anything is sent), print its id, then drive its create.
+
+    Exit 0 accepted (or result ready), 1 rejected, 3 a person must decide.
+
+    \b
+    Example:
+      jobtrail submit --provider examples/fake.toml --request '{"prompt": "hi"}' --key demo-1
+    """
+    from jobtrail.runtime.client import AsyncJobtrail
+
+    body = _request(request_text)
+    jt = AsyncJobtrail(store=open_store(ctx), providers=[provider_file], actor=f"cli:{caller}", lease_s=lease_s)
+    provider = next(iter(jt.providers))
+
+    async def run() -> Operation:
+        try:
+            op = await jt.submit(
+                provider,
+                body,
+                key=key,
+                target=target,
+                caller=caller,
+                approved_by=approved_by,
+                create_deadline=_duration(create_deadline, "--create-deadline"),
+                result_deadline=_duration(result_deadline, "--result-deadline"),
+                cancel_deadline=_duration(cancel_deadline, "--cancel-deadline"),
+            )
+            if as_json:
+                click.echo(json.dumps({"event": "submitted", "operation_id": op.operation_id, "state": op.state.value}))
+            else:
+                click.echo(op.operation_id)
+            sys.stdout.flush()
+            if not no_send:
+                op = await jt.drive_create(op.operation_id)
+            return op
+        finally:
+            for adapter in jt.providers.values():
+                await adapter.aclose()
+
+    op = asyncio.run(run())
+    if as_json:
+        click.echo(json.dumps({"event": "create_finished", **op.to_json()}, sort_keys=True))
+    elif not no_send:
+        line = f"{op.state.value}"
+        if op.remote_job_id:
+            line += f" remote job {op.remote_job_id}"
+        if op.state_reason:
+            line += f": {op.state_reason}"
+        click.echo(line)
+    sys.exit(_EXIT_FOR_STATE.get(op.state, EXIT_OK))
+
+
+@cli.command()
+@click.argument("operation_id")
+@click.option(
+    "--to",
+    "to_state",
+    required=True,
+    type=click.Choice(["accepted", "create_pending", "failed", "cancelled"]),
+    help="What you decided: accepted (give --job-id), create_pending (send again with the same "
+    "token), failed, cancelled.",
+)
+@click.option("--by", "decided_by", required=True, help="Who decided (kept in the history).")
+@click.option("--reason", required=True, help="Why (kept in the history).")
+@click.option("--job-id", help="The remote job id you confirmed (for --to accepted).")
+@click.option("--json", "as_json", is_flag=True, help="Print the operation after the decision.")
+@click.pass_context
+def resolve(
+    ctx: click.Context,
+    operation_id: str,
+    to_state: str,
+    decided_by: str,
+    reason: str,
+    job_id: str | None,
+    as_json: bool,
+) -> None:
+    """Record a person's decision on an operation that needs attention.
+
+    \b
+    Example:
+      jobtrail resolve op_01J9... --to accepted --job-id batch_abc --by alice --reason "found it in the console"
+    """
+    from jobtrail.domain.evidence import HumanDecision
+
+    store = open_store(ctx)
+    op = store.resolve(operation_id)  # an id, or the operation's key
+    operation_id = op.operation_id
+    changes: dict[str, Any] = {"state_reason": f"resolved by {decided_by}: {reason}"}
+    if job_id:
+        changes["remote_job_id"] = job_id
+    moved = store.transition(
+        op,
+        State(to_state),
+        HumanDecision(decided_by=decided_by, reason=reason, remote_job_id=job_id),
+        actor=f"person:{decided_by}",
+        changes=changes,
+    )
+    if as_json:
+        emit_json(moved.to_json())
+    else:
+        click.echo(f"{moved.operation_id}: {moved.state.value}; next: {next_action(moved)}")
+
+
+@cli.command()
+@click.argument("operation_id")
+@click.option("--reason", required=True, help="Why (kept in the history).")
+@click.option("--by", "requested_by", required=True, help="Who asks (kept in the history).")
+@click.option("--expect", "expected_effect", default="", help="What you expect the cancel to achieve.")
+@click.option("--json", "as_json", is_flag=True, help="Print {outcome, message, operation}.")
+@click.pass_context
+def cancel(
+    ctx: click.Context, operation_id: str, reason: str, requested_by: str, expected_effect: str, as_json: bool
+) -> None:
+    """Ask to stop a job. The intent is recorded first; a worker sends the cancel once and confirms it.
+
+    Exit 0 recorded, 1 the job had already ended.
+
+    \b
+    Example:
+      jobtrail cancel op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --by alice --reason "wrong input file"
+    """
+    from jobtrail.flows.cancel import request_cancel
+
+    store = open_store(ctx)
+    operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
+    done = request_cancel(
+        store, operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
+    )
+    if as_json:
+        emit_json({"outcome": done.outcome, "message": done.message, "operation": done.operation.to_json()})
+    else:
+        click.echo(f"{done.operation.operation_id}: {done.message}")
+    sys.exit(EXIT_NEGATIVE if done.outcome == "already_ended" else EXIT_OK)

@@ -1,0 +1,270 @@
+"""Reading operations: ``ops list|show|history|escalation``, ``explain``, ``wait``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.table import Column, Table
+
+from jobtrail.domain.canonical import rfc3339
+from jobtrail.domain.errors import ConfigError, OperationNotFound
+from jobtrail.domain.explain import next_action
+from jobtrail.domain.states import FINAL_STATES, SETTLED_STATES, State
+from jobtrail.interfaces.cli.common import (
+    EXIT_NEEDS_PERSON,
+    EXIT_NEGATIVE,
+    EXIT_OK,
+    cli,
+    console,
+    emit_json,
+    existing_store,
+)
+
+
+@cli.group()
+def ops() -> None:
+    """Read operation records and their history."""
+
+
+@ops.command("list")
+@click.option(
+    "--state", "states", multiple=True, type=click.Choice([s.value for s in State]), help="Only these states (repeat)."
+)
+@click.option("--provider", help="Only this provider.")
+@click.option("--caller", help="Only operations this caller submitted.")
+@click.option("--key", help="Only the operation(s) with this key.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of operation objects.")
+@click.pass_context
+def ops_list(
+    ctx: click.Context,
+    states: tuple[str, ...],
+    provider: str | None,
+    caller: str | None,
+    key: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List operations, newest first. A list cut at --limit says so (on stderr), with the total.
+
+    \b
+    Example:
+      jobtrail ops list --state needs_attention --state cancellation_unconfirmed --json
+    """
+    store = existing_store(ctx)
+    filters: dict[str, Any] = {"state": states or None, "provider": provider, "caller": caller, "key": key}
+    operations = store.list_operations(limit=limit, **filters)
+    if len(operations) == limit:
+        total = store.count_operations(**filters)
+        if total > limit:
+            click.echo(f"showing the newest {limit} of {total} operations; raise --limit to see more", err=True)
+    if as_json:
+        emit_json([op.to_json() for op in operations])
+        return
+    table = Table(Column("operation", no_wrap=True), "key", "state", "remote job", "next action", "at")
+    for op in operations:
+        table.add_row(
+            op.operation_id,
+            op.operation_key or "-",
+            op.state.value,
+            op.remote_job_id or "-",
+            next_action(op),
+            "-" if op.state in FINAL_STATES else rfc3339(op.next_action_at_us) or "waits for a person",
+        )
+    console.print(table)
+    if not operations:
+        console.print("no operations")
+
+
+@ops.command("show")
+@click.argument("operation_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the operation object.")
+@click.pass_context
+def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
+    """Show one operation record (never its idempotency token).
+
+    \b
+    Example:
+      jobtrail ops show op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --json
+    """
+    from jobtrail.domain.results import describe
+    from jobtrail.ledger.results import stored_result
+
+    store = existing_store(ctx)
+    op = store.resolve(operation_id)  # an id, or the operation's key
+    operation_id = op.operation_id
+    result = stored_result(store, operation_id)
+    doc = op.to_json()
+    doc["result"] = None if result is None else describe(result)
+    if as_json:
+        emit_json(doc)
+        return
+    summary = result["summary"] if result else None
+    if summary and summary.get("failed"):
+        console.print(
+            f"[yellow]partial failure:[/yellow] {summary['failed']} of {summary['items']} items failed: "
+            + ", ".join(summary["failed_ids"][:20])
+            + (" ..." if summary["failed"] > 20 else "")
+        )
+    table = Table(show_header=False)
+    for key, value in doc.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+    console.print(table)
+
+
+@ops.command("history")
+@click.argument("operation_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the list of history entries.")
+@click.pass_context
+def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
+    """Show every recorded transition and action of one operation, oldest first.
+
+    \b
+    Example:
+      jobtrail ops history op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
+    """
+    store = existing_store(ctx)
+    operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
+    entries = store.history(operation_id)
+    if as_json:
+        emit_json([e.to_json() for e in entries])
+        return
+    table = Table("seq", "at", "actor", "from", "to", "cause", "hash")
+    for e in entries:
+        table.add_row(
+            str(e.seq), rfc3339(e.at_us), e.actor, e.from_state or "-", e.to_state, e.cause, e.entry_hash[:12]
+        )
+    console.print(table)
+
+
+@cli.command()
+@click.argument("operation_id")
+@click.option("--json", "as_json", is_flag=True, help="Print {state, reason, next_action, at}.")
+@click.pass_context
+def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
+    """Say where an operation (or a task and each of its steps) stands, why, and the one next action.
+
+    Exit 0, or 3 when a person must decide.
+
+    \b
+    Example:
+      jobtrail explain op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
+    """
+    store = existing_store(ctx)
+    if not operation_id.startswith("op_"):
+        from jobtrail.runtime.client import AsyncJobtrail
+        from jobtrail.runtime.tasks import Task
+
+        explained = Task(AsyncJobtrail(store=store), operation_id).explain()
+        if explained["steps"]:
+            if as_json:
+                emit_json(explained)
+            else:
+                next_step = explained["next_step"] or "-"
+                click.echo(f"task {operation_id}: next step {next_step}: {explained['next_action']}")
+                for step in explained["steps"]:
+                    click.echo(
+                        f"  {step['name']}: {step['state']} ({step['operation_id'] or 'no operation yet'}): "
+                        f"{step['next_action']}"
+                    )
+            unresolved = any(step["state"] == "unresolved" for step in explained["steps"])
+            sys.exit(EXIT_NEEDS_PERSON if unresolved else EXIT_OK)
+    try:
+        op = store.resolve(operation_id)  # an id, or the operation's key
+    except OperationNotFound:
+        raise ConfigError(f"no operation or task {operation_id!r}; list operations with `jobtrail ops list`") from None
+    operation_id = op.operation_id
+    doc = {
+        "operation_id": op.operation_id,
+        "state": op.state.value,
+        "reason": op.state_reason,
+        "next_action": next_action(op),
+        "at": rfc3339(op.next_action_at_us),
+        "remote_job_id": op.remote_job_id,
+    }
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(f"{op.operation_id} is {op.state.value}" + (f": {op.state_reason}" if op.state_reason else ""))
+        click.echo(f"next: {doc['next_action']}" + (f" at {doc['at']}" if doc["at"] else ""))
+    sys.exit(EXIT_NEEDS_PERSON if op.state is State.NEEDS_ATTENTION else EXIT_OK)
+
+
+#: states in which waiting is over: an ending, or a person must look
+_WAIT_EXIT = {
+    State.SUCCEEDED: EXIT_OK,
+    State.CANCELLED: EXIT_OK,
+    State.NEEDS_ATTENTION: EXIT_NEEDS_PERSON,
+    State.CANCELLATION_UNCONFIRMED: EXIT_NEEDS_PERSON,
+    State.RESULT_TIMED_OUT: EXIT_NEEDS_PERSON,
+}
+
+
+@cli.command()
+@click.argument("operation_id")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600, show_default=True, help="Seconds to wait.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the final operation object.")
+@click.pass_context
+def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -> None:
+    """Wait until an operation ends or needs a person (a worker must be running).
+
+    Exit 0 succeeded or cancelled, 1 failed, result unavailable or invalid, or still running at the
+    time-out, 3 a person must decide.
+
+    \b
+    Example:
+      jobtrail wait op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --timeout 300 --json
+    """
+    import time
+
+    store = existing_store(ctx)
+    deadline = time.monotonic() + timeout
+    op = store.resolve(operation_id)  # an id, or the operation's key
+    operation_id = op.operation_id
+    live = sys.stdout.isatty() and not as_json
+    status = console.status(f"{op.operation_id}: {op.state.value}") if live else None
+    if status is not None:
+        status.start()
+    try:
+        while op.state not in SETTLED_STATES and time.monotonic() < deadline:
+            time.sleep(0.2)
+            op = store.get(operation_id)
+            if status is not None:
+                status.update(f"{op.operation_id}: {op.state.value} ({op.state_reason or next_action(op)})")
+    finally:
+        if status is not None:
+            status.stop()
+    settled = op.state in SETTLED_STATES
+    if as_json:
+        emit_json({**op.to_json(), "settled": settled})
+    else:
+        click.echo(f"{op.operation_id}: {op.state.value}" + (f": {op.state_reason}" if op.state_reason else ""))
+    if not settled:
+        if not as_json:
+            click.echo(f"still {op.state.value} after {timeout:g} s; next: {next_action(op)}", err=True)
+        sys.exit(EXIT_NEGATIVE)
+    sys.exit(_WAIT_EXIT.get(op.state, EXIT_NEGATIVE))
+
+
+@ops.command("escalation")
+@click.argument("operation_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the bundle as an object.")
+@click.option("--markdown", is_flag=True, help="Print the bundle as Markdown (for a ticket).")
+@click.pass_context
+def ops_escalation(ctx: click.Context, operation_id: str, as_json: bool, markdown: bool) -> None:
+    """Everything a person needs to chase a job: ids, request history, cancel attempts and answers.
+
+    \b
+    Example:
+      jobtrail ops escalation op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --markdown > ticket.md
+    """
+    from jobtrail.flows.escalation import bundle_markdown, escalation_bundle
+
+    bundle = escalation_bundle(existing_store(ctx), operation_id)
+    if as_json:
+        emit_json(bundle)
+    else:
+        click.echo(bundle_markdown(bundle), nl=False)

@@ -1,0 +1,223 @@
+"""Long-running processes: ``worker``, ``webhooks serve``, ``mcp``, ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import click
+
+from jobtrail.domain.errors import require_extra
+from jobtrail.interfaces.cli.common import EXIT_NEGATIVE, EXIT_OK, cli, console, emit_json, open_store
+
+
+@cli.command()
+@click.option(
+    "--provider",
+    "provider_files",
+    multiple=True,
+    envvar="JOBTRAIL_PROVIDERS",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Provider file (repeatable; or $JOBTRAIL_PROVIDERS).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1),
+    default=1000,
+    show_default=True,
+    help="Operations in flight at once.",
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds a claim lasts; must exceed the slowest provider call.",
+)
+@click.option(
+    "--until-settled",
+    is_flag=True,
+    help="Exit once every operation is settled: ended, waiting for a person, or escalated "
+    "(cancellation_unconfirmed and result_timed_out are still polled slowly while the worker runs, "
+    "but nothing automatic is expected to end them soon, so they do not keep it waiting).",
+)
+@click.option("--timeout", type=click.FloatRange(min=0), help="Exit after this many seconds.")
+@click.option("--id", "worker_id", help="Worker identity on leases and observations (default host:pid).")
+@click.option("--json", "as_json", is_flag=True, help="Print the run's statistics as an object at exit.")
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    provider_files: tuple[str, ...],
+    concurrency: int,
+    lease_s: float,
+    until_settled: bool,
+    timeout: float | None,
+    worker_id: str | None,
+    as_json: bool,
+) -> None:
+    """Claim due operations under a lease and do each one's next action.
+
+    SIGTERM or SIGINT: stop claiming, finish in-flight actions, release leases, exit 0.
+
+    \b
+    Example:
+      jobtrail --db postgresql://jobs@db/jobs worker --provider openai.toml --concurrency 2000
+    """
+    import signal
+
+    from jobtrail.providers.http import load_provider
+    from jobtrail.runtime.worker import Worker
+
+    adapters = {}
+    for path in provider_files:
+        adapter = load_provider(path)
+        adapters[adapter.name] = adapter
+    runner = Worker(open_store(ctx), adapters, worker_id=worker_id, concurrency=concurrency, lease_s=lease_s)
+
+    async def run() -> Any:
+        from jobtrail.interfaces.early import early_signals
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runner.stop)
+        if early_signals:  # asked to stop while still starting: claim nothing, exit cleanly
+            runner.stop()
+        return await runner.run(until_settled=until_settled, timeout=timeout)
+
+    stats = asyncio.run(run())
+    if as_json:
+        emit_json(
+            {
+                "worker": runner.worker_id,
+                "claimed": stats.claimed,
+                "actions": stats.actions,
+                "stale": stats.stale,
+                "errors": stats.errors,
+                "transactions": stats.transactions,
+                "writes": stats.writes,
+                "settled": stats.settled,
+            }
+        )
+
+
+@cli.group()
+def webhooks() -> None:
+    """Receive provider webhooks (they only bring a poll forward)."""
+
+
+@webhooks.command("serve")
+@click.option(
+    "--provider",
+    "provider_files",
+    multiple=True,
+    envvar="JOBTRAIL_PROVIDERS",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Provider file with a [webhooks] table (repeatable).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8787, show_default=True)
+@click.pass_context
+def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: str, port: int) -> None:
+    """Serve POST /webhooks/PROVIDER with Standard Webhooks verification.
+
+    \b
+    Example:
+      jobtrail webhooks serve --provider openai.toml --host 127.0.0.1 --port 8787
+    """
+    require_extra("webhooks", "jobtrail webhooks serve", "uvicorn", "starlette", "standardwebhooks")
+    import uvicorn
+
+    from jobtrail.interfaces.webhooks import webhook_app
+    from jobtrail.providers.http import load_provider
+
+    configs = {}
+    for path in provider_files:
+        adapter = load_provider(path)
+        if adapter.config.webhooks is not None:
+            configs[adapter.name] = adapter.config.webhooks
+    app = webhook_app(open_store(ctx), configs)
+    click.echo(f"receiving webhooks for {', '.join(sorted(configs))} on http://{host}:{port}/webhooks/<provider>")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@cli.command()
+@click.option(
+    "--provider",
+    "provider_files",
+    multiple=True,
+    envvar="JOBTRAIL_PROVIDERS",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Provider file the agent may use, by name (repeatable).",
+)
+@click.option("--agent", default="agent", show_default=True, help="Identity recorded as the caller of every job.")
+@click.option("--approver", help="Identity recorded as approving every job this server submits.")
+@click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
+@click.option("--http", "http_port", type=int, help="Serve streamable HTTP on 127.0.0.1:PORT instead of stdio.")
+@click.option(
+    "--shared",
+    is_flag=True,
+    help="Let this agent see, wait on, fetch and cancel every agent's operations (default: only its own).",
+)
+@click.pass_context
+def mcp(
+    ctx: click.Context,
+    provider_files: tuple[str, ...],
+    agent: str,
+    approver: str | None,
+    with_worker: bool,
+    http_port: int | None,
+    shared: bool,
+) -> None:
+    """Serve jobtrail's tools to an agent over the Model Context Protocol (stdio by default).
+
+    The server acts for --agent: its tools list, read, wait on, fetch the results of and cancel
+    only the operations that agent submitted; another agent's operation answers like a missing
+    one. Start it with --shared to let the agent act on all operations.
+
+    \b
+    Example:
+      jobtrail --db jobs.db mcp --provider openai.toml --agent research-bot --approver alice --with-worker
+    """
+    from jobtrail.interfaces.mcp import build_server, serve_stdio
+    from jobtrail.runtime.client import AsyncJobtrail
+    from jobtrail.runtime.worker import Worker
+
+    jt = AsyncJobtrail(store=open_store(ctx), providers=list(provider_files), actor=f"mcp:{agent}")
+    server = build_server(jt, agent=agent, approver=approver, shared=shared)
+
+    async def run() -> None:
+        runner = Worker(jt.store, dict(jt.providers), worker_id=f"mcp:{agent}") if with_worker else None
+        task = asyncio.create_task(runner.run()) if runner else None
+        try:
+            if http_port is not None:
+                await server.run_streamable_http_async(host="127.0.0.1", port=http_port)
+            else:
+                await serve_stdio(server)
+        finally:
+            if runner is not None and task is not None:
+                runner.stop()
+                await task
+
+    asyncio.run(run())
+
+
+@cli.command()
+@click.pass_context
+def demo(ctx: click.Context) -> None:
+    """Run the classic create failures against a bundled fake provider; no configuration needed.
+
+    The ledger goes to ./jobtrail-demo.db unless --db or JOBTRAIL_DB names one.
+
+    \b
+    Example:
+      jobtrail demo && jobtrail --db jobtrail-demo.db ops list
+    """
+    from jobtrail.interfaces.demo import run_demo
+
+    ok = run_demo(ctx.ensure_object(dict).get("db"), console)
+    sys.exit(EXIT_OK if ok else EXIT_NEGATIVE)
