@@ -42,3 +42,13 @@ def write_atomically(directory: Path, digest: str, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return final
+
+
+def ledger_files(store: Store) -> tuple[list[Path], Path]:
+    """The ledger's own files (a SQLite database and its journals) and its results directory."""
+    files: list[Path] = []
+    database = store.engine.url.database if store.dialect == "sqlite" else None
+    if database and database != ":memory:":
+        db = Path(database).resolve()
+        files = [db, *(db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal"))]
+    return files, data_dir(store).resolve()

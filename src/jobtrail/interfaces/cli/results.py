@@ -56,24 +56,14 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
         sys.stdout.flush()
 
 
-def _ledger_files(store: Store) -> tuple[list[Path], Path]:
-    """The ledger's own files (a SQLite database and its journals) and its results directory."""
-    from jobtrail.ledger.files import data_dir
-
-    files: list[Path] = []
-    database = store.engine.url.database if store.dialect == "sqlite" else None
-    if database and database != ":memory:":
-        db = Path(database).resolve()
-        files = [db, *(db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal"))]
-    return files, data_dir(store).resolve()
-
-
 def _result_target(store: Store, out: str, force: bool) -> Path:
     """Where --out may write, checked before anything is read or written."""
+    from jobtrail.ledger.files import ledger_files
+
     given = Path(out).expanduser()
     # the parent resolved, the name not: a symlink at the target is replaced, never followed
     target = given.absolute().parent.resolve() / given.name
-    files, results_dir = _ledger_files(store)
+    files, results_dir = ledger_files(store)
     own = target in files or target == results_dir or results_dir in target.parents
     if not own and os.path.lexists(target) and not target.is_symlink():
         own = any(f.exists() and os.path.samefile(target, f) for f in files)
