@@ -127,6 +127,21 @@ def test_ops_list_filters_by_key_caller_and_several_states_and_says_when_it_is_c
     assert "nightly" in table.stdout and failed.operation_id in table.stdout
 
 
+def test_global_options_work_after_the_command_too(tmp_path: Path) -> None:
+    """People write `jobtrail ops list --db X`; it means what `jobtrail --db X ops list` means."""
+    db = str(tmp_path / "ops.db")
+    store = Store.open(db)
+    op = op_in(store, S.FAILED, operation_key="after")
+    store.close()
+    listed = jobtrail("ops", "list", "--json", "--db", db)
+    assert listed.returncode == 0, listed.stderr
+    assert [o["operation_id"] for o in json.loads(listed.stdout)] == [op.operation_id]
+    shown = jobtrail("ops", "show", "after", f"--db={db}", "--json")
+    assert json.loads(shown.stdout)["operation_id"] == op.operation_id
+    missing = jobtrail("ops", "list", "--db", str(tmp_path / "none.db"))
+    assert missing.returncode == 2 and "no database at" in missing.stderr  # the --db given after, not the default
+
+
 def test_errors_are_one_line_with_the_way_out(tmp_path: Path) -> None:
     db = str(tmp_path / "e.db")
     Store.open(db).close()  # a read command on a missing file says so (tests/test_hostile_provider_leaks.py)
