@@ -329,7 +329,7 @@ def test_submit_prints_the_id_first_then_the_outcome(db_url: str, fake: FakeProv
     )
     assert out.returncode == 0, out.stderr
     first, last = (json.loads(line) for line in out.stdout.strip().splitlines())
-    assert first["event"] == "submitted" and first["state"] == "create_pending"
+    assert first["event"] == "submitted" and first["state"] == "create_pending" and first["created"] is True
     assert last["event"] == "create_finished" and last["state"] == "accepted"
     assert last["operation_id"] == first["operation_id"] and last["approved_by"] == "alice"
     again = jobtrail(
@@ -344,6 +344,10 @@ def test_submit_prints_the_id_first_then_the_outcome(db_url: str, fake: FakeProv
         "k-1",
     )
     assert again.stdout.splitlines()[0] == first["operation_id"]
+    assert "already there: key 'k-1' with this request; nothing new is created" in again.stderr
+    args = ("submit", "--provider", str(provider_file), "--request", '{"prompt": "hi"}', "--key", "k-1", "--json")
+    again_json = jobtrail("--db", db_url, *args)
+    assert json.loads(again_json.stdout.splitlines()[0])["created"] is False
     changed = jobtrail(
         "--db",
         db_url,

@@ -309,6 +309,15 @@ def test_a_result_is_stored_only_by_the_transition_to_succeeded_that_names_it(st
     assert store.get(op.operation_id).version == op.version
 
 
+def test_ensure_says_whether_the_operation_was_created_now(store: Store, fake: FakeProvider) -> None:
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+    first, created = asyncio.run(jt.ensure("fake", {"x": 1}, key="report-1"))
+    again, created_again = asyncio.run(jt.ensure("fake", {"x": 1}, key="report-1"))
+    assert created is True and created_again is False
+    assert again.operation_id == first.operation_id and store.count() == 1
+    assert asyncio.run(jt.submit("fake", {"x": 1}, key="report-1")).operation_id == first.operation_id
+
+
 def test_missing_operation_says_how_to_find_one(store: Store) -> None:
     with pytest.raises(OperationNotFound, match="jobtrail ops list"):
         store.get("op_NOPE")

@@ -145,7 +145,8 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
     first = out["first"]
     assert first["operation_id"].startswith("op_") and first["state"] == "accepted" and first["next_action"]
     assert first["caller"] == "research-bot" and first["approved_by"] == "alice"
-    assert out["again"]["operation_id"] == first["operation_id"]
+    assert first["created"] is True
+    assert out["again"]["operation_id"] == first["operation_id"] and out["again"]["created"] is False
     assert "a changed request is a new operation" in out["changed"]["error"]
     assert "cannot pass credentials, headers or URLs" in out["sneaky"]["error"]
     assert "error" in out["secret"] and "sk-0123456789" not in out["secret"]["error"]

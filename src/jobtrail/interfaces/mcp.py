@@ -261,7 +261,8 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         description=(
             "Start a long-running job on a configured provider (by name). Returns the operation id, durable before "
             "anything is sent, and the next action. Reuse the same operation_key when you retry: the same key and "
-            f"request return the existing operation, a changed request is refused. Providers: {', '.join(jt.providers)}"
+            "request return the existing operation (created: false), a changed request is refused. "
+            f"Providers: {', '.join(jt.providers)}"
         )
     )
     @_explained
@@ -278,7 +279,7 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
             raise UsageError("operation_key must be 1 to 200 characters")
         create_s = _seconds("create_deadline_s", create_deadline_s, 1, 30 * 86400)
         result_s = _seconds("result_deadline_s", result_deadline_s, 1, 365 * 86400)
-        op = await jt.submit(
+        op, created = await jt.ensure(
             provider,
             request,
             key=await own_key(provider, operation_key),
@@ -291,7 +292,8 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
             raise UsageError("this operation_key cannot be used by this agent; choose another")
         if op.state is State.CREATE_PENDING and op.attempts == 0:
             op = await jt.drive_create(op.operation_id)
-        return brief(op)
+        # created False: this key and request already had an operation; it is returned as it stands
+        return brief(op) | {"created": created}
 
     @server.tool(
         description="Where an operation stands, why, and its one next action (use after any restart). "

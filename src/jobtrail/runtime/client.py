@@ -107,7 +107,36 @@ class AsyncJobtrail:
 
         The same ``key`` with the same request returns the existing operation;
         with a changed request it raises :class:`OperationKeyConflict`.
+        :meth:`ensure` also says which of the two happened.
         """
+        op, _ = await self.ensure(
+            provider,
+            request,
+            key=key,
+            target=target,
+            caller=caller,
+            approved_by=approved_by,
+            create_deadline=create_deadline,
+            result_deadline=result_deadline,
+            cancel_deadline=cancel_deadline,
+        )
+        return op
+
+    async def ensure(
+        self,
+        provider: str,
+        request: Any,
+        *,
+        key: str | None = None,
+        target: str | None = None,
+        caller: str = "unknown",
+        approved_by: str | None = None,
+        create_deadline: timedelta | None = DEFAULT_CREATE_DEADLINE,
+        result_deadline: timedelta | None = DEFAULT_RESULT_DEADLINE,
+        cancel_deadline: timedelta | None = DEFAULT_CANCEL_DEADLINE,
+    ) -> tuple[Operation, bool]:
+        """:meth:`submit`, and whether the operation was created now (False: this key and request
+        already had one, which is returned as it stands; nothing new will be sent for it)."""
         adapter = self.provider(provider)
         self._check_retention(adapter, create_deadline)
         spec = self._spec(
@@ -122,9 +151,9 @@ class AsyncJobtrail:
             result_deadline=result_deadline,
             cancel_deadline=cancel_deadline,
         )
-        op, _ = await self.io(self.store.create_operation, spec, actor=caller)
+        op, created = await self.io(self.store.create_operation, spec, actor=caller)
         failpoint("create.after_record")
-        return op
+        return op, created
 
     def _check_retention(self, adapter: Provider, create_deadline: timedelta | None) -> None:
         """A retry after the provider forgot the token could create a second job: say so before sending."""
@@ -293,6 +322,9 @@ class Jobtrail:
 
     def submit(self, provider: str, request: Any, **kwargs: Any) -> Operation:
         return asyncio.run(self._async.submit(provider, request, **kwargs))
+
+    def ensure(self, provider: str, request: Any, **kwargs: Any) -> tuple[Operation, bool]:
+        return asyncio.run(self._async.ensure(provider, request, **kwargs))
 
     def drive_create(self, operation_id: str) -> Operation:
         async def run() -> Operation:

@@ -118,7 +118,7 @@ def submit(
 
     async def run() -> Operation:
         try:
-            op = await jt.submit(
+            op, created = await jt.ensure(
                 provider,
                 body,
                 key=key,
@@ -130,9 +130,12 @@ def submit(
                 cancel_deadline=_duration(cancel_deadline, "--cancel-deadline"),
             )
             if as_json:
-                click.echo(json.dumps({"event": "submitted", "operation_id": op.operation_id, "state": op.state.value}))
+                submitted = {"event": "submitted", "operation_id": op.operation_id, "state": op.state.value}
+                click.echo(json.dumps(submitted | {"created": created}))
             else:
                 click.echo(op.operation_id)
+                if not created:
+                    click.echo(f"(already there: key {key!r} with this request; nothing new is created)", err=True)
             sys.stdout.flush()
             if not no_send:
                 op = await jt.drive_create(op.operation_id)
