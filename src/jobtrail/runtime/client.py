@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from jobtrail.domain.errors import ConfigError, StaleRecord
 from jobtrail.domain.failpoints import failpoint
@@ -37,6 +37,18 @@ log = logging.getLogger("jobtrail")
 #: how often a caller whose operation another owner is acting on looks again
 _OWNER_POLL_S = 0.05
 _US = 1_000_000
+
+
+class SubmitOptions(TypedDict, total=False):
+    """The options of :meth:`AsyncJobtrail.submit` (see :meth:`AsyncJobtrail.ensure` for their defaults)."""
+
+    key: str | None
+    target: str | None
+    caller: str
+    approved_by: str | None
+    create_deadline: timedelta | None
+    result_deadline: timedelta | None
+    cancel_deadline: timedelta | None
 
 
 class AsyncJobtrail:
@@ -90,36 +102,14 @@ class AsyncJobtrail:
             known = ", ".join(sorted(self.providers)) or "none"
             raise ConfigError(f"no provider named {name!r} is configured (configured: {known})") from None
 
-    async def submit(
-        self,
-        provider: str,
-        request: Any,
-        *,
-        key: str | None = None,
-        target: str | None = None,
-        caller: str = "unknown",
-        approved_by: str | None = None,
-        create_deadline: timedelta | None = DEFAULT_CREATE_DEADLINE,
-        result_deadline: timedelta | None = DEFAULT_RESULT_DEADLINE,
-        cancel_deadline: timedelta | None = DEFAULT_CANCEL_DEADLINE,
-    ) -> Operation:
+    async def submit(self, provider: str, request: Any, **options: Unpack[SubmitOptions]) -> Operation:
         """Make the operation durable and return it; nothing has been sent yet.
 
-        The same ``key`` with the same request returns the existing operation;
-        with a changed request it raises :class:`OperationKeyConflict`.
+        Options as for :meth:`ensure`. The same ``key`` with the same request returns the
+        existing operation; with a changed request it raises :class:`OperationKeyConflict`.
         :meth:`ensure` also says which of the two happened.
         """
-        op, _ = await self.ensure(
-            provider,
-            request,
-            key=key,
-            target=target,
-            caller=caller,
-            approved_by=approved_by,
-            create_deadline=create_deadline,
-            result_deadline=result_deadline,
-            cancel_deadline=cancel_deadline,
-        )
+        op, _ = await self.ensure(provider, request, **options)
         return op
 
     async def ensure(
