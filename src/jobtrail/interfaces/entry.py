@@ -12,27 +12,12 @@ from __future__ import annotations
 import signal
 import sys
 
+from jobtrail.interfaces.argv import subcommand
 from jobtrail.interfaces.early import remember
-
-#: global options that take a value (``jobtrail --db X worker``)
-_VALUED = frozenset({"--db"})
-
-
-def _command(args: list[str]) -> str | None:
-    """The subcommand, skipping the global options before it."""
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in _VALUED:
-            skip = True
-        elif not arg.startswith("-"):
-            return arg
-    return None
 
 
 def main() -> None:
-    if _command(sys.argv[1:]) == "worker":
+    if subcommand(sys.argv[1:]) == "worker":
         signal.signal(signal.SIGTERM, remember)
         signal.signal(signal.SIGINT, remember)
     from jobtrail.interfaces.cli import main as cli_main

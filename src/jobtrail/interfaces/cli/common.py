@@ -19,6 +19,7 @@ from rich.console import Console
 
 from jobtrail.domain.errors import JobtrailError, OperationNotFound
 from jobtrail.domain.redact import install_log_redaction
+from jobtrail.interfaces.argv import hoist_global_options
 
 if TYPE_CHECKING:  # the ledger (SQLAlchemy) is imported by the commands that use it: --help stays quick
     from jobtrail.ledger.store import Store
@@ -54,34 +55,6 @@ class Group(click.Group):
                 raise
             code = EXIT_NEGATIVE if isinstance(exc, OperationNotFound) else EXIT_USAGE
             fail(str(exc), code)
-
-
-#: the root's options, and whether each takes a value
-GLOBAL_OPTIONS = {"--db": True, "--debug": False}
-
-
-def hoist_global_options(args: list[str]) -> list[str]:
-    """``jobtrail demo --db X`` as ``jobtrail --db X demo``: a global option given after the command
-    (people write it there) moves before it; ``--`` ends the search."""
-    front: list[str] = []
-    rest: list[str] = []
-    i, seen_command = 0, False
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            rest += args[i:]
-            break
-        name = arg.split("=", 1)[0]
-        if name in GLOBAL_OPTIONS:
-            takes_value = GLOBAL_OPTIONS[name] and "=" not in arg
-            moved = args[i : i + 2] if takes_value else [arg]
-            (front if seen_command else rest).extend(moved)
-            i += len(moved)
-            continue
-        seen_command = seen_command or not arg.startswith("-")
-        rest.append(arg)
-        i += 1
-    return front + rest
 
 
 def open_store(ctx: click.Context) -> Store:
