@@ -62,7 +62,8 @@ if TYPE_CHECKING:
         StatusOutcome,
         TokenPlacement,
     )
-    from jobtrail.providers.http import HttpProvider, load_provider
+    from jobtrail.providers.http import HttpProvider
+    from jobtrail.providers.kinds import load_provider
     from jobtrail.runtime.client import AsyncJobtrail, Jobtrail
     from jobtrail.runtime.tasks import StepView, Task
     from jobtrail.runtime.worker import Worker
@@ -124,7 +125,7 @@ _WHERE = {
     "ValidatedResult": "jobtrail.domain.evidence",
     "ValidationFailure": "jobtrail.domain.evidence",
     "Worker": "jobtrail.runtime.worker",
-    "load_provider": "jobtrail.providers.http",
+    "load_provider": "jobtrail.providers.kinds",
     "webhook_app": "jobtrail.interfaces.webhooks",
 }
 

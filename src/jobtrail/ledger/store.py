@@ -17,6 +17,7 @@ import logging
 import os
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -203,6 +204,7 @@ class Store:
         self.dialect = engine.dialect.name
         #: (device, inode) of the SQLite file, once seen (see :meth:`check_file`)
         self._file_identity: tuple[int, int] | None = None
+        self._write_lock = _process_write_lock(engine)
 
     # -- opening ----------------------------------------------------------------
 
@@ -228,7 +230,7 @@ class Store:
         """Bring the schema to ``revision``; data survives every upgrade."""
         from jobtrail.ledger.migrate import upgrade
 
-        with self._errors("upgrading the schema"), self.engine.begin() as conn:
+        with self.writing("upgrading the schema") as conn:
             upgrade(conn, revision)
 
     def check_file(self) -> None:
@@ -279,6 +281,18 @@ class Store:
         with self._errors("reading"), self.engine.connect() as conn:
             yield conn.execution_options(jobtrail_read=True)
 
+    @contextlib.contextmanager
+    def writing(self, doing: str) -> Iterator[Connection]:
+        """One write transaction (for the ledger's modules); a failure names ``doing``.
+
+        On SQLite, the writes of one process queue here for the file's write lock, so
+        at most one thread per process waits in SQLite's busy handler: that handler
+        polls (up to 100 ms between tries), and many pollers starve each other past
+        the busy time-out while the lock is free most of the time.
+        """
+        with self._errors(doing), self._write_lock, self.engine.begin() as conn:
+            yield conn
+
     # -- creating ---------------------------------------------------------------
 
     def create_operation(self, spec: OperationSpec, *, actor: str | None = None) -> tuple[Operation, bool]:
@@ -300,7 +314,7 @@ class Store:
         """
         prepared = [self._new_operation(spec, actor) for spec in specs]
         try:
-            with self._errors("creating an operation"), self.engine.begin() as conn:
+            with self.writing("creating an operation") as conn:
                 conn.execute(_INSERT_OPERATION, [row for _, row, _ in prepared])
                 conn.execute(_INSERT_HISTORY, [entry for _, _, entry in prepared])
         except StorageError as exc:
@@ -485,7 +499,7 @@ class Store:
         observation_slots: list[int] = []
         releases: list[dict[str, Any]] = []
         result_rows: list[dict[str, Any]] = []
-        with self._errors("recording a transition"), self.engine.begin() as conn:
+        with self.writing("recording a transition") as conn:
             if self.dialect == "postgresql":
                 # Lock every row the batch touches, in one order: an observation's id is then
                 # committed before any later entry of its operation reads the observations to
@@ -941,16 +955,18 @@ class Store:
         """
         now = self.clock()
         ops = t.operations
-        due = (
-            sa.select(ops.c.operation_id)
-            .where(
-                ops.c.next_action_at_us <= now,
-                sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
-                *_filters(providers, states),
-            )
-            .order_by(ops.c.next_action_at_us, ops.c.operation_id)
-            .limit(limit)
+        claimable = sa.select(ops.c.operation_id).where(
+            ops.c.next_action_at_us <= now,
+            sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
+            *_filters(providers, states),
         )
+        if self.dialect == "sqlite":
+            # A busy worker claims every few milliseconds; taking the file's one write lock
+            # to find nothing would make every other process's writes wait (a read does not)
+            with self._read() as conn:
+                if conn.execute(claimable.limit(1)).first() is None:
+                    return []
+        due = claimable.order_by(ops.c.next_action_at_us, ops.c.operation_id).limit(limit)
         if self.dialect == "postgresql":
             due = due.with_for_update(skip_locked=True)
         stmt = (
@@ -963,7 +979,7 @@ class Store:
             )
             .returning(*ops.c)
         )
-        with self._errors("claiming operations"), self.engine.begin() as conn:
+        with self.writing("claiming operations") as conn:
             rows = conn.execute(stmt).mappings().all()
         # RETURNING promises no order: earliest due first, as the claim chose them
         return sorted((_operation(row) for row in rows), key=lambda op: (op.next_action_at_us, op.operation_id))
@@ -989,7 +1005,7 @@ class Store:
             )
             .returning(*ops.c)
         )
-        with self._errors("leasing an operation"), self.engine.begin() as conn:
+        with self.writing("leasing an operation") as conn:
             row = conn.execute(stmt).mappings().first()
         if row is None:
             self.get(operation_id)  # raises if there is no such operation
@@ -1263,6 +1279,20 @@ def _update_statement(fenced: bool, returning: bool = False) -> _Prepared:
     if returning:
         stmt = stmt.returning(t.operations.c.operation_id)
     return _Prepared(stmt)
+
+
+_WRITE_LOCKS: dict[str, threading.RLock] = {}
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def _process_write_lock(engine: Engine) -> contextlib.AbstractContextManager[Any]:
+    """One lock per SQLite file per process (however many stores open it); PostgreSQL needs none."""
+    path = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not path:
+        return contextlib.nullcontext()
+    key = path if path == ":memory:" else os.path.realpath(path)
+    with _WRITE_LOCKS_GUARD:
+        return _WRITE_LOCKS.setdefault(key, threading.RLock())
 
 
 def _make_engine(url: str) -> Engine:

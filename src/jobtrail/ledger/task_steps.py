@@ -18,7 +18,7 @@ from jobtrail.ledger.store import Store
 
 def open_task(store: Store, task_id: str, caller: str) -> None:
     """Record the task unless it exists (opening twice resumes it)."""
-    with store._errors("opening a task"), store.engine.begin() as conn:
+    with store.writing("opening a task") as conn:
         exists = conn.execute(sa.select(t.tasks.c.task_id).where(t.tasks.c.task_id == task_id)).first()
         if exists is None:
             conn.execute(sa.insert(t.tasks), {"task_id": task_id, "caller": caller, "created_at_us": store.clock()})
@@ -27,7 +27,7 @@ def open_task(store: Store, task_id: str, caller: str) -> None:
 def plan_step(store: Store, task_id: str, name: str, provider: str, key: str, fingerprint: str) -> None:
     """Make the step's key durable (idempotent); a different request under the same name is refused."""
     steps = t.task_steps.c
-    with store._errors("planning a task step"), store.engine.begin() as conn:
+    with store.writing("planning a task step") as conn:
         row = conn.execute(sa.select(t.task_steps).where(steps.task_id == task_id, steps.name == name)).first()
         if row is None:
             position = conn.execute(
@@ -56,7 +56,7 @@ def plan_step(store: Store, task_id: str, name: str, provider: str, key: str, fi
 
 def link_step(store: Store, task_id: str, name: str, operation_id: str) -> None:
     """Record the operation a step's effect became."""
-    with store._errors("recording a step's operation"), store.engine.begin() as conn:
+    with store.writing("recording a step's operation") as conn:
         conn.execute(
             sa.update(t.task_steps)
             .where(t.task_steps.c.task_id == task_id, t.task_steps.c.name == name)

@@ -17,7 +17,7 @@ from jobtrail.ledger.store import Store
 
 def count_refusal(store: Store, provider: str, reason: str) -> None:
     """One more refused delivery of ``provider`` for ``reason`` (a counter; never the body)."""
-    with store._errors("counting a refused webhook"), store.engine.begin() as conn:
+    with store.writing("counting a refused webhook") as conn:
         done = conn.execute(
             sa.update(t.webhook_rejections)
             .where(t.webhook_rejections.c.provider == provider, t.webhook_rejections.c.reason == reason)
@@ -36,7 +36,7 @@ def record_event(store: Store, row: dict[str, Any]) -> bool:
     The uniqueness constraint decides, so two receivers racing on one delivery store it once.
     """
     try:
-        with store._errors("recording a webhook"), store.engine.begin() as conn:
+        with store.writing("recording a webhook") as conn:
             conn.execute(sa.delete(t.webhook_events).where(t.webhook_events.c.expires_at_us < row["received_at_us"]))
             conn.execute(sa.insert(t.webhook_events), row)
     except Exception as exc:
@@ -74,7 +74,7 @@ def match_operation(store: Store, provider: str, job_id: str | None, reference: 
 
 def attach_orphans(store: Store, provider: str, remote_job_id: str, operation_id: str) -> int:
     """Attach the events that arrived before the operation knew its job id; returns how many."""
-    with store._errors("matching orphan webhooks"), store.engine.begin() as conn:
+    with store.writing("matching orphan webhooks") as conn:
         adopted = conn.execute(
             sa.update(t.webhook_events)
             .where(

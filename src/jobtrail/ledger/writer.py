@@ -11,9 +11,8 @@ send" holds for every create attempt exactly as with one transaction per write.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from jobtrail.domain.errors import StaleRecord, StorageError
 from jobtrail.domain.evidence import Evidence
@@ -24,8 +23,6 @@ from jobtrail.ledger.store import Change, Observe, Release, Reschedule, Store, S
 
 #: callers woken per loop turn after a commit (see BatchWriter._settle)
 _WAKE_PER_TURN = 32
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 class Writer:
@@ -35,20 +32,9 @@ class Writer:
         self.store = store
         #: where blocking reads and writes run (threads; inline only in the simulation)
         self.io = io
-        self._serial = threading.Lock()
-
-    def exclusive(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run one blocking write transaction while no other write of this process's writer runs.
-
-        Writes from several threads of one process would only wait for each other
-        inside SQLite's busy handler (sleeping and retrying, burning time and CPU);
-        queued here, each waits on a lock and starts the moment the last one ends.
-        """
-        with self._serial:
-            return fn(*args, **kwargs)
 
     async def apply(self, item: Write) -> Any:
-        return (await self.io(self.exclusive, self.store.apply, [item]))[0]
+        return (await self.io(self.store.apply, [item]))[0]
 
     async def transition(
         self,
@@ -159,10 +145,6 @@ class BatchWriter(Writer):
 
     def _apply_all(self, items: list[Write]) -> list[tuple[bool, Any]]:
         """One transaction for all; if it fails, each on its own so each caller gets its own answer."""
-        with self._serial:
-            return self._apply_all_now(items)
-
-    def _apply_all_now(self, items: list[Write]) -> list[tuple[bool, Any]]:
         try:
             results = self.store.apply(items)
         except StorageError:

@@ -228,6 +228,8 @@ def guarantees(provider: Provider) -> dict[str, Any]:
     credential = getattr(config, "credential", None)
     return {
         "provider": provider.name,
+        "kind": getattr(provider, "kind", "http"),
+        "contract": getattr(provider, "contract_note", ""),
         "base_url": getattr(config, "base_url", None),
         # the only other places a provider's result links may send jobtrail (without the credential)
         "download_hosts": [str(rule) for rule in getattr(config, "download_hosts", ())],

@@ -14,7 +14,6 @@ import json
 import os
 import string
 import time
-import tomllib
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -499,24 +498,32 @@ def _is_loopback(host: str) -> bool:
 
 
 def load_provider(source: str | os.PathLike[str] | Mapping[str, Any]) -> HttpProvider:
-    """Build an :class:`HttpProvider` from a TOML file path or a dict."""
-    if isinstance(source, Mapping):
-        return HttpProvider(parse_config(source))
-    path = Path(source)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read provider file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    return HttpProvider(parse_config(data, str(path)))
+    """Build the provider a file (or dict) declares; ``kind`` picks a built-in adapter (see :mod:`.kinds`)."""
+    from jobtrail.providers.kinds import load_provider as load
+
+    return load(source)
+
+
+def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
+    """``kind = "http"``: the file declares the whole contract."""
+    return HttpProvider(parse_config(data, source))
 
 
 # -- the provider itself ------------------------------------------------------------------------------
 
 
 class HttpProvider:
-    """A :class:`~jobtrail.Provider` driven by an :class:`HttpProviderConfig`."""
+    """A :class:`~jobtrail.Provider` driven by an :class:`HttpProviderConfig`.
+
+    Built-in adapters (:mod:`jobtrail.providers.kinds`) subclass it: they keep its
+    plumbing (egress rules, credentials at send time, bounded reads, redaction) and
+    override the calls whose wire contract a file cannot declare.
+    """
+
+    #: the provider file's ``kind``
+    kind = "http"
+    #: why the adapter's guarantees hold (shown by ``jobtrail providers check``)
+    contract_note = ""
 
     def __init__(self, config: HttpProviderConfig) -> None:
         self.config = config

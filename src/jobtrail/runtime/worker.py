@@ -169,7 +169,6 @@ class Worker:
     async def _claim(self, capacity: int) -> list[Operation]:
         try:
             claimed = await self.io(
-                self.writer.exclusive,
                 self.store.claim,
                 self.worker_id,
                 limit=min(self.batch, capacity),

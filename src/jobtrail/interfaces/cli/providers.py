@@ -33,7 +33,9 @@ def providers_check(provider_file: str, as_json: bool) -> None:
     table = Table("guarantee", "verdict", "why")
     for name, item in report["guarantees"].items():
         table.add_row(name, item["verdict"], item["why"])
-    console.print(f"provider {report['provider']} ({report['base_url']})")
+    console.print(f"provider {report['provider']} (kind {report['kind']}, {report['base_url']})")
+    if report["contract"]:
+        console.print(report["contract"])
     console.print(table)
     for warning in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}")
