@@ -356,7 +356,13 @@ def test_a_batch_with_two_failed_items_out_of_500(db_url: str, ledger: Store, fa
     assert op.state is S.SUCCEEDED
     assert (op.state_reason or "").startswith("succeeded with partial failures: 2 of 500 items failed")
     summary = stored_result(ledger, op_id)["summary"]
-    assert summary == {"items": 500, "succeeded": 498, "failed": 2, "failed_ids": ["item-00000", "item-00250"]}
+    assert summary == {
+        "items": 500,
+        "succeeded": 498,
+        "failed": 2,
+        "failed_ids": ["item-00000", "item-00250"],
+        "by_outcome": {"failed": 2, "succeeded": 498},
+    }
     shown = subprocess.run(
         [sys.executable, "-m", "jobtrail", "--db", db_url, "ops", "show", op_id],
         capture_output=True,

@@ -46,10 +46,26 @@ class ResultCorrupted(OperationalError):
 
 @dataclass(frozen=True, slots=True)
 class BatchFormat:
-    """Per-item results: one JSON object per line, keyed by an id, failed when ``error`` is set."""
+    """Per-item results: one JSON object per line, keyed by an id.
+
+    An item failed when ``error_path`` is set, or when ``outcome_path`` is declared and its
+    value is not one of ``succeeded`` (Anthropic: ``$.result.type`` other than ``succeeded``).
+    """
 
     id_path: str = "$.custom_id"
     error_path: str = "$.error"
+    outcome_path: str | None = None
+    succeeded: tuple[str, ...] = ("succeeded",)
+
+    def outcome(self, item: Any) -> str:
+        """``succeeded``, ``failed``, or the item's own outcome word where ``outcome_path`` gives one."""
+        if self.outcome_path is not None:
+            said = extract(self.outcome_path, item, {})
+            if said is not None and said not in self.succeeded:
+                return str(said)
+            if said is None:
+                return "failed"
+        return "failed" if extract_any(self.error_path, item) else "succeeded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,16 +175,22 @@ def _batch(data: bytes, spec: ResultSpec, v: Validation, extra_check: Check | No
         except ValueError:
             v.add("jsonl", False, "one JSON object per line", f"line {number} is not JSON")
             return v
+    batch = spec.batch
+    outcomes = [batch.outcome(item) for item in items]
     failed = [
-        extract(spec.batch.id_path, item, {}) or f"line:{n}"
-        for n, item in enumerate(items, start=1)
-        if extract_any(spec.batch.error_path, item)
+        extract(batch.id_path, item, {}) or f"line:{n}"
+        for n, (item, outcome) in enumerate(zip(items, outcomes, strict=True), start=1)
+        if outcome != "succeeded"
     ]
+    by_outcome: dict[str, int] = {}
+    for outcome in outcomes:
+        by_outcome[outcome] = by_outcome.get(outcome, 0) + 1
     v.summary = {
         "items": len(items),
         "succeeded": len(items) - len(failed),
         "failed": len(failed),
         "failed_ids": failed[:FAILED_IDS_LISTED],
+        "by_outcome": dict(sorted(by_outcome.items())),
     }
     v.add("jsonl", True, None, f"{len(items)} items")
     if spec.min_records and not v.add(

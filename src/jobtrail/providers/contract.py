@@ -102,7 +102,7 @@ class CreateOutcome:
     declared_non_retryable: bool = False
 
 
-LookupKind = Literal["found", "absent", "unknown"]
+LookupKind = Literal["found", "absent", "unknown", "candidates"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,7 +112,8 @@ class LookupOutcome:
     kind: LookupKind
     path: ReconcileMode
     response: Response = field(default_factory=Response)
-    #: every job the provider associates with our token (more than one breaks its contract)
+    #: every job the provider associates with our token (more than one breaks its contract); for
+    #: ``candidates``: the jobs created in the create's window that nothing ties to us or rules out
     remote_job_ids: tuple[str, ...] = ()
     detail: str = ""
 
@@ -162,6 +163,12 @@ class Provider(Protocol):
 
     async def cancel(self, op: Operation) -> Response:
         """Ask the provider to cancel the remote job (once)."""
+        ...
+
+    async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
+        """Where no reconciliation path exists: the jobs created between ``since_us`` and ``until_us``
+        (epoch microseconds) that may be ``op``'s (kind ``candidates``; ``unknown`` if the provider cannot
+        list them). They are never adopted: a person decides, with the list in front of them."""
         ...
 
     async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:

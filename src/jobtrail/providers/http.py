@@ -436,6 +436,10 @@ def _result_spec(section: Section, source: str) -> ResultSpec:
         batch = BatchFormat(
             id_path=_json_path(batch_s, "id", "$.custom_id", expected="a JSON path to each item's id"),
             error_path=_json_path(batch_s, "error", "$.error", expected="a JSON path that is set on failed items"),
+            outcome_path=_json_path(
+                batch_s, "outcome", expected='a JSON path to each item\'s outcome word, e.g. "$.result.type"'
+            ),
+            succeeded=tuple(batch_s.strings("succeeded", "the outcome words of a succeeded item", ["succeeded"])),
         )
         batch_s.done()
     min_records = section.number("min_records", "a count >= 0", None)
@@ -882,6 +886,12 @@ class HttpProvider:
             raise ConfigError(f"provider {self.name} declares no [cancel] endpoint")
         sent = await self._send(cfg.cancel.method, self._url(cfg.cancel.path, op), op)
         return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+
+    async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
+        """The declarative format lists no jobs by time; built-in adapters for APIs that can do so override this."""
+        return LookupOutcome(
+            kind="unknown", path=ReconcileMode.LIST_BY_REFERENCE, detail="this provider cannot list its jobs by time"
+        )
 
     async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
         cfg = self.config

@@ -30,6 +30,12 @@ class _Builds(Protocol):
 #: kind -> (module holding ``build(kind, data, source)``, what it speaks to)
 KINDS: dict[str, tuple[str, str]] = {
     "http": ("jobtrail.providers.http", "any HTTP job API, declared key by key in the file"),
+    "openai-batch": ("jobtrail.providers.adapters.openai_batch", "OpenAI Batch API (/v1/batches)"),
+    "anthropic-batch": ("jobtrail.providers.adapters.anthropic_batch", "Anthropic Message Batches"),
+    "aws-stepfunctions": ("jobtrail.providers.adapters.aws", "AWS Step Functions StartExecution"),
+    "aws-athena": ("jobtrail.providers.adapters.aws", "AWS Athena StartQueryExecution"),
+    "google-lro": ("jobtrail.providers.adapters.google_lro", "Google long-running operations (operations.get)"),
+    "replicate": ("jobtrail.providers.adapters.replicate", "Replicate predictions"),
 }
 
 #: what an operator's file may set for every built-in adapter (besides ``kind``)
