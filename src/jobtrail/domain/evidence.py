@@ -138,6 +138,8 @@ class CannotTell(Evidence):
     kind: ClassVar[str] = "cannot_tell"
     reason: str
     detail: str = ""
+    #: jobs created in the create's window that may be this operation's (never adopted: a person decides)
+    candidates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,6 +167,10 @@ class StatusObservation(Evidence):
     provider_time: str | None = None
     progress: float | None = None
     result_ref: str | None = None
+    #: what a cancelled or expired job had already produced, stored with this ending
+    partial_sha256: str | None = None
+    partial_size: int | None = None
+    partial_content_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,10 +1,14 @@
-"""The small path language of provider files: ``$.a.b[0]`` into JSON, ``header:Name`` into headers."""
+"""The path language of provider files: RFC 9535 JSONPath into JSON (``$.a.b[0]``), ``header:Name`` into headers."""
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import jsonpath_rfc9535 as rfc9535
+from jsonpath_rfc9535.selectors import IndexSelector, NameSelector
 
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.redact import default_redactor
@@ -39,9 +43,9 @@ def unusable(text: str) -> str | None:
 
 
 def why_unusable(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
-    """Why the value at ``path`` was not usable, when one is there (for a reason text; never the value)."""
+    """Why the job id at ``path`` was not usable, when one is there (for a reason text; never the value)."""
     text = _extract(path, body, headers)
-    return None if text is None else unusable(text)
+    return None if text is None else unusable_id(text)
 
 
 def _is_control(char: str) -> bool:
@@ -66,42 +70,74 @@ def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | N
     return str(found)
 
 
+def unusable_id(text: str) -> str | None:
+    """Why a provider's job id cannot be used: as :func:`unusable`, or a ``.`` or ``..`` segment, which
+    would move the requests it is put into to another path (URL normalisation removes dot segments)."""
+    if any(segment in (".", "..") for segment in text.split("/")):
+        return "a . or .. path segment"
+    return unusable(text)
+
+
+def job_id(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
+    """The job id at ``path`` (see :func:`extract`), None when absent or unusable (:func:`unusable_id`)."""
+    text = _extract(path, body, headers)
+    return None if text is None or unusable_id(text) else text
+
+
 def extract_any(path: str | None, body: Any) -> Any:
-    """Like :func:`extract`, but returns lists and objects too (JSON paths only)."""
+    """Like :func:`extract`, but returns lists and objects too (JSON paths only).
+
+    A singular query (names and indexes: ``$.a['b.c'][-1]``) gives its one value or None; any
+    other query (``$.data[*].id``, ``$..id``, filters) gives the list of every value it selects.
+    """
     if not path:
         return None
+    compiled = parse_path(path)
+    if compiled.steps is None:
+        return [node.value for node in compiled.query.finditer(body)]
     value: Any = body
-    for part in _path_parts(path):
-        if isinstance(part, int):
-            value = value[part] if isinstance(value, list) and part < len(value) else None
+    for step in compiled.steps:
+        if isinstance(step, int):
+            value = value[step] if isinstance(value, list) and -len(value) <= step < len(value) else None
         else:
-            value = value.get(part) if isinstance(value, dict) else None
+            value = value.get(step) if isinstance(value, dict) else None
         if value is None:
             return None
     return value
 
 
-# one step: .name (anything but '.', '[', ']', quotes, '*', '$' or whitespace) or [index]
-_STEP = re.compile(r"\.([^.\[\]\s'\"*$]+)|\[([0-9]{1,9})\]")
+@dataclass(frozen=True, slots=True)
+class JsonPath:
+    """An RFC 9535 JSONPath query, compiled once."""
+
+    text: str
+    query: rfc9535.JSONPathQuery
+    #: the walk of a singular query (each a member name or an array index); None: it selects many values
+    steps: tuple[str | int, ...] | None
+
+    @property
+    def singular(self) -> bool:
+        return self.steps is not None
 
 
-def parse_path(path: str) -> list[str | int]:
-    """The steps of ``$.a.b[0]``; ConfigError for anything else (filters, wildcards, ``..``, typos)."""
+@functools.lru_cache(maxsize=4096)
+def parse_path(path: str) -> JsonPath:
+    """Compile an RFC 9535 JSONPath; ConfigError for anything it cannot evaluate (caught at load time)."""
     if not path.startswith("$"):
         raise ConfigError(f"JSON path {path!r} must start with '$' (for example $.id or $.data[0].id)")
-    parts: list[str | int] = []
-    at = 1
-    while at < len(path):
-        step = _STEP.match(path, at)
-        if step is None:
-            raise ConfigError(
-                f"JSON path {path!r} cannot be read at character {at + 1} ({path[at : at + 10]!r}): "
-                "use $.name steps and [index] steps only, e.g. $.data[0].id"
-            )
-        parts.append(step.group(1) if step.group(1) is not None else int(step.group(2)))
-        at = step.end()
-    return parts
-
-
-def _path_parts(path: str) -> list[str | int]:
-    return parse_path(path)
+    try:
+        query = rfc9535.compile(path)
+    except rfc9535.JSONPathError as exc:
+        raise ConfigError(
+            f"JSON path {path!r} is not RFC 9535 JSONPath ({exc}); for example $.id, $.data[0].id, "
+            "$['a.b'], $.data[-1] or $.data[*].id"
+        ) from None
+    steps: tuple[str | int, ...] | None = None
+    if query.singular_query():
+        steps = tuple(
+            selector.name if isinstance(selector, NameSelector) else selector.index
+            for segment in query.segments
+            for selector in segment.selectors
+            if isinstance(selector, NameSelector | IndexSelector)
+        )
+    return JsonPath(path, query, steps)

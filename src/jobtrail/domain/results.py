@@ -134,6 +134,11 @@ def validate(
             return v
     if spec.batch is not None:
         return _batch(data, spec, v, extra_check)
+    if not (is_json(spec.content_type or seen_type) or spec.schema is not None or spec.records_path):
+        # bytes are the result (a CSV, an image, a Parquet file): stored as they came, checked by size,
+        # checksum and type only, and handed to the caller's check as bytes
+        _extra(v, extra_check, data)
+        return v
     try:
         v.document = parse_json(data) if data.strip() else None
     except ValueError as exc:
@@ -149,6 +154,18 @@ def validate(
             return v
     _extra(v, extra_check, v.document)
     return v
+
+
+#: media types whose bytes are JSON (and so parsed, schema- and record-checked)
+_JSON_TYPES = frozenset({"application/json", "text/json"})
+
+
+def is_json(media_type: str | None) -> bool:
+    """Whether a result of this type is parsed as JSON; no type at all is taken as JSON, as it always was."""
+    if media_type is None:
+        return True
+    kind = media_type.split(";")[0].strip().lower()
+    return kind in _JSON_TYPES or kind.endswith("+json")
 
 
 def _schema(v: Validation, schema: Mapping[str, Any]) -> bool:

@@ -43,6 +43,10 @@ log = logging.getLogger("jobtrail")
 
 CREATE_PHASE = frozenset({State.CREATE_PENDING, State.CREATE_UNKNOWN, State.RECONCILIATION})
 _US = 1_000_000
+#: how far a provider's clock may be off ours when it lists jobs by creation time
+_CLOCK_SKEW_US = 60 * _US
+#: candidate job ids named in a state reason (the evidence keeps them all)
+_CANDIDATES_SHOWN = 10
 
 
 class CreateFlow:
@@ -157,6 +161,7 @@ class CreateFlow:
     async def _reconcile(self, op: Operation, provider: Provider, now: int) -> Operation:
         caps = provider.capabilities
         if not caps.reconcile:
+            candidates, listed = await self._candidates(op, provider, now)
             return await self.writer.transition(
                 op,
                 State.NEEDS_ATTENTION,
@@ -164,13 +169,14 @@ class CreateFlow:
                     reason="no_reconciliation_path",
                     detail="this provider cannot guarantee at-most-once creation: it offers no way "
                     "to ask whether a create that may have been sent made a job",
+                    candidates=candidates,
                 ),
                 actor=self.actor,
                 changes={
                     "next_action_at_us": None,
                     "state_reason": (
                         f"at-most-once not guaranteed by provider {provider.name}: a create may have "
-                        "reached it. Check its console or job list for a job created around "
+                        f"reached it. {listed}. Check its console or job list for a job created around "
                         f"{rfc3339(op.updated_at_us)} (trace id {op.trace_id}); then resolve to accepted "
                         "with its job id, or to create_pending if none exists"
                     ),
@@ -396,6 +402,28 @@ class CreateFlow:
         return await self._wait(
             op, provider, f"attempt {attempt} ambiguous: {outcome.error_class}", resp.retry_after_s, evidence
         )
+
+    async def _candidates(self, op: Operation, provider: Provider, now: int) -> tuple[tuple[str, ...], str]:
+        """The jobs the provider lists as created while this create may have been sent (a minute of clock
+        skew either side): named for the person who decides, never adopted."""
+        since, until = op.created_at_us - _CLOCK_SKEW_US, now + _CLOCK_SKEW_US
+        listed = await provider.candidates(op, since, until)
+        await self._observe(
+            op,
+            "reconcile_lookup",
+            listed.response.to_json()
+            | {"kind": listed.kind, "path": "candidates", "candidates": listed.remote_job_ids},
+            listed.response.http_status,
+            listed.response.provider_request_id,
+        )
+        window = f"between {rfc3339(since)} and {rfc3339(until)}"
+        if listed.kind != "candidates":
+            return (), f"Its jobs could not be listed ({listed.detail})"
+        ids = listed.remote_job_ids
+        if not ids:
+            return ids, f"It lists no job created {window}, which makes one unlikely but is not proof"
+        shown = ", ".join(ids[:_CANDIDATES_SHOWN]) + (", ..." if len(ids) > _CANDIDATES_SHOWN else "")
+        return ids, f"{len(ids)} job(s) created {window} may be this one: {shown}"
 
     async def _looked_up(self, op: Operation, provider: Provider, mode: ReconcileMode) -> LookupOutcome:
         """Ask the provider by a non-replay path, and store its answer as an observation."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from jobtrail.domain.canonical import canonical_bytes, rfc3339
 from jobtrail.domain.errors import StaleRecord
@@ -25,13 +26,22 @@ from jobtrail.domain.evidence import (
 )
 from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Operation
-from jobtrail.domain.results import NO_CREDENTIALS_CHECK, NO_CREDENTIALS_REASON, Check, load_check, validate
+from jobtrail.domain.results import (
+    NO_CREDENTIALS_CHECK,
+    NO_CREDENTIALS_REASON,
+    Check,
+    ResultCarriesCredential,
+    ResultSpec,
+    Validation,
+    load_check,
+    validate,
+)
 from jobtrail.domain.states import RemoteState, State
 from jobtrail.ledger.results import prepare_result
-from jobtrail.ledger.store import Reschedule, Store
+from jobtrail.ledger.store import Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
 from jobtrail.ledger.writer import Writer
-from jobtrail.providers.contract import Provider
+from jobtrail.providers.contract import Provider, Response
 
 _US = 1_000_000
 #: a result fetch that keeps failing is given up after this many attempts
@@ -200,6 +210,18 @@ class ObserveFlow:
                     "state_reason": f"{waiting}; next poll at {rfc3339(next_at)}",
                 },
             )
+        reason = _ending_reason(op, ending, status.raw_state)
+        partial = None
+        if status.result_ref is not None and status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
+            partial, note = await self._partial_output(op, provider, status.result_ref)
+            reason = f"{reason}; {note}"
+            if partial is not None:
+                evidence = dataclasses.replace(
+                    evidence,
+                    partial_sha256=partial.sha256,
+                    partial_size=partial.size,
+                    partial_content_type=partial.content_type,
+                )
         return await self.writer.transition(
             op,
             ending,
@@ -210,9 +232,29 @@ class ObserveFlow:
                 "remote_state": status.raw_state,
                 "result_ref": status.result_ref,
                 **effects,
-                "state_reason": _ending_reason(op, ending, status.raw_state),
+                "state_reason": reason,
             },
+            result=partial,
         )
+
+    async def _partial_output(self, op: Operation, provider: Provider, ref: str) -> tuple[StoredResult | None, str]:
+        """What a cancelled or expired job had already produced: fetched once, checked, stored with the ending.
+
+        The ending does not wait on it: if the fetch or a check fails, the job still ends as the
+        provider says, and the reason names the output that was left behind (and where it is).
+        """
+        resp = await provider.fetch_result(op, ref)
+        await record_fetch(self.writer, op.operation_id, resp, attempt=1)
+        if resp.http_status != 200 or resp.raw is None:
+            return None, f"its partial output ({ref}) could not be fetched (HTTP {resp.http_status or 'no answer'})"
+        checked = await self.io(
+            check_and_prepare, self.store, op.operation_id, resp, provider.result_spec, named_check(provider)
+        )
+        if checked.stored is None:
+            return None, f"its partial output was not stored ({checked.refusal})"
+        summary = checked.stored.summary or {}
+        items = f": {summary['succeeded']} of {summary['items']} items succeeded" if "items" in summary else ""
+        return checked.stored, f"partial output stored ({checked.stored.size} bytes{items})"
 
     async def _deferred_cancel(self, op: Operation, now: int) -> Operation:
         """The cancel asked for before the job id was known: its time has come."""
@@ -271,10 +313,7 @@ class CollectFlow:
         self.checks = dict(checks or {})
 
     def _check_for(self, provider: Provider) -> Check | None:
-        if provider.name in self.checks:
-            return self.checks[provider.name]
-        named = provider.result_spec.check
-        return load_check(named) if named else None
+        return self.checks[provider.name] if provider.name in self.checks else named_check(provider)
 
     async def advance(self, op: Operation, provider: Provider) -> Operation:
         if op.state is not State.RESULT_COLLECTING:
@@ -288,9 +327,11 @@ class CollectFlow:
             raw = stored["raw"] if stored else {}
             if "withheld" in raw:  # it carried a credential: nothing to store, nothing to hand out
                 return await self._refuse_credential(op)
-            return await self._finish(
-                op, provider, canonical_bytes(raw.get("result")), "application/json", None, "synchronous"
+            # a result that came with the create: no response headers to check a sum against
+            synchronous = Response(
+                http_status=200, headers={"Content-Type": "application/json"}, raw=canonical_bytes(raw.get("result"))
             )
+            return await self._finish(op, provider, synchronous, "synchronous", checksum=False)
         attempts = op.polls + 1
         one_time = provider.capabilities.result == "one_time"
         if one_time and op.polls > await self.io(self.store.count_observations, op.operation_id, "result_fetch"):
@@ -305,22 +346,9 @@ class CollectFlow:
             op = await self.writer.reschedule(op, {"polls": attempts, "state_reason": "fetching the one-time result"})
         resp = await provider.fetch_result(op, ref)
         failpoint("collect.after_fetch")
-        await self.writer.observe(
-            op.operation_id,
-            kind="result_fetch",
-            raw={
-                "http_status": resp.http_status,
-                "headers": dict(resp.headers),
-                "attempt": attempts,
-                "size": None if resp.raw is None else len(resp.raw),
-                "error": resp.body,
-            },
-            http_status=resp.http_status,
-            provider_request_id=resp.provider_request_id,
-        )
+        await record_fetch(self.writer, op.operation_id, resp, attempt=attempts)
         if resp.http_status == 200 and resp.raw is not None:
-            content_type = next((v for k, v in resp.headers.items() if k.lower() == "content-type"), None)
-            return await self._finish(op, provider, resp.raw, content_type, resp.headers, f"fetched {ref or 'result'}")
+            return await self._finish(op, provider, resp, f"fetched {ref or 'result'}")
         why = f"result fetch {attempts} failed (HTTP {resp.http_status or 'no answer'})"
         if isinstance(resp.body, dict) and resp.body.get("error") == "refused":  # no request made; asking again
             return await self._unavailable(op, str(resp.body.get("detail")), None)  # cannot change the answer
@@ -362,40 +390,22 @@ class CollectFlow:
         )
 
     async def _finish(
-        self,
-        op: Operation,
-        provider: Provider,
-        data: bytes,
-        content_type: str | None,
-        headers: Mapping[str, str] | None,
-        source: str,
+        self, op: Operation, provider: Provider, resp: Response, source: str, *, checksum: bool = True
     ) -> Operation:
-        if self.store.redactor.contains_secret(data):
+        spec = provider.result_spec if checksum else dataclasses.replace(provider.result_spec, checksum_header=None)
+        checked = await self.io(check_and_prepare, self.store, op.operation_id, resp, spec, self._check_for(provider))
+        if checked.validation is None:
             return await self._refuse_credential(op)
-        spec = provider.result_spec
-        if headers is None:  # a result that came with the create: no response headers to check a sum against
-            spec = dataclasses.replace(spec, checksum_header=None)
-        checked = validate(data, content_type, headers or {}, spec, self._check_for(provider))
-        failed = checked.failed
-        if failed is not None:
-            reason = f"{failed['check']}: expected {failed['expected']}, saw {failed['seen']}"
+        stored = checked.stored
+        if stored is None:
             return await self.writer.transition(
                 op,
                 State.RESULT_VALIDATION_FAILED,
-                ValidationFailure(check=failed["check"], reason=reason),
+                ValidationFailure(check=checked.failed_check, reason=checked.refusal),
                 actor=self.actor,
-                changes={"state_reason": f"the remote job finished; its result failed validation ({reason})"},
+                changes={"state_reason": f"the remote job finished; its result failed validation ({checked.refusal})"},
             )
-        stored = await self.io(
-            prepare_result,
-            self.store,
-            op.operation_id,
-            data,
-            content_type=content_type,
-            checks=checked.checks,
-            summary=checked.summary,
-        )
-        summary = checked.summary
+        summary = stored.summary
         if summary and summary.get("failed"):
             shown = ", ".join(summary["failed_ids"][:5]) + (", ..." if summary["failed"] > 5 else "")
             reason = (
@@ -410,13 +420,75 @@ class CollectFlow:
             ValidatedResult(
                 sha256=stored.sha256,
                 size=stored.size,
-                content_type=content_type,
-                checks=tuple(c["check"] for c in checked.checks if c["ok"]),
+                content_type=stored.content_type,
+                checks=tuple(c["check"] for c in stored.checks if c["ok"]),
             ),
             actor=self.actor,
             changes={"state_reason": reason},
             result=stored,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A fetched result after its checks: stored (ready to land with its transition), or why not."""
+
+    stored: StoredResult | None
+    #: None: refused for carrying a credential (nothing was checked further or stored)
+    validation: Validation | None
+
+    @property
+    def failed_check(self) -> str:
+        failed = self.validation.failed if self.validation is not None else None
+        return NO_CREDENTIALS_CHECK if failed is None else str(failed["check"])
+
+    @property
+    def refusal(self) -> str:
+        failed = self.validation.failed if self.validation is not None else None
+        if self.validation is None or failed is None:
+            return NO_CREDENTIALS_REASON
+        return f"{failed['check']}: expected {failed['expected']}, saw {failed['seen']}"
+
+
+def check_and_prepare(
+    store: Store, operation_id: str, resp: Response, spec: ResultSpec, check: Check | None
+) -> Checked:
+    """Validate fetched bytes and make them ready to store: blocking (parsing, scanning every byte for a
+    credential, writing a large file), so flows run it through their ``io``."""
+    assert resp.raw is not None
+    content_type = next((v for k, v in resp.headers.items() if k.lower() == "content-type"), None)
+    checked = validate(resp.raw, content_type, resp.headers, spec, check)
+    if checked.failed is not None:  # a credential in it outranks any other failure (and is named as such)
+        return Checked(None, None if store.redactor.contains_secret(resp.raw) else checked)
+    try:
+        stored = prepare_result(
+            store, operation_id, resp.raw, content_type=content_type, checks=checked.checks, summary=checked.summary
+        )
+    except ResultCarriesCredential:
+        return Checked(None, None)
+    return Checked(stored, checked)
+
+
+def named_check(provider: Provider) -> Check | None:
+    """The result check a provider file names (``[result] check``), if any."""
+    named = provider.result_spec.check
+    return load_check(named) if named else None
+
+
+async def record_fetch(writer: Writer, operation_id: str, resp: Response, *, attempt: int) -> None:
+    await writer.observe(
+        operation_id,
+        kind="result_fetch",
+        raw={
+            "http_status": resp.http_status,
+            "headers": dict(resp.headers),
+            "attempt": attempt,
+            "size": None if resp.raw is None else len(resp.raw),
+            "error": resp.body,
+        },
+        http_status=resp.http_status,
+        provider_request_id=resp.provider_request_id,
+    )
 
 
 def pull_poll_forward(store: Store, operation_id: str) -> None:

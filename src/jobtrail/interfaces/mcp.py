@@ -15,6 +15,7 @@ the server with ``--shared``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import json
@@ -41,7 +42,7 @@ except ImportError as exc:  # the ``mcp`` extra
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor, default_redactor, is_credential_field
-from jobtrail.domain.results import ResultMissing, describe
+from jobtrail.domain.results import ResultMissing, describe, is_json
 from jobtrail.domain.states import SETTLED_STATES, State
 from jobtrail.ledger.results import read_result
 
@@ -357,9 +358,14 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         out = describe(row)
         if len(data) <= _RESULT_INLINE:
             try:
-                out["result"] = json.loads(data)
+                out["result"] = json.loads(data) if is_json(row["content_type"]) else None
             except (ValueError, RecursionError):
-                out["result_text"] = data.decode("utf-8", errors="replace")
+                out["result"] = None
+            if out["result"] is None:
+                try:  # a CSV, a text file: as text; an image or an archive: its exact bytes, in base64
+                    out["result_text"] = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    out["result_base64"] = base64.b64encode(data).decode("ascii")
         else:
             out["note"] = f"the result is {len(data)} bytes; fetch it with `jobtrail result {operation_id} --out FILE`"
         return out

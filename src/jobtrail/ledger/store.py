@@ -39,12 +39,12 @@ from jobtrail.domain.errors import (
     UsageError,
     require_extra,
 )
-from jobtrail.domain.evidence import Evidence, OperationCreated, ValidatedResult
+from jobtrail.domain.evidence import Evidence, OperationCreated, StatusObservation, ValidatedResult
 from jobtrail.domain.ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail.domain.machine import check_transition
 from jobtrail.domain.record import HistoryEntry, Operation, OperationSpec
 from jobtrail.domain.redact import Redactor, default_redactor
-from jobtrail.domain.states import AUTOMATIC_STATES, State
+from jobtrail.domain.states import AUTOMATIC_STATES, RemoteState, State
 from jobtrail.ledger import schema as t
 from jobtrail.ledger.chain import (
     ENTRY_FIELDS,
@@ -638,8 +638,8 @@ class Store:
         digests = field_digests(update, ENTRY_FIELDS)
         update["row_seal"] = seal(update, digests)
         covers: dict[str, Any] = {"row": digests}
-        if isinstance(item.evidence, ValidatedResult):
-            covers["result"] = item.evidence.sha256
+        if item.result is not None:  # _check_result made sure the evidence names exactly these bytes
+            covers["result"] = item.result.sha256
         entry = self._entry(
             operation_id=op.operation_id,
             seq=op.version + 1,
@@ -1204,22 +1204,35 @@ _RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindpara
 
 
 def _check_result(change: Change) -> None:
-    """A result is stored only by the transition to succeeded that records exactly it."""
+    """A result is stored only by the transition that records exactly it: to succeeded with a validated
+    result, or a cancelled or expired ending with the partial output it observed."""
     result, evidence = change.result, change.evidence
     assert result is not None
+    named: tuple[str | None, int | None, str | None] | None
+    if isinstance(evidence, ValidatedResult):
+        named = (evidence.sha256, evidence.size, evidence.content_type)
+        allowed = change.to is State.SUCCEEDED
+    elif isinstance(evidence, StatusObservation):
+        named = (evidence.partial_sha256, evidence.partial_size, evidence.partial_content_type)
+        allowed = change.to in (State.CANCELLED, State.FAILED) and evidence.remote_state in (
+            RemoteState.CANCELLED,
+            RemoteState.EXPIRED,
+        )
+    else:
+        named, allowed = None, False
     same = (
-        isinstance(evidence, ValidatedResult)
-        and (evidence.sha256, evidence.size, evidence.content_type) == (result.sha256, result.size, result.content_type)
+        named == (result.sha256, result.size, result.content_type)
         and (result.body is None) != (result.path is None)
         and (
             result.body is None
             or (len(result.body), hashlib.sha256(result.body).hexdigest()) == (result.size, result.sha256)
         )
     )
-    if change.to is not State.SUCCEEDED or not same:
+    if not allowed or not same:
         raise UsageError(
             "a result is stored only with the transition to succeeded whose ValidatedResult evidence "
-            "names its sha256, size and content type"
+            "names its sha256, size and content type (or a cancelled or expired ending whose status "
+            "observation names it as partial output)"
         )
 
 

@@ -28,10 +28,10 @@ from jobtrail.domain.backoff import Backoff, parse_retry_after
 from jobtrail.domain.canonical import parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.ids import traceparent
-from jobtrail.domain.jsonpath import extract, extract_any, parse_path, why_unusable
+from jobtrail.domain.jsonpath import extract, extract_any, job_id, parse_path, why_unusable
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import default_redactor, is_secret_name
-from jobtrail.domain.results import BatchFormat, ResultSpec
+from jobtrail.domain.results import BatchFormat, ResultSpec, is_json
 from jobtrail.domain.states import RemoteState
 from jobtrail.providers.config import Section
 from jobtrail.providers.contract import (
@@ -79,6 +79,8 @@ DEFAULT_STATES: dict[str, list[str]] = {
 class Endpoint:
     method: str
     path: str
+    #: sent with this endpoint's requests only (``Prefer: wait`` on a create, say), after the file's [headers]
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +139,17 @@ def _endpoint(section: Section | None, default_method: str, base_url: str) -> En
     method = section.choice("method", ("GET", "POST", "PUT", "DELETE", "PATCH"), default_method)
     path = section.text("path", "a path such as /v1/jobs/{job_id}")
     _check_url_path(section, "path", path, base_url)
-    return Endpoint(method, path)
+    return Endpoint(method, path, _headers(section))
+
+
+def _headers(section: Section) -> dict[str, str]:
+    headers = section.raw_table("headers")
+    for key, value in headers.items():
+        if not isinstance(value, str):
+            section.fail(f"headers.{key}", "a string", value)
+        if is_secret_name(key):
+            section.fail(f"headers.{key}", 'no credentials in headers (use credential = "env:NAME")', "<hidden>")
+    return headers
 
 
 def _check_url_path(section: Section, key: str, path: str, base_url: str) -> None:
@@ -149,11 +161,16 @@ def _check_url_path(section: Section, key: str, path: str, base_url: str) -> Non
             key, f"a path whose braces name placeholders ({exc}; write {{{{ and }}}} for literal braces)", path
         )
     for name, conv, spec in fields:
-        if name not in PLACEHOLDERS or conv or spec:
-            section.fail(key, "a path naming only the placeholders {" + "}, {".join(PLACEHOLDERS) + "}", path)
+        if name.removeprefix("+") not in PLACEHOLDERS or conv or spec:
+            section.fail(
+                key,
+                "a path naming only the placeholders {" + "}, {".join(PLACEHOLDERS) + "} "
+                "(write {+job_id} to keep the slashes of an id such as projects/p/operations/o)",
+                path,
+            )
     if path.startswith(("http://", "https://")):
         try:
-            same = origin_of(path.format(**{n: "x" for n in PLACEHOLDERS})) == origin_of(base_url)
+            same = origin_of(path.format(**_sample_values())) == origin_of(base_url)
         except UrlRefused as exc:
             section.fail(key, f"a path below base_url, or a URL at its origin ({exc.reason})", path)
         if not same:
@@ -167,14 +184,34 @@ def _check_url_path(section: Section, key: str, path: str, base_url: str) -> Non
         section.fail(key, "a path starting with / (below base_url)", path)
 
 
-def _json_path(section: Section, key: str, default: Any = None, *, expected: str = "a JSON path") -> Any:
-    """A JSON path value, parsed now so a typo is a load-time error naming file and key."""
+def _sample_values() -> dict[str, str]:
+    return {prefix + name: "x" for name in PLACEHOLDERS for prefix in ("", "+")}
+
+
+def _path_value(value: str, *, keep_slashes: bool) -> str:
+    """A value for a path placeholder, percent-encoded; ``{+name}`` keeps its slashes (RFC 6570 reserved
+    expansion). Job ids with dot segments never get here (see :func:`~jobtrail.domain.jsonpath.unusable_id`)."""
+    return urllib.parse.quote(value, safe="/" if keep_slashes else "")
+
+
+def _json_path(
+    section: Section, key: str, default: Any = None, *, expected: str = "a JSON path", many: bool = False
+) -> Any:
+    """A JSON path value, compiled now so a typo is a load-time error naming file and key.
+
+    Where one value is meant (an id, a state), the path must be a singular query: a wildcard
+    or a filter there would pick one of several values by accident.
+    """
     value = section.text(key, expected, default)
     if isinstance(value, str) and not value.startswith("header:"):
         try:
-            parse_path(value)
+            compiled = parse_path(value)
         except ConfigError as exc:
             section.fail(key, f"{expected} ({exc})", value)
+        if not (many or compiled.singular):
+            section.fail(
+                key, f"{expected}: one value, so names and indexes only (e.g. $.data[0].id, $['a.b'], $.x[-1])", value
+            )
     return value
 
 
@@ -226,12 +263,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     timeout_s = top.number("timeout_s", "seconds (a number > 0)", 30.0, minimum=0.001)
     max_connections = top.number("max_connections", "a number of connections >= 1", 256, minimum=1)
     connect_timeout_s = top.number("connect_timeout_s", "seconds (a number > 0)", 10.0, minimum=0.001)
-    headers = top.raw_table("headers")
-    for key, value in headers.items():
-        if not isinstance(value, str):
-            top.fail(f"headers.{key}", "a string", value)
-        if is_secret_name(key):
-            top.fail(f"headers.{key}", 'no credentials in headers (use credential = "env:NAME")', "<hidden>")
+    headers = _headers(top)
     trace_header = top.text("trace_header", "a header name", "X-Trace-ID")
     webhooks_s = top.table("webhooks")
     webhooks = None
@@ -355,7 +387,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
             path = rec_s.text("list_path", "a path with {token}, e.g. /v1/jobs?client_reference={token}")
             _check_url_path(rec_s, "list_path", path, base_url)
             lookup_list = Endpoint("GET", path)
-            list_items = _json_path(rec_s, "items", "$.data", expected="a JSON path to the list of jobs")
+            list_items = _json_path(rec_s, "items", "$.data", expected="a JSON path to the list of jobs", many=True)
             list_reference = _json_path(
                 rec_s, "reference", "$.client_reference", expected="a JSON path (inside one job) to our reference"
             )
@@ -443,12 +475,21 @@ def _result_spec(section: Section, source: str) -> ResultSpec:
         )
         batch_s.done()
     min_records = section.number("min_records", "a count >= 0", None)
+    content_type = section.text("content_type", "a media type such as application/json", None)
+    records = _json_path(section, "records", expected="a JSON path to the list of records", many=True)
+    if batch is None and not is_json(content_type) and (schema is not None or records):
+        section.fail(
+            "content_type",
+            "a JSON media type where schema or records is declared (a result of any other type is stored "
+            "byte for byte and checked by size, checksum and type only)",
+            content_type,
+        )
     return ResultSpec(
-        content_type=section.text("content_type", "a media type such as application/json", None),
+        content_type=content_type,
         max_bytes=int(section.number("max_bytes", "bytes (a number > 0)", 256 * 1024 * 1024, minimum=1)),
         checksum_header=None if checksum is None else checksum[len("header:") :],
         schema=schema,
-        records_path=_json_path(section, "records", expected="a JSON path to the list of records"),
+        records_path=records,
         min_records=None if min_records is None else int(min_records),
         batch=batch,
         check=section.text("check", "a named check package.module:function", None),
@@ -481,6 +522,18 @@ async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
         if total >= limit:
             break
     return b"".join(chunks)[:limit]
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` (OpenAI, Anthropic: finer, so it wins) or ``Retry-After``."""
+    lowered = {k.lower(): v for k, v in headers.items() if k.lower() in ("retry-after-ms", "retry-after")}
+    try:
+        millis = float(lowered.get("retry-after-ms", "nan"))
+    except ValueError:
+        millis = float("nan")
+    if 0 <= millis < 10**10:  # nan and absurd values fail this: Retry-After decides
+        return millis / 1000
+    return parse_retry_after(lowered.get("retry-after"), time.time())
 
 
 def _text(value: str) -> str:
@@ -595,7 +648,10 @@ class HttpProvider:
             **extra,
         }
         # only provider-file paths are formatted (checked at load); a provider's answer never is
-        filled = path.format(**{k: urllib.parse.quote(v, safe="") for k, v in values.items()})
+        filled = path.format(
+            **{k: _path_value(v, keep_slashes=False) for k, v in values.items()},
+            **{f"+{k}": _path_value(v, keep_slashes=True) for k, v in values.items()},
+        )
         if filled.startswith(("http://", "https://")):
             return filled
         return self.config.base_url + filled
@@ -652,7 +708,7 @@ class HttpProvider:
             raise ConfigError(f"refusing to send a request to {default_redactor.url(url)}: {why}")
         credential = await self._credential_headers()
         answer = await self._transport(
-            method, url, {**self._headers(op), **credential, **extra_headers}, body, max_bytes + 1
+            method, url, {**self._headers(op), **extra_headers, **credential}, body, max_bytes + 1
         )
         if answer[0] in (401, 403) and credential:
             # refused for its credential, which may have been rotated since it was read: read it again now,
@@ -661,7 +717,7 @@ class HttpProvider:
             fresh = await self._credential_headers()
             if fresh != credential:
                 answer = await self._transport(
-                    method, url, {**self._headers(op), **fresh, **extra_headers}, body, max_bytes + 1
+                    method, url, {**self._headers(op), **extra_headers, **fresh}, body, max_bytes + 1
                 )
         return self._response(answer, max_bytes, keep_raw)
 
@@ -693,9 +749,7 @@ class HttpProvider:
             headers=resp_headers,
             body=body_value,
             provider_request_id=request_id,
-            retry_after_s=parse_retry_after(
-                next((v for k, v in resp_headers.items() if k.lower() == "retry-after"), None), time.time()
-            ),
+            retry_after_s=_retry_after(resp_headers),
             raw=raw if keep_raw else None,
         )
 
@@ -751,7 +805,7 @@ class HttpProvider:
     async def create(self, op: Operation) -> CreateOutcome:
         cfg = self.config
         body = op.request_body
-        headers: dict[str, str] = {}
+        headers = dict(cfg.create.headers)
         if cfg.token.where == "header":
             token = f'"{op.idempotency_token}"' if cfg.token.quoted else op.idempotency_token
             headers[cfg.token.name] = token
@@ -799,13 +853,13 @@ class HttpProvider:
                 ),
             )
         if 200 <= status < 300:
-            job_id = extract(cfg.job_id, resp.body, resp.headers)
+            remote_id = job_id(cfg.job_id, resp.body, resp.headers)
             status_url = extract(cfg.status_url, resp.body, resp.headers)
             result = extract_any(cfg.sync_result, resp.body) if cfg.sync_result and status == 200 else None
             if result is not None:
-                return CreateOutcome(kind="synchronous", response=resp, remote_job_id=job_id, result=result)
-            if job_id:
-                return CreateOutcome(kind="confirmed", response=resp, remote_job_id=job_id, status_url=status_url)
+                return CreateOutcome(kind="synchronous", response=resp, remote_job_id=remote_id, result=result)
+            if remote_id:
+                return CreateOutcome(kind="confirmed", response=resp, remote_job_id=remote_id, status_url=status_url)
             unusable = why_unusable(cfg.job_id, resp.body, resp.headers)
             return CreateOutcome(
                 kind="ambiguous",
@@ -825,7 +879,7 @@ class HttpProvider:
         endpoint = cfg.lookup_status if mode is ReconcileMode.STATUS_BY_CLIENT_ID else cfg.lookup_list
         if endpoint is None:
             return LookupOutcome(kind="unknown", path=mode, detail=f"{mode.value} is not configured")
-        sent = await self._send(endpoint.method, self._url(endpoint.path, op), op)
+        sent = await self._send(endpoint.method, self._url(endpoint.path, op), op, extra_headers=endpoint.headers)
         if isinstance(sent, tuple):
             return LookupOutcome(kind="unknown", path=mode, detail=f"{sent[0]}: {sent[1]}")
         if mode is ReconcileMode.STATUS_BY_CLIENT_ID:
@@ -836,9 +890,9 @@ class HttpProvider:
                     response=sent,
                     detail="the provider has no job for our client id",
                 )
-            job_id = extract(cfg.job_id if cfg.job_id.startswith("$") else "$.id", sent.body, sent.headers)
-            if sent.http_status == 200 and job_id:
-                return LookupOutcome(kind="found", path=mode, response=sent, remote_job_ids=(job_id,))
+            found = job_id(cfg.job_id if cfg.job_id.startswith("$") else "$.id", sent.body, sent.headers)
+            if sent.http_status == 200 and found:
+                return LookupOutcome(kind="found", path=mode, response=sent, remote_job_ids=(found,))
             return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
         if sent.http_status != 200:
             return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
@@ -852,7 +906,7 @@ class HttpProvider:
             job
             for item in items
             if extract(cfg.list_reference, item, {}) == op.idempotency_token
-            and (job := extract(id_path, item, {})) is not None
+            and (job := job_id(id_path, item, {})) is not None
         )
         return LookupOutcome(kind="found" if ids else "absent", path=mode, response=sent, remote_job_ids=ids)
 
@@ -860,7 +914,7 @@ class HttpProvider:
         cfg = self.config
         if cfg.status is None:
             raise ConfigError(f"provider {self.name} declares no [status] endpoint")
-        sent = await self._send(cfg.status.method, self._url(cfg.status.path, op), op)
+        sent = await self._send(cfg.status.method, self._url(cfg.status.path, op), op, extra_headers=cfg.status.headers)
         if isinstance(sent, tuple):
             return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent[0])
         raw = extract(cfg.state_path, sent.body, sent.headers)
@@ -884,7 +938,7 @@ class HttpProvider:
         cfg = self.config
         if cfg.cancel is None:
             raise ConfigError(f"provider {self.name} declares no [cancel] endpoint")
-        sent = await self._send(cfg.cancel.method, self._url(cfg.cancel.path, op), op)
+        sent = await self._send(cfg.cancel.method, self._url(cfg.cancel.path, op), op, extra_headers=cfg.cancel.headers)
         return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
 
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
@@ -899,7 +953,14 @@ class HttpProvider:
         if result_ref is None:
             if cfg.result is None:
                 raise ConfigError(f"provider {self.name} declares no [result] endpoint and gave no result reference")
-            sent = await self._send("GET", self._url(cfg.result.path, op), op, keep_raw=True, max_bytes=max_bytes)
+            sent = await self._send(
+                "GET",
+                self._url(cfg.result.path, op),
+                op,
+                keep_raw=True,
+                max_bytes=max_bytes,
+                extra_headers=cfg.result.headers,
+            )
         else:
             # a reference the provider handed us: judged by origin, never formatted, never given
             # the credential unless it points at exactly base_url's origin

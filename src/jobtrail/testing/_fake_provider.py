@@ -76,8 +76,11 @@ class FakeJob:
     the moment the cancel arrives), ``"ignore"`` (acknowledged, never takes effect);
     ``result``: ``"ok"``, ``"bad_checksum"``, ``"missing"``, ``"one_time"`` (a second fetch gets 410),
     ``"batch"`` (JSONL with ``items`` lines of which ``failed_items`` failed), ``"large"`` (``size``
-    bytes), ``"flaky"`` (the first ``flaky`` fetches get 503), ``"schema_bad"``;
-    ``effects``: report partial effects (items processed) on every status.
+    bytes), ``"flaky"`` (the first ``flaky`` fetches get 503), ``"schema_bad"``, ``"binary"`` (PNG
+    bytes), ``"csv"``;
+    ``effects``: report partial effects (items processed) on every status;
+    ``ending``: ``"expired"`` (the job expires instead of finishing);
+    ``partial``: a cancelled or expired batch serves the half of its items it finished (``result_url``).
     """
 
     id: str
@@ -89,6 +92,8 @@ class FakeJob:
     cancel_requested_at: float | None = None
     fail: bool = False
     fetches: int = 0
+    #: wall-clock creation time (epoch seconds), as providers list it
+    created_at: float = field(default_factory=time.time)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -103,7 +108,7 @@ class FakeJob:
                 return "failed" if self.fail else "succeeded"
             return "cancelled" if now - self.cancel_requested_at >= 0.05 else "cancelling"
         if now >= finish:
-            return "failed" if self.fail else "succeeded"
+            return "failed" if self.fail else self.options.get("ending", "succeeded")
         return "queued" if now - self.created < self.duration_s * 0.1 else "running"
 
     def progress(self, now: float) -> float:
@@ -112,11 +117,16 @@ class FakeJob:
     def result(self) -> dict[str, Any]:
         return {"job_id": self.id, "output": {"echo": self.body}, "items": 3}
 
-    def result_bytes(self) -> tuple[bytes, str]:
+    def has_result(self, state: str) -> bool:
+        return state == "succeeded" or (state in ("cancelled", "expired") and bool(self.options.get("partial")))
+
+    def result_bytes(self, state: str = "succeeded") -> tuple[bytes, str]:
         opts = self.options
         mode = opts.get("result", "ok")
         if mode == "batch":
             total, failed = int(opts.get("items", 10)), int(opts.get("failed_items", 0))
+            if state != "succeeded":
+                total //= 2  # what it had finished when it stopped
             refused = {n * total // failed for n in range(failed)} if failed else set()
             lines = []
             for n in range(total):
@@ -127,6 +137,10 @@ class FakeJob:
                     item["response"] = {"status_code": 200, "body": {"n": n}}
                 lines.append(json.dumps(item))
             return ("\n".join(lines) + "\n").encode(), "application/x-ndjson"
+        if mode == "binary":  # an image: not JSON, not even UTF-8
+            return b"\x89PNG\r\n\x1a\n" + hashlib.sha256(self.id.encode()).digest() * 64, "image/png"
+        if mode == "csv":
+            return b"id,value\r\n1,caf\xc3\xa9\r\n2,\"a,b\"\r\n", "text/csv"
         doc: dict[str, Any] = self.result()
         if mode == "large":
             doc["padding"] = "x" * int(opts.get("size", 1_000_000))
@@ -391,8 +405,9 @@ class FakeProvider:
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "progress": job.progress(now),
             "client_reference": job.reference,
+            "created_at": round(job.created_at, 3),
         }
-        if state == "succeeded":
+        if job.has_result(state):
             doc["result_url"] = f"/v1/jobs/{job.id}/result"
         if job.options.get("effects"):
             doc["effects"] = {"items_processed": int(job.progress(now) * 100)}
@@ -499,7 +514,8 @@ class FakeProvider:
         with self._lock:
             self.counts["results"] += 1
             job = self.jobs.get(request.match_info["id"])
-            if job is None or job.state(time.monotonic()) != "succeeded":
+            state = "" if job is None else job.state(time.monotonic())
+            if job is None or not job.has_result(state):
                 return _problem(404, "no result")
             job.fetches += 1
             mode = job.options.get("result", "ok")
@@ -509,7 +525,7 @@ class FakeProvider:
                 return _problem(503, "result store unavailable")
             if mode == "one_time" and job.fetches > 1:
                 return _problem(410, "this result was already downloaded")
-            data, content_type = job.result_bytes()
+            data, content_type = job.result_bytes(state)
             digest = hashlib.sha256(data).hexdigest()
             if mode == "bad_checksum":
                 digest = hashlib.sha256(data + b"corrupted").hexdigest()

@@ -1,0 +1,148 @@
+"""A job that stopped early keeps what it made, and a create nobody can reconcile names the jobs that may be it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from test_cancel_and_results import config, state_is, submit, work
+
+from jobtrail import AsyncJobtrail, ConfigError, State, Store
+from jobtrail.domain.record import Operation
+from jobtrail.flows.cancel import request_cancel
+from jobtrail.ledger.audit import verify
+from jobtrail.ledger.results import read_result, stored_result
+from jobtrail.providers.contract import LookupOutcome, ReconcileMode
+from jobtrail.providers.http import HttpProvider, parse_config
+from jobtrail.testing import FakeProvider, Fault
+
+S = State
+BATCH = {"content_type": "application/x-ndjson", "batch": {"id": "$.custom_id", "error": "$.error"}}
+
+
+def test_a_cancelled_batch_keeps_the_output_it_had_produced(ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake, result=BATCH)
+    op_id = submit(ledger, cfg, {"fake": {"result": "batch", "items": 10, "failed_items": 1, "partial": True}})
+    fake.job_duration_s = 30
+    work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING))
+    request_cancel(ledger, op_id, requested_by="alice", reason="enough", expected_effect="keep what is done")
+    work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLED))
+
+    op = ledger.get(op_id)
+    assert op.state is S.CANCELLED
+    assert "partial output stored" in (op.state_reason or "") and "4 of 5 items succeeded" in (op.state_reason or "")
+    assert fake.counts["results"] == 1
+    summary = stored_result(ledger, op_id)["summary"]
+    assert summary["items"] == 5 and summary["failed_ids"] == ["item-00000"]
+    _, kept = read_result(ledger, op_id)
+    assert kept.count(b"\n") == 5
+    ending = ledger.history(op_id)[-1].to_json()
+    assert ending["to"] == "cancelled"
+    assert ending["evidence"]["partial_size"] == len(kept)
+    assert verify(ledger).ok
+
+
+def test_an_expired_batch_ends_failed_with_its_partial_output(ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake, result=BATCH)
+    op_id = submit(ledger, cfg, {"fake": {"result": "batch", "items": 8, "ending": "expired", "partial": True}})
+    work(ledger, cfg)
+    op = ledger.get(op_id)
+    assert op.state is S.FAILED and op.remote_state == "expired"
+    assert "partial output stored" in (op.state_reason or "")
+    assert stored_result(ledger, op_id)["summary"]["items"] == 4
+
+
+def test_partial_output_that_cannot_be_fetched_does_not_hold_the_ending(ledger: Store, fake: FakeProvider) -> None:
+    cfg = config(fake, result=BATCH)
+    op_id = submit(
+        ledger, cfg, {"fake": {"result": "missing", "ending": "expired", "partial": True}}
+    )  # the link is given, the file is gone
+    work(ledger, cfg)
+    op = ledger.get(op_id)
+    assert op.state is S.FAILED
+    assert "could not be fetched (HTTP 404)" in (op.state_reason or "") and op.result_ref
+    with pytest.raises(Exception, match="no result"):
+        read_result(ledger, op_id)
+
+
+class ListingProvider(HttpProvider):
+    """The fake, as an API without any reconciliation path that can list its jobs by creation time."""
+
+    async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
+        sent = await self._send("GET", self.config.base_url + "/v1/jobs", op)
+        assert not isinstance(sent, tuple)
+        ids = tuple(
+            job["id"] for job in sent.body["data"] if since_us <= job["created_at"] * 1_000_000 <= until_us
+        )
+        return LookupOutcome(kind="candidates", path=ReconcileMode.LIST_BY_REFERENCE, response=sent, remote_job_ids=ids)
+
+
+def _careless(fake: FakeProvider) -> dict[str, Any]:
+    return config(fake, create={"token": {"in": "none"}}, reconcile=None)
+
+
+def test_a_lost_create_without_reconciliation_names_the_jobs_that_may_be_it(ledger: Store) -> None:
+    fake = FakeProvider(idempotency=False, job_duration_s=5).start()
+    try:
+        fake.script(Fault.drop())
+        provider = ListingProvider(parse_config(_careless(fake)))
+
+        async def go() -> Operation:
+            async with AsyncJobtrail(store=ledger, providers=[provider]) as jt:
+                op = await jt.submit("fake", {"task": "once"})
+                return await jt.drive_create(op.operation_id)
+
+        op = asyncio.run(go())
+        assert op.state is S.NEEDS_ATTENTION
+        (job_id,) = fake.jobs
+        assert "1 job(s) created between" in (op.state_reason or "") and job_id in (op.state_reason or "")
+        evidence = ledger.history(op.operation_id)[-1].to_json()["evidence"]
+        assert evidence["reason"] == "no_reconciliation_path" and evidence["candidates"] == [job_id]
+        assert op.remote_job_id is None  # named, never adopted
+        assert fake.counts["creates_received"] == 1 and fake.counts["jobs_created"] == 1
+    finally:
+        fake.stop()
+
+
+def test_a_provider_that_cannot_list_says_so_in_the_reason(ledger: Store) -> None:
+    fake = FakeProvider(idempotency=False, job_duration_s=5).start()
+    try:
+        fake.script(Fault.drop())
+        provider = HttpProvider(parse_config(_careless(fake)))
+
+        async def go() -> Operation:
+            async with AsyncJobtrail(store=ledger, providers=[provider]) as jt:
+                op = await jt.submit("fake", {"task": "once"})
+                return await jt.drive_create(op.operation_id)
+
+        op = asyncio.run(go())
+        assert op.state is S.NEEDS_ATTENTION
+        assert "could not be listed (this provider cannot list its jobs by time)" in (op.state_reason or "")
+        assert fake.counts["creates_received"] == 1
+    finally:
+        fake.stop()
+
+
+# -- results are bytes first ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "declared"), [("binary", "image/png"), ("csv", "text/csv")])
+def test_a_result_that_is_not_json_is_stored_byte_for_byte(
+    ledger: Store, fake: FakeProvider, mode: str, declared: str
+) -> None:
+    cfg = config(fake, result={"content_type": declared, "checksum": "header:X-Result-SHA256"})
+    op_id = submit(ledger, cfg, {"fake": {"result": mode}})
+    work(ledger, cfg)
+    op = ledger.get(op_id)
+    assert op.state is S.SUCCEEDED, op.state_reason
+    (job,) = fake.jobs.values()
+    served, _ = job.result_bytes()
+    row, kept = read_result(ledger, op_id)
+    assert kept == served and row["content_type"].startswith(declared)
+    assert [c["check"] for c in row["checks"]] == ["content_type", "size", "checksum"]
+
+
+def test_a_schema_on_a_result_that_is_not_json_is_refused_at_load(fake: FakeProvider) -> None:
+    with pytest.raises(ConfigError, match=r"result\.content_type: expected a JSON media type where schema"):
+        parse_config(config(fake, result={"content_type": "text/csv", "schema": {"type": "object"}}))
