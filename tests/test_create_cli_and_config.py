@@ -227,19 +227,19 @@ def test_a_file_credential_is_read_off_the_loop_not_per_request_and_a_rotation_i
     """Reading a secret file (or a keyring) is I/O: never on the event loop, and not once per request."""
     import threading
 
-    from jobtrail.providers import http as _http_provider
+    from jobtrail.providers.credentials import Credential
 
     old, new = f"jtcanary_old_{secrets.token_hex(8)}", f"jtcanary_new_{secrets.token_hex(8)}"
     secret_file = tmp_path / "api-key"
     secret_file.write_text(old + "\n")
     reads: list[str] = []
-    real_resolve = _http_provider.Credential.resolve
+    real_resolve = Credential.resolve
 
     def counted_resolve(self: Any) -> Any:
         reads.append(threading.current_thread().name)
         return real_resolve(self)
 
-    monkeypatch.setattr(_http_provider.Credential, "resolve", counted_resolve)
+    monkeypatch.setattr(Credential, "resolve", counted_resolve)
     fake = FakeProvider(job_duration_s=0.3, require_bearer=old).start()
     try:
         store = Store.open(db_url)

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
-from jobtrail import AsyncJobtrail, ConfigError, Store
+from jobtrail import AsyncJobtrail, ConfigError, State, Store, Worker
 from jobtrail.domain.jsonpath import extract_any
 from jobtrail.domain.record import Operation
+from jobtrail.ledger.results import read_result
 from jobtrail.providers.contract import Response
 from jobtrail.providers.http import HttpProvider, _retry_after, parse_config
-from jobtrail.testing import FakeProvider
+from jobtrail.testing import FakeProvider, Fault
 
 from helpers import spec
 
@@ -99,3 +100,87 @@ def test_a_list_path_may_select_many_and_a_value_path_may_not(fake: FakeProvider
     cfg["reconcile"]["reference"] = "$..client_reference"
     with pytest.raises(ConfigError, match=r"reconcile\.reference: expected .*one value"):
         parse_config(cfg)
+
+
+# -- what the five real APIs needed, end to end against the fake ---------------------------------
+
+
+def run_to_end(ledger: Store, cfg: dict[str, Any], body: Any) -> Operation:
+    async def go() -> Operation:
+        async with AsyncJobtrail(store=ledger, providers=[cfg]) as jt:
+            op = await jt.submit("fake", body)
+            await jt.drive_create(op.operation_id)
+            await Worker(ledger, {"fake": jt.providers["fake"]}, idle_s=0.02).run(until_settled=True, timeout=30)
+            return ledger.get(op.operation_id)
+
+    return asyncio.run(go())
+
+
+def test_the_token_joins_the_callers_metadata_without_replacing_it(ledger: Store, fake: FakeProvider) -> None:
+    cfg = fake.provider_config(create={"token": {"in": "body", "name": "metadata.jobtrail_ref"}})
+    op = run_to_end(ledger, cfg, {"prompt": "x", "metadata": {"owner": "ana"}})
+    (job,) = fake.jobs.values()
+    assert job.body == {"prompt": "x", "metadata": {"owner": "ana", "jobtrail_ref": op.idempotency_token}}
+    assert op.request_body == {"prompt": "x", "metadata": {"owner": "ana"}}  # the record keeps the caller's intent
+
+
+def test_a_state_no_single_field_holds_is_derived_by_rules(ledger: Store, fake: FakeProvider) -> None:
+    rules = [{"if": "$.result_url", "state": "succeeded"}, {"if": "$.status", "equals": "failed", "state": "failed"}]
+    cfg = fake.provider_config(status={"state": "$.no_such_field", "rules": rules})
+    op = run_to_end(ledger, cfg, {"prompt": "x"})
+    assert op.state is State.SUCCEEDED, op.state_reason
+
+
+@pytest.mark.parametrize(
+    ("result", "status", "expected"),
+    [
+        ({"path": None, "checksum": None, "from_status": "$.id"}, {}, b'"job_00001"'),
+        ({"path": "/v1/jobs/{result_ref}/result"}, {"result_ref": "$.id"}, None),
+    ],
+    ids=["from the status body", "a path templated with the reference"],
+)
+def test_a_result_where_the_api_puts_it(
+    ledger: Store, fake: FakeProvider, result: dict[str, Any], status: dict[str, Any], expected: bytes | None
+) -> None:
+    cfg = fake.provider_config(result=result, status=status)
+    cfg["result"] = {k: v for k, v in cfg["result"].items() if v is not None}
+    op = run_to_end(ledger, cfg, {"prompt": "x"})
+    assert op.state is State.SUCCEEDED, op.state_reason
+    _, kept = read_result(ledger, op.operation_id)
+    assert kept == (expected or next(iter(fake.jobs.values())).result_bytes()[0])
+
+
+def test_a_result_path_that_can_never_resolve_is_refused_at_load(fake: FakeProvider) -> None:
+    cfg = fake.provider_config(result={"path": "/v1/files/{result_ref}/content"}, status={"result_ref": None})
+    cfg["status"] = {k: v for k, v in cfg["status"].items() if v is not None}
+    with pytest.raises(ConfigError, match=r"result\.path: expected a path that can resolve"):
+        parse_config(cfg)
+
+
+def test_a_lost_create_is_found_on_the_third_page_of_the_list(ledger: Store) -> None:
+    fake = FakeProvider(idempotency=False, job_duration_s=0.2).start()
+    try:
+        cfg = fake.provider_config(
+            create={"token": {"in": "body", "name": "client_reference"}},
+            reconcile={
+                "modes": ["list_by_reference"],
+                "list_path": "/v1/jobs?limit=2",
+                "cursor": "$.last_id",
+                "has_more": "$.has_more",
+            },
+        )
+
+        async def go() -> Operation:
+            async with AsyncJobtrail(store=ledger, providers=[cfg]) as jt:
+                for n in range(4):  # four jobs of others first: ours is on page 3
+                    await jt.drive_create((await jt.submit("fake", {"n": n})).operation_id)
+                fake.script(Fault.drop())
+                op = await jt.submit("fake", {"n": "ours"})
+                return await jt.drive_create(op.operation_id)
+
+        op = asyncio.run(go())
+        assert op.state is State.ACCEPTED, op.state_reason
+        assert op.remote_job_id == fake.jobs_for(op.idempotency_token)[0]
+        assert fake.counts["lists"] == 3 and fake.counts["jobs_created"] == 5
+    finally:
+        fake.stop()

@@ -35,7 +35,7 @@ class ReconcileMode(StrEnum):
 class TokenPlacement:
     """Where the idempotency token travels on a create."""
 
-    where: Literal["header", "body", "none"]
+    where: Literal["header", "body", "query", "none"]
     name: str = ""
     #: IETF draft: the header is an RFC 8941 sf-string, i.e. double-quoted. Stripe-style is bare.
     quoted: bool = False

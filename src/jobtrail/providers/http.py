@@ -1,6 +1,6 @@
-"""A provider for most HTTP job APIs, declared in a TOML file (or a dict).
+"""A provider for most HTTP job APIs, declared in a TOML file (or a dict): :mod:`.declared` reads it.
 
-See ``examples/provider.toml`` for every key. Credentials are referenced by
+See ``examples/fake.toml`` for every key. Credentials are referenced by
 name (``env:NAME``, ``file:PATH``, ``keyring:SERVICE/USER`` or a callable) and
 resolved only when a request is sent; the value lives in a :class:`Secret`,
 is registered with the redactor, and never reaches the record.
@@ -9,31 +9,24 @@ is registered with the redactor, and never reaches the record.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import json
+import dataclasses
 import os
-import string
 import time
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yarl
 
-from jobtrail.domain.backoff import Backoff, parse_retry_after
-from jobtrail.domain.canonical import parse_json
+from jobtrail.domain.backoff import parse_retry_after
+from jobtrail.domain.canonical import canonical_bytes, parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.ids import traceparent
-from jobtrail.domain.jsonpath import extract, extract_any, job_id, parse_path, why_unusable
+from jobtrail.domain.jsonpath import extract, extract_any, job_id, why_unusable
 from jobtrail.domain.record import Operation
-from jobtrail.domain.redact import default_redactor, is_secret_name
-from jobtrail.domain.results import BatchFormat, ResultSpec, is_json
+from jobtrail.domain.redact import default_redactor
 from jobtrail.domain.states import RemoteState
-from jobtrail.providers.config import Section
 from jobtrail.providers.contract import (
     Capabilities,
     CreateOutcome,
@@ -41,17 +34,13 @@ from jobtrail.providers.contract import (
     ReconcileMode,
     Response,
     StatusOutcome,
-    TokenPlacement,
 )
-from jobtrail.providers.credentials import Credential
+from jobtrail.providers.declared import Endpoint, HttpProviderConfig, parse_config
 from jobtrail.providers.egress import (
     AddressRefused,
     EgressPolicy,
-    HostRule,
     PublicOnlyResolver,
     UrlRefused,
-    origin_of,
-    parse_host_rule,
     refusal_body,
 )
 
@@ -61,455 +50,11 @@ _USER_AGENT = "jobtrail/0.1"
 #: how long a resolved credential is used before it is read again (sooner when the provider refuses it)
 CREDENTIAL_TTL_S = 60.0
 
-DEFAULT_STATES: dict[str, list[str]] = {
-    "queued": ["queued", "pending", "notstarted", "validating", "submitted"],
-    "running": ["running", "in_progress", "processing", "finalizing"],
-    "succeeded": ["succeeded", "completed", "done", "success"],
-    "failed": ["failed", "error", "errored"],
-    "cancelling": ["cancelling", "canceling"],
-    "cancelled": ["cancelled", "canceled"],
-    "expired": ["expired"],
-}
-
-
-# -- the declared endpoints -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    method: str
-    path: str
-    #: sent with this endpoint's requests only (``Prefer: wait`` on a create, say), after the file's [headers]
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HttpProviderConfig:
-    name: str
-    base_url: str
-    target: str
-    credential: Credential | None
-    timeout_s: float
-    connect_timeout_s: float
-    max_connections: int
-    headers: dict[str, str]
-    trace_header: str | None
-    create: Endpoint
-    token: TokenPlacement
-    token_retention: timedelta | None
-    job_id: str
-    status_url: str | None
-    sync_result: str | None
-    error_code: str | None
-    non_retryable: frozenset[str]
-    status: Endpoint | None
-    state_path: str
-    progress_path: str | None
-    result_ref_path: str | None
-    time_path: str | None
-    effects_path: str | None
-    states: dict[str, RemoteState]
-    cancel: Endpoint | None
-    cancel_idempotent: bool
-    result: Endpoint | None
-    result_kind: str
-    result_spec: ResultSpec
-    reconcile: tuple[ReconcileMode, ...]
-    lookup_status: Endpoint | None
-    lookup_list: Endpoint | None
-    list_items: str
-    list_reference: str
-    backoff: Backoff
-    poll_backoff: Backoff
-    webhook_scheme: str | None
-    webhooks: Any = None
-    resume: bool = False
-    #: hosts (besides base_url's origin) that result links may point to; fetched without the credential
-    download_hosts: tuple[HostRule, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-#: what a provider-file path may name in braces
-PLACEHOLDERS = ("job_id", "token", "trace_id")
-
-
-def _endpoint(section: Section | None, default_method: str, base_url: str) -> Endpoint | None:
-    if section is None:
-        return None
-    method = section.choice("method", ("GET", "POST", "PUT", "DELETE", "PATCH"), default_method)
-    path = section.text("path", "a path such as /v1/jobs/{job_id}")
-    _check_url_path(section, "path", path, base_url)
-    return Endpoint(method, path, _headers(section))
-
-
-def _headers(section: Section) -> dict[str, str]:
-    headers = section.raw_table("headers")
-    for key, value in headers.items():
-        if not isinstance(value, str):
-            section.fail(f"headers.{key}", "a string", value)
-        if is_secret_name(key):
-            section.fail(f"headers.{key}", 'no credentials in headers (use credential = "env:NAME")', "<hidden>")
-    return headers
-
-
-def _check_url_path(section: Section, key: str, path: str, base_url: str) -> None:
-    """A path below base_url (or a URL at exactly its origin) naming only known placeholders."""
-    try:
-        fields = [(name, conv, spec) for _, name, spec, conv in string.Formatter().parse(path) if name is not None]
-    except ValueError as exc:
-        section.fail(
-            key, f"a path whose braces name placeholders ({exc}; write {{{{ and }}}} for literal braces)", path
-        )
-    for name, conv, spec in fields:
-        if name.removeprefix("+") not in PLACEHOLDERS or conv or spec:
-            section.fail(
-                key,
-                "a path naming only the placeholders {" + "}, {".join(PLACEHOLDERS) + "} "
-                "(write {+job_id} to keep the slashes of an id such as projects/p/operations/o)",
-                path,
-            )
-    if path.startswith(("http://", "https://")):
-        try:
-            same = origin_of(path.format(**_sample_values())) == origin_of(base_url)
-        except UrlRefused as exc:
-            section.fail(key, f"a path below base_url, or a URL at its origin ({exc.reason})", path)
-        if not same:
-            section.fail(
-                key,
-                "a path below base_url, or a URL at exactly its origin (scheme, host, port): "
-                "the credential goes nowhere else",
-                path,
-            )
-    elif not path.startswith("/"):
-        section.fail(key, "a path starting with / (below base_url)", path)
-
-
-def _sample_values() -> dict[str, str]:
-    return {prefix + name: "x" for name in PLACEHOLDERS for prefix in ("", "+")}
-
 
 def _path_value(value: str, *, keep_slashes: bool) -> str:
     """A value for a path placeholder, percent-encoded; ``{+name}`` keeps its slashes (RFC 6570 reserved
     expansion). Job ids with dot segments never get here (see :func:`~jobtrail.domain.jsonpath.unusable_id`)."""
     return urllib.parse.quote(value, safe="/" if keep_slashes else "")
-
-
-def _json_path(
-    section: Section, key: str, default: Any = None, *, expected: str = "a JSON path", many: bool = False
-) -> Any:
-    """A JSON path value, compiled now so a typo is a load-time error naming file and key.
-
-    Where one value is meant (an id, a state), the path must be a singular query: a wildcard
-    or a filter there would pick one of several values by accident.
-    """
-    value = section.text(key, expected, default)
-    if isinstance(value, str) and not value.startswith("header:"):
-        try:
-            compiled = parse_path(value)
-        except ConfigError as exc:
-            section.fail(key, f"{expected} ({exc})", value)
-        if not (many or compiled.singular):
-            section.fail(
-                key, f"{expected}: one value, so names and indexes only (e.g. $.data[0].id, $['a.b'], $.x[-1])", value
-            )
-    return value
-
-
-def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProviderConfig:
-    """Validate a provider declaration; a mistake raises ConfigError naming file and key."""
-    top = Section(data, "", source)
-    name = top.text("name", 'the provider\'s name, e.g. "openai-batches"')
-    base_url = top.text("base_url", "an absolute URL such as https://api.example.com")
-    parts = urllib.parse.urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        top.fail("base_url", "an absolute http(s) URL", base_url)
-    if parts.username or parts.password:
-        top.fail(
-            "base_url",
-            "a URL without user:password (reference the credential by name instead)",
-            default_redactor.url(base_url),
-        )
-    try:
-        origin_of(base_url)
-    except UrlRefused as exc:
-        top.fail("base_url", f"an absolute http(s) URL ({exc.reason})", base_url)
-    if parts.query or parts.fragment:
-        top.fail("base_url", "a URL without a query or fragment", default_redactor.url(base_url))
-    target = top.text("target", "free text naming what the jobs act on", parts.hostname)
-    credential = None
-    cred_ref = top._get("credential", None)
-    if cred_ref is not None:
-        if not (
-            callable(cred_ref)
-            or (isinstance(cred_ref, str) and cred_ref.split(":", 1)[0] in ("env", "file", "keyring"))
-        ):
-            top.fail(
-                "credential",
-                "a reference: env:NAME, file:PATH or keyring:SERVICE/USER (never the value)",
-                "<hidden>",
-            )
-        auth = top.text("auth", "bearer, header:<Name> or basic:<user>", "bearer")
-        if not (auth == "bearer" or auth.startswith(("header:", "basic:"))) or auth in ("header:", "basic:"):
-            top.fail("auth", "bearer, header:<Name> or basic:<user>", auth)
-        if parts.scheme == "http" and not _is_loopback(parts.hostname or ""):
-            top.fail(
-                "base_url",
-                "https:// (credentials are never sent over plain HTTP, except to loopback)",
-                base_url,
-            )
-        credential = Credential(cred_ref, auth)
-    else:
-        top._get("auth", None)
-    timeout_s = top.number("timeout_s", "seconds (a number > 0)", 30.0, minimum=0.001)
-    max_connections = top.number("max_connections", "a number of connections >= 1", 256, minimum=1)
-    connect_timeout_s = top.number("connect_timeout_s", "seconds (a number > 0)", 10.0, minimum=0.001)
-    headers = _headers(top)
-    trace_header = top.text("trace_header", "a header name", "X-Trace-ID")
-    webhooks_s = top.table("webhooks")
-    webhooks = None
-    if webhooks_s is not None:
-        from jobtrail.providers.webhooks import parse_webhooks
-
-        webhooks = parse_webhooks(webhooks_s)
-        # a delivery's timestamp is accepted within +-tolerance_s, so a replay can arrive up to
-        # 2 x tolerance_s after the first copy: the de-duplication record must outlive that
-        if webhooks.retention_s < 2 * webhooks.tolerance_s:
-            webhooks_s.fail(
-                "retention_days",
-                f"at least twice tolerance_s ({2 * webhooks.tolerance_s:g} s = "
-                f"{2 * webhooks.tolerance_s / 86400:.6g} days), or a replayed event is accepted again",
-                webhooks.retention_s / 86400,
-            )
-    target_kind = "standard" if webhooks is not None else None
-    resume = top.flag("resume", False)
-
-    create_s = top.table("create", required=True)
-    assert create_s is not None
-    create = _endpoint(create_s, "POST", base_url)
-    assert create is not None
-    token_s = create_s.table("token")
-    if token_s is None:
-        token = TokenPlacement("header", "Idempotency-Key", quoted=True)
-    else:
-        where = token_s.choice("in", ("header", "body", "none"))
-        token_name = "" if where == "none" else token_s.text("name", "the header or body field name")
-        token = TokenPlacement(where, token_name, token_s.flag("quoted", where == "header"))
-        token_s.done()
-    retention = create_s.number("token_retention_s", "seconds the provider keeps tokens", None)
-    job_id = create_s.text("job_id", "where the job id is: a JSON path like $.id, or header:Location", "$.id")
-    _check_path(create_s, "job_id", job_id)
-    _json_path(create_s, "job_id", "$.id")
-    status_url = _json_path(
-        create_s, "status_url", expected="header:Location, header:Operation-Location or a JSON path"
-    )
-    sync_result = _json_path(create_s, "sync_result", expected="a JSON path to a result returned with HTTP 200")
-    error_code = _json_path(create_s, "error_code", expected="a JSON path to the provider's error code")
-    non_retryable = frozenset(create_s.strings("non_retryable", "a list of error codes", []))
-    # request fields an agent may fill with a URL (the MCP guard refuses URLs anywhere else)
-    url_fields = create_s.strings("url_fields", 'JSON paths such as "$.input.image"', [])
-    if any(not f.startswith("$") for f in url_fields):
-        create_s.fail("url_fields", 'JSON paths such as "$.input.image"', url_fields)
-    create_s.done()
-
-    status_s = top.table("status")
-    status = _endpoint(status_s, "GET", base_url)
-    state_path, progress_path, result_ref, time_path, effects_path = "$.status", None, None, None, None
-    if status_s is not None:
-        state_path = _json_path(status_s, "state", "$.status", expected="a JSON path to the job's state")
-        progress_path = _json_path(status_s, "progress", expected="a JSON path to progress (0..1 or 0..100)")
-        result_ref = _json_path(status_s, "result_ref", expected="a JSON path to the result's URL or id")
-        time_path = _json_path(status_s, "time", expected="a JSON path to the provider's timestamp of this status")
-        effects_path = _json_path(
-            status_s, "effects", expected="a JSON path to the partial effects the provider reports"
-        )
-        status_s.done()
-
-    states_s = top.table("states")
-    mapping = dict(DEFAULT_STATES)
-    if states_s is not None:
-        for key in list(states_s.data):
-            if key not in DEFAULT_STATES:
-                states_s.fail(key, "one of " + ", ".join(DEFAULT_STATES) + " (normalised states)", key)
-            mapping[key] = states_s.strings(key, "a list of the provider's state names")
-    states: dict[str, RemoteState] = {}
-    for normal, raws in mapping.items():
-        for raw in raws:
-            states[raw] = RemoteState(normal)
-
-    cancel_s = top.table("cancel")
-    cancel = _endpoint(cancel_s, "POST", base_url)
-    cancel_idempotent = False
-    if cancel_s is not None:
-        cancel_idempotent = cancel_s.flag("idempotent", False)
-        cancel_s.done()
-
-    result_s = top.table("result")
-    result = _endpoint(result_s, "GET", base_url) if result_s is not None and "path" in result_s.data else None
-    result_kind = "safe_read"
-    result_spec = ResultSpec()
-    download_hosts: tuple[HostRule, ...] = ()
-    if result_s is not None:
-        result_kind = result_s.choice("kind", ("safe_read", "one_time"), "safe_read")
-        entries = result_s.strings(
-            "download_hosts", 'a list of hosts such as "storage.example.com" or "*.s3.amazonaws.com"', []
-        )
-        rules = []
-        for entry in entries:
-            try:
-                rules.append(parse_host_rule(entry))
-            except ValueError as exc:
-                result_s.fail(
-                    "download_hosts",
-                    f'hosts such as "storage.example.com", "*.s3.amazonaws.com" or "http://10.0.0.5:9000" ({exc})',
-                    entry,
-                )
-        download_hosts = tuple(rules)
-        if result is None:
-            result_s._get("method", None)
-        result_spec = _result_spec(result_s, source)
-        result_s.done()
-
-    rec_s = top.table("reconcile")
-    modes: tuple[ReconcileMode, ...] = ()
-    lookup_status = lookup_list = None
-    list_items, list_reference = "$.data", "$.client_reference"
-    if rec_s is not None:
-        names = rec_s.strings("modes", "a list of: replay, list_by_reference, status_by_client_id", [])
-        try:
-            modes = tuple(ReconcileMode(n) for n in names)
-        except ValueError:
-            rec_s.fail("modes", "a list of: replay, list_by_reference, status_by_client_id", names)
-        if ReconcileMode.STATUS_BY_CLIENT_ID in modes:
-            path = rec_s.text("status_path", "a path with {token}, e.g. /v1/jobs/by-client-id/{token}")
-            _check_url_path(rec_s, "status_path", path, base_url)
-            lookup_status = Endpoint("GET", path)
-        if ReconcileMode.LIST_BY_REFERENCE in modes:
-            path = rec_s.text("list_path", "a path with {token}, e.g. /v1/jobs?client_reference={token}")
-            _check_url_path(rec_s, "list_path", path, base_url)
-            lookup_list = Endpoint("GET", path)
-            list_items = _json_path(rec_s, "items", "$.data", expected="a JSON path to the list of jobs", many=True)
-            list_reference = _json_path(
-                rec_s, "reference", "$.client_reference", expected="a JSON path (inside one job) to our reference"
-            )
-        rec_s.done()
-    if token.where == "none" and modes:
-        top.fail(
-            "reconcile.modes",
-            'no reconciliation modes when create.token.in = "none" '
-            "(without a token the provider cannot match a create to us)",
-            list(modes),
-        )
-
-    backoff = _backoff(top.table("retry"), Backoff())
-    poll_backoff = _backoff(top.table("poll"), Backoff(initial_s=1.0, factor=1.5, cap_s=60.0))
-    top.done()
-    return HttpProviderConfig(
-        name=name,
-        base_url=base_url.rstrip("/"),
-        target=target,
-        credential=credential,
-        timeout_s=timeout_s,
-        connect_timeout_s=connect_timeout_s,
-        max_connections=int(max_connections),
-        headers=headers,
-        trace_header=trace_header,
-        create=create,
-        token=token,
-        token_retention=None if retention is None else timedelta(seconds=retention),
-        job_id=job_id,
-        status_url=status_url,
-        sync_result=sync_result,
-        error_code=error_code,
-        non_retryable=non_retryable,
-        status=status,
-        state_path=state_path,
-        progress_path=progress_path,
-        result_ref_path=result_ref,
-        time_path=time_path,
-        effects_path=effects_path,
-        states=states,
-        cancel=cancel,
-        cancel_idempotent=cancel_idempotent,
-        result=result,
-        result_kind=result_kind,
-        result_spec=result_spec,
-        reconcile=modes,
-        lookup_status=lookup_status,
-        lookup_list=lookup_list,
-        list_items=list_items,
-        list_reference=list_reference,
-        backoff=backoff,
-        poll_backoff=poll_backoff,
-        webhook_scheme=target_kind,
-        webhooks=webhooks,
-        resume=resume,
-        download_hosts=download_hosts,
-        extra={"url_fields": tuple(url_fields)},
-    )
-
-
-def _result_spec(section: Section, source: str) -> ResultSpec:
-    checksum = section.text("checksum", "header:<Name> of a response header carrying the sha256", None)
-    if checksum is not None and not checksum.startswith("header:"):
-        section.fail("checksum", "header:<Name> of a response header carrying the sha256", checksum)
-    schema: Any = section._get("schema", None)
-    if isinstance(schema, str):
-        path = Path(schema) if Path(schema).is_absolute() else Path(source).parent / schema
-        try:
-            schema = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            section.fail("schema", f"a JSON Schema file ({exc})", schema)
-    elif schema is not None and not isinstance(schema, Mapping):
-        section.fail("schema", "a JSON Schema as a table, or the path of a .json file", schema)
-    batch_s = section.table("batch")
-    batch = None
-    if batch_s is not None:
-        batch_s.choice("format", ("jsonl",), "jsonl")
-        batch = BatchFormat(
-            id_path=_json_path(batch_s, "id", "$.custom_id", expected="a JSON path to each item's id"),
-            error_path=_json_path(batch_s, "error", "$.error", expected="a JSON path that is set on failed items"),
-            outcome_path=_json_path(
-                batch_s, "outcome", expected='a JSON path to each item\'s outcome word, e.g. "$.result.type"'
-            ),
-            succeeded=tuple(batch_s.strings("succeeded", "the outcome words of a succeeded item", ["succeeded"])),
-        )
-        batch_s.done()
-    min_records = section.number("min_records", "a count >= 0", None)
-    content_type = section.text("content_type", "a media type such as application/json", None)
-    records = _json_path(section, "records", expected="a JSON path to the list of records", many=True)
-    if batch is None and not is_json(content_type) and (schema is not None or records):
-        section.fail(
-            "content_type",
-            "a JSON media type where schema or records is declared (a result of any other type is stored "
-            "byte for byte and checked by size, checksum and type only)",
-            content_type,
-        )
-    return ResultSpec(
-        content_type=content_type,
-        max_bytes=int(section.number("max_bytes", "bytes (a number > 0)", 256 * 1024 * 1024, minimum=1)),
-        checksum_header=None if checksum is None else checksum[len("header:") :],
-        schema=schema,
-        records_path=records,
-        min_records=None if min_records is None else int(min_records),
-        batch=batch,
-        check=section.text("check", "a named check package.module:function", None),
-    )
-
-
-def _backoff(section: Section | None, default: Backoff) -> Backoff:
-    if section is None:
-        return default
-    backoff = Backoff(
-        initial_s=section.number("initial_s", "seconds", default.initial_s, minimum=0.001),
-        factor=section.number("factor", "a number >= 1", default.factor, minimum=1),
-        cap_s=section.number("cap_s", "seconds", default.cap_s, minimum=0.001),
-        max_retry_after_s=section.number("max_retry_after_s", "seconds", default.max_retry_after_s),
-        jitter=section.number("jitter", "a share between 0 and 1 (1 = full jitter)", default.jitter),
-    )
-    if backoff.jitter > 1:
-        section.fail("jitter", "a share between 0 and 1 (1 = full jitter)", backoff.jitter)
-    section.done()
-    return backoff
 
 
 async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
@@ -538,20 +83,6 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 def _text(value: str) -> str:
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-def _check_path(section: Section, key: str, value: str) -> None:
-    if not (value.startswith("$") or value.startswith("header:")):
-        section.fail(key, "a JSON path like $.id, or header:Name", value)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def load_provider(source: str | os.PathLike[str] | Mapping[str, Any]) -> HttpProvider:
@@ -806,17 +337,15 @@ class HttpProvider:
         cfg = self.config
         body = op.request_body
         headers = dict(cfg.create.headers)
-        if cfg.token.where == "header":
-            token = f'"{op.idempotency_token}"' if cfg.token.quoted else op.idempotency_token
-            headers[cfg.token.name] = token
-        elif cfg.token.where == "body":
-            if not isinstance(body, dict):
-                raise ConfigError(
-                    f"provider {self.name} puts the token in the body field "
-                    f"{cfg.token.name!r}, so the request body must be a JSON object"
-                )
-            body = {**body, cfg.token.name: op.idempotency_token}
-        sent = await self._send(cfg.create.method, self._url(cfg.create.path, op), op, body=body, extra_headers=headers)
+        url = self._url(cfg.create.path, op)
+        token = cfg.token
+        if token.where == "header":
+            headers[token.name] = f'"{op.idempotency_token}"' if token.quoted else op.idempotency_token
+        elif token.where == "query":
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode({token.name: op.idempotency_token})
+        elif token.where == "body":
+            body = with_token(body, token.name, op.idempotency_token, provider=self.name)
+        sent = await self._send(cfg.create.method, url, op, body=body, extra_headers=headers)
         if isinstance(sent, tuple):
             if sent[0] == "not_sent":
                 return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
@@ -855,7 +384,7 @@ class HttpProvider:
         if 200 <= status < 300:
             remote_id = job_id(cfg.job_id, resp.body, resp.headers)
             status_url = extract(cfg.status_url, resp.body, resp.headers)
-            result = extract_any(cfg.sync_result, resp.body) if cfg.sync_result and status == 200 else None
+            result = extract_any(cfg.sync_result, resp.body) if cfg.sync_result and self._finished(resp) else None
             if result is not None:
                 return CreateOutcome(kind="synchronous", response=resp, remote_job_id=remote_id, result=result)
             if remote_id:
@@ -894,21 +423,60 @@ class HttpProvider:
             if sent.http_status == 200 and found:
                 return LookupOutcome(kind="found", path=mode, response=sent, remote_job_ids=(found,))
             return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
-        if sent.http_status != 200:
-            return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
-        items = extract_any(cfg.list_items, sent.body)
-        if not isinstance(items, list):
-            return LookupOutcome(
-                kind="unknown", path=mode, response=sent, detail=f"no list at {cfg.list_items} in the answer"
-            )
         id_path = cfg.job_id if cfg.job_id.startswith("$") else "$.id"
-        ids = tuple(
-            job
-            for item in items
-            if extract(cfg.list_reference, item, {}) == op.idempotency_token
-            and (job := job_id(id_path, item, {})) is not None
+        ids: list[str] = []
+        for page in range(cfg.list_paging.max_pages):
+            if sent.http_status != 200:
+                return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
+            items = extract_any(cfg.list_items, sent.body)
+            if not isinstance(items, list):
+                return LookupOutcome(
+                    kind="unknown", path=mode, response=sent, detail=f"no list at {cfg.list_items} in the answer"
+                )
+            ids += [
+                job
+                for item in items
+                if extract(cfg.list_reference, item, {}) == op.idempotency_token
+                and (job := job_id(id_path, item, {})) is not None
+            ]
+            following = self._next_page(sent, endpoint, op)
+            if following is None:
+                break
+            if page + 1 == cfg.list_paging.max_pages:
+                # the list goes on: absence is not proven (a found job still counts)
+                detail = f"more than {cfg.list_paging.max_pages} pages; raise reconcile.max_pages"
+                if not ids:
+                    return LookupOutcome(kind="unknown", path=mode, response=sent, detail=detail)
+                break
+            next_sent = await self._send("GET", following, op, extra_headers=endpoint.headers)
+            if isinstance(next_sent, tuple):
+                return LookupOutcome(kind="unknown", path=mode, detail=f"{next_sent[0]}: {next_sent[1]}")
+            sent = next_sent
+        return LookupOutcome(
+            kind="found" if ids else "absent", path=mode, response=sent, remote_job_ids=tuple(dict.fromkeys(ids))
         )
-        return LookupOutcome(kind="found" if ids else "absent", path=mode, response=sent, remote_job_ids=ids)
+
+    def _next_page(self, sent: Response, endpoint: Endpoint, op: Operation) -> str | None:
+        """The next page's URL, or None on the last page (paging declared in ``[reconcile]``)."""
+        paging = self.config.list_paging
+        if paging.has_more is not None and extract_any(paging.has_more, sent.body) is not True:
+            return None
+        if paging.next_url is not None:
+            following = extract(paging.next_url, sent.body, sent.headers)
+            if not following:
+                return None
+            try:  # a provider's link: judged by origin, and only the provider's own origin gets the credential
+                target = self.egress.judge(self.egress.resolve_reference(following))
+            except UrlRefused:
+                return None
+            return str(target.url) if target.home else None
+        if paging.cursor is not None:
+            cursor = extract(paging.cursor, sent.body, sent.headers)
+            if not cursor:
+                return None
+            first = self._url(endpoint.path, op)
+            return first + ("&" if "?" in first else "?") + urllib.parse.urlencode({paging.cursor_param: cursor})
+        return None
 
     async def status(self, op: Operation) -> StatusOutcome:
         cfg = self.config
@@ -918,13 +486,14 @@ class HttpProvider:
         if isinstance(sent, tuple):
             return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent[0])
         raw = extract(cfg.state_path, sent.body, sent.headers)
+        remote = self._state(sent)
         progress_raw = extract(cfg.progress_path, sent.body, sent.headers)
         try:
             progress = float(progress_raw) if progress_raw is not None else None
         except ValueError:
             progress = None
         return StatusOutcome(
-            remote_state=self.capabilities.normalise(raw) if sent.http_status == 200 else RemoteState.UNKNOWN,
+            remote_state=remote if sent.http_status == 200 else RemoteState.UNKNOWN,
             raw_state=raw,
             response=sent,
             progress=progress,
@@ -933,6 +502,20 @@ class HttpProvider:
             effects=extract_any(cfg.effects_path, sent.body),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
         )
+
+    def _state(self, sent: Response) -> RemoteState:
+        """The job's state in an answer: the first ``[[status.rules]]`` that holds, else the state field."""
+        for rule in self.config.state_rules:
+            if rule.holds(extract_any(rule.path, sent.body)):
+                return rule.state
+        return self.capabilities.normalise(extract(self.config.state_path, sent.body, sent.headers))
+
+    def _finished(self, resp: Response) -> bool:
+        """A create answer carries a finished job unless the state it reports (if any) says otherwise."""
+        if not 200 <= (resp.http_status or 0) < 300:
+            return False
+        says = self._state(resp)
+        return says in (RemoteState.SUCCEEDED, RemoteState.UNKNOWN) or says is None
 
     async def cancel(self, op: Operation) -> Response:
         cfg = self.config
@@ -950,7 +533,20 @@ class HttpProvider:
     async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
         cfg = self.config
         max_bytes = cfg.result_spec.max_bytes
-        if result_ref is None:
+        if cfg.result_from_status is not None:
+            return await self._result_from_status(op)
+        if cfg.result is not None and cfg.result.names("result_ref"):
+            if result_ref is None:
+                return Response(body={"error": "no_reference", "detail": "the status gave no result reference"})
+            sent = await self._send(
+                "GET",
+                self._url(cfg.result.path, op, result_ref=result_ref),
+                op,
+                keep_raw=True,
+                max_bytes=max_bytes,
+                extra_headers=cfg.result.headers,
+            )
+        elif result_ref is None:
             if cfg.result is None:
                 raise ConfigError(f"provider {self.name} declares no [result] endpoint and gave no result reference")
             sent = await self._send(
@@ -988,3 +584,51 @@ class HttpProvider:
                 body={"error": "redirect", "detail": f"redirect to {shown} not followed"},
             )
         return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+
+    async def _result_from_status(self, op: Operation) -> Response:
+        """``[result] from_status``: a final status read, and the value at that path is the result (as JSON)."""
+        cfg = self.config
+        assert cfg.status is not None and cfg.result_from_status is not None
+        sent = await self._send(cfg.status.method, self._url(cfg.status.path, op), op, extra_headers=cfg.status.headers)
+        if isinstance(sent, tuple):
+            return Response(body={"error": sent[0], "detail": sent[1]})
+        value = extract_any(cfg.result_from_status, sent.body) if sent.http_status == 200 else None
+        if value is None:
+            return dataclasses.replace(sent, http_status=sent.http_status if sent.http_status != 200 else 404)
+        return dataclasses.replace(
+            sent, headers={**sent.headers, "Content-Type": "application/json"}, raw=canonical_bytes(value)
+        )
+
+
+def with_token(body: Any, name: str, token: str, *, provider: str) -> dict[str, Any]:
+    """The request body with the token at ``name`` (``metadata.ref``: inside a nested object, merged with
+    whatever the caller put there, never replacing it)."""
+    if not isinstance(body, dict):
+        raise ConfigError(
+            f"provider {provider} puts the token in the body field {name!r}, so the request body must be a JSON object"
+        )
+    *parents, leaf = name.split(".")
+    merged = dict(body)
+    inner = merged
+    for at, part in enumerate(parents):
+        existing = inner.get(part, {})
+        if not isinstance(existing, dict):
+            where = ".".join(parents[: at + 1])
+            raise ConfigError(
+                f"provider {provider} puts the token at {name!r}, but the request's {where!r} is not a JSON object"
+            )
+        inner[part] = dict(existing)
+        inner = inner[part]
+    inner[leaf] = token
+    return merged
+
+
+__all__ = [
+    "CREDENTIAL_TTL_S",
+    "HttpProvider",
+    "HttpProviderConfig",
+    "build",
+    "load_provider",
+    "parse_config",
+    "with_token",
+]

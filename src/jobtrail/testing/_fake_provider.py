@@ -536,7 +536,15 @@ class FakeProvider:
         with self._lock:
             self.counts["lists"] += 1
             data = [self._job_doc(j) for j in self.jobs.values() if reference is None or j.reference == reference]
-        return web.json_response({"data": data})
+        if "limit" not in request.query:
+            return web.json_response({"data": data})
+        # paged like OpenAI's lists: ?limit=N&after=<last id of the previous page>
+        after = request.query.get("after", "")
+        rest = [doc for doc in sorted(data, key=lambda d: d["id"]) if doc["id"] > after]
+        page = rest[: int(request.query["limit"])]
+        return web.json_response(
+            {"data": page, "has_more": len(rest) > len(page), "last_id": page[-1]["id"] if page else None}
+        )
 
     async def _by_client_id(self, request: web.Request) -> web.StreamResponse:
         key = request.match_info["key"]
