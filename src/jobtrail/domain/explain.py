@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # the record's to_json() uses this module: a runtime import b
     from jobtrail.domain.record import Operation
 
 
-def next_action(op: Operation) -> str:
+def next_action(op: Operation) -> str:  # noqa: PLR0911 - one answer per state, read top to bottom
     """What happens next to ``op``, and who does it."""
     s = op.state
     if s is State.CREATE_PENDING:

@@ -112,7 +112,7 @@ def load_check(name: str) -> Check:
     return check
 
 
-def validate(
+def validate(  # noqa: PLR0911 - each check returns at its first failure
     data: bytes,
     content_type: str | None,
     headers: Mapping[str, str],

@@ -364,7 +364,7 @@ class CreateFlow:
                 op,
                 provider,
                 f"attempt {attempt} never left: {outcome.error_class}",
-                None,
+                resp.retry_after_s,  # a refusal before any processing (a rate limiter's 429) may say when
                 None,
                 not_sent=outcome,
                 obs_id=obs_id,

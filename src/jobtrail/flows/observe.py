@@ -13,6 +13,7 @@ import dataclasses
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from jobtrail.domain.canonical import canonical_bytes, rfc3339
 from jobtrail.domain.errors import StaleRecord
@@ -41,7 +42,7 @@ from jobtrail.ledger.results import prepare_result
 from jobtrail.ledger.store import Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
 from jobtrail.ledger.writer import Writer
-from jobtrail.providers.contract import Provider, Response
+from jobtrail.providers.contract import Provider, Response, StatusOutcome
 
 _US = 1_000_000
 #: a result fetch that keeps failing is given up after this many attempts
@@ -87,9 +88,14 @@ class ObserveFlow:
         now = self.store.clock()
         if op.next_action_at_us is not None and op.next_action_at_us > now:
             return op
-        slow = now + int(provider.poll_backoff.cap_s * _US)
         if op.state in (State.ACCEPTED, State.OBSERVING) and op.cancel_requested_by:
             return await self._deferred_cancel(op, now)
+        passed = await self._deadline_passed(op, provider, now)
+        return passed if passed is not None else await self._poll(op, provider, now)
+
+    async def _deadline_passed(self, op: Operation, provider: Provider, now: int) -> Operation | None:
+        """The result or cancel deadline, once passed: the state says so (the job is polled on, slowly)."""
+        slow = now + int(provider.poll_backoff.cap_s * _US)
         if op.state is State.OBSERVING and op.result_deadline_us is not None and now >= op.result_deadline_us:
             return await self.writer.transition(
                 op,
@@ -123,6 +129,10 @@ class ObserveFlow:
                     ),
                 },
             )
+        return None
+
+    async def _poll(self, op: Operation, provider: Provider, now: int) -> Operation:
+        """One status read, stored as an observation; only a terminal status moves the state."""
         status = await provider.status(op)
         failpoint("observe.after_status")
         resp = status.response
@@ -189,27 +199,42 @@ class ObserveFlow:
             if ending is None:
                 return op
         if ending is None:
-            waiting = (
-                "unknown state, still polling"
-                if status.remote_state is RemoteState.UNKNOWN
-                else status.remote_state.value
-            )
-            if op.state is State.RESULT_TIMED_OUT:
-                waiting = f"result deadline passed; the remote job is NOT assumed stopped and is still {waiting}"
-            elif op.state is State.CANCELLATION_UNCONFIRMED:
-                waiting = f"cancel deadline passed and the cancel is still not confirmed (job {waiting})"
-            elif op.state in _CANCEL_STATES:
-                waiting = f"cancel not confirmed yet (job {waiting})"
-            return await self.writer.reschedule(
-                op,
-                {
-                    "remote_state": status.raw_state,
-                    "polls": polls,
-                    "next_action_at_us": next_at,
-                    **effects,
-                    "state_reason": f"{waiting}; next poll at {rfc3339(next_at)}",
-                },
-            )
+            return await self._keep_polling(op, status, polls, next_at, effects)
+        return await self._end(op, provider, ending, status, evidence, request_ids, effects)
+
+    async def _keep_polling(
+        self, op: Operation, status: StatusOutcome, polls: int, next_at: int, effects: dict[str, Any]
+    ) -> Operation:
+        unknown = status.remote_state is RemoteState.UNKNOWN
+        waiting: str = "unknown state, still polling" if unknown else status.remote_state.value
+        if op.state is State.RESULT_TIMED_OUT:
+            waiting = f"result deadline passed; the remote job is NOT assumed stopped and is still {waiting}"
+        elif op.state is State.CANCELLATION_UNCONFIRMED:
+            waiting = f"cancel deadline passed and the cancel is still not confirmed (job {waiting})"
+        elif op.state in _CANCEL_STATES:
+            waiting = f"cancel not confirmed yet (job {waiting})"
+        return await self.writer.reschedule(
+            op,
+            {
+                "remote_state": status.raw_state,
+                "polls": polls,
+                "next_action_at_us": next_at,
+                **effects,
+                "state_reason": f"{waiting}; next poll at {rfc3339(next_at)}",
+            },
+        )
+
+    async def _end(
+        self,
+        op: Operation,
+        provider: Provider,
+        ending: State,
+        status: StatusOutcome,
+        evidence: StatusObservation,
+        request_ids: tuple[str, ...],
+        effects: dict[str, Any],
+    ) -> Operation:
+        """The provider's terminal word, with the partial output a cancelled or expired job left."""
         reason = _ending_reason(op, ending, status.raw_state)
         partial = None
         if status.result_ref is not None and status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
@@ -323,15 +348,7 @@ class CollectFlow:
             return op
         ref = op.result_ref
         if ref is not None and ref.startswith("observation:"):  # a synchronous result, stored at create
-            stored = await self.io(self.store.observation, int(ref.split(":", 1)[1]))
-            raw = stored["raw"] if stored else {}
-            if "withheld" in raw:  # it carried a credential: nothing to store, nothing to hand out
-                return await self._refuse_credential(op)
-            # a result that came with the create: no response headers to check a sum against
-            synchronous = Response(
-                http_status=200, headers={"Content-Type": "application/json"}, raw=canonical_bytes(raw.get("result"))
-            )
-            return await self._finish(op, provider, synchronous, "synchronous", checksum=False)
+            return await self._synchronous(op, provider, int(ref.split(":", 1)[1]))
         attempts = op.polls + 1
         one_time = provider.capabilities.result == "one_time"
         if one_time and op.polls > await self.io(self.store.count_observations, op.operation_id, "result_fetch"):
@@ -368,6 +385,17 @@ class CollectFlow:
             op,
             {"polls": attempts, "next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"},
         )
+
+    async def _synchronous(self, op: Operation, provider: Provider, observation_id: int) -> Operation:
+        stored = await self.io(self.store.observation, observation_id)
+        raw = stored["raw"] if stored else {}
+        if "withheld" in raw:  # it carried a credential: nothing to store, nothing to hand out
+            return await self._refuse_credential(op)
+        # a result that came with the create: no response headers to check a sum against
+        synchronous = Response(
+            http_status=200, headers={"Content-Type": "application/json"}, raw=canonical_bytes(raw.get("result"))
+        )
+        return await self._finish(op, provider, synchronous, "synchronous", checksum=False)
 
     async def _unavailable(self, op: Operation, reason: str, status: int | None) -> Operation:
         return await self.writer.transition(

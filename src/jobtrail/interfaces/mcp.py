@@ -208,7 +208,7 @@ def _register_credentials(jt: AsyncJobtrail) -> None:
             credential.resolve()  # registers the value with the redactor
 
 
-def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared: bool = False) -> MCPServer:
+def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared: bool = False) -> MCPServer:  # noqa: PLR0915 - declares every tool
     """The MCP tools, acting for ``agent`` (only its operations unless ``shared``)."""
     server = MCPServer(name="jobtrail", instructions=INSTRUCTIONS)
     store = jt.store

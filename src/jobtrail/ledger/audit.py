@@ -178,7 +178,7 @@ def _gather(store: Store) -> Iterator[tuple[str, _Operation]]:
             yield op_id, gathered
 
 
-def _check_chain(op_id: str, op: dict[str, Any] | None, entries: list[dict[str, Any]]) -> Finding | None:
+def _check_chain(op_id: str, op: dict[str, Any] | None, entries: list[dict[str, Any]]) -> Finding | None:  # noqa: PLR0911, PLR0912 - one finding per way a chain breaks
     if op is None:
         seq = entries[0]["seq"] if entries else 0
         return Finding(op_id, seq, "deleted", "history, observations or a result exist but the operation row is gone")

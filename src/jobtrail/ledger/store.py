@@ -481,7 +481,7 @@ class Store:
         assert isinstance(result, Operation)
         return result
 
-    def apply(self, batch: Sequence[Write]) -> list[Any]:
+    def apply(self, batch: Sequence[Write]) -> list[Any]:  # noqa: PLR0912 - one transaction for every kind of write
         """Apply many writes, of many operations, in one transaction (one commit, one fsync).
 
         Each :class:`Change` is checked by the state machine before anything is

@@ -412,17 +412,7 @@ class HttpProvider:
         if isinstance(sent, tuple):
             return LookupOutcome(kind="unknown", path=mode, detail=f"{sent[0]}: {sent[1]}")
         if mode is ReconcileMode.STATUS_BY_CLIENT_ID:
-            if sent.http_status == 404:
-                return LookupOutcome(
-                    kind="absent",
-                    path=mode,
-                    response=sent,
-                    detail="the provider has no job for our client id",
-                )
-            found = job_id(cfg.job_id if cfg.job_id.startswith("$") else "$.id", sent.body, sent.headers)
-            if sent.http_status == 200 and found:
-                return LookupOutcome(kind="found", path=mode, response=sent, remote_job_ids=(found,))
-            return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
+            return self._by_client_id(sent)
         id_path = cfg.job_id if cfg.job_id.startswith("$") else "$.id"
         ids: list[str] = []
         for page in range(cfg.list_paging.max_pages):
@@ -455,6 +445,18 @@ class HttpProvider:
         return LookupOutcome(
             kind="found" if ids else "absent", path=mode, response=sent, remote_job_ids=tuple(dict.fromkeys(ids))
         )
+
+    def _by_client_id(self, sent: Response) -> LookupOutcome:
+        mode = ReconcileMode.STATUS_BY_CLIENT_ID
+        if sent.http_status == 404:
+            return LookupOutcome(
+                kind="absent", path=mode, response=sent, detail="the provider has no job for our client id"
+            )
+        id_path = self.config.job_id if self.config.job_id.startswith("$") else "$.id"
+        found = job_id(id_path, sent.body, sent.headers)
+        if sent.http_status == 200 and found:
+            return LookupOutcome(kind="found", path=mode, response=sent, remote_job_ids=(found,))
+        return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
 
     def _next_page(self, sent: Response, endpoint: Endpoint, op: Operation) -> str | None:
         """The next page's URL, or None on the last page (paging declared in ``[reconcile]``)."""

@@ -413,7 +413,7 @@ class FakeProvider:
             doc["effects"] = {"items_processed": int(job.progress(now) * 100)}
         return doc
 
-    async def _create(self, request: web.Request) -> web.StreamResponse:
+    async def _create(self, request: web.Request) -> web.StreamResponse:  # noqa: PLR0912 - every scripted fault
         raw = await request.read()
         try:
             body = json.loads(raw) if raw else None
