@@ -311,7 +311,9 @@ class ReplicateFake:
         return web.json_response(
             {
                 "next": f"{self.base_url}/v1/predictions?cursor={start + self.page_size}" if more else None,
-                "previous": f"{self.base_url}/v1/predictions?cursor={max(0, start - self.page_size)}" if start else None,
+                "previous": f"{self.base_url}/v1/predictions?cursor={max(0, start - self.page_size)}"
+                if start
+                else None,
                 "results": results,
             }
         )
