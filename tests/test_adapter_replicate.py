@@ -233,6 +233,34 @@ def test_a_429_on_create_is_retried_and_a_failed_prediction_ends_failed(
     assert fake.counts["creates_received"] == 2 and fake.counts["jobs_created"] == 1, fake.counts
 
 
+@pytest.mark.xfail(strict=True, reason="flow: Retry-After on not_sent")
+def test_a_429_s_retry_after_is_honoured(db_url: str, tmp_path: Path, fake: ReplicateFake) -> None:
+    """The create after a 429 waits Retry-After (1 s), not the shorter back-off (0.05 s)."""
+    fake.script(Fault.http(429, retry_after="1"))
+    provider = provider_file(tmp_path, fake)
+    submit(db_url, provider)
+    run_worker(db_url, provider)
+    first, second = fake.create_times
+    assert second - first >= 0.9
+
+
+def test_a_cancel_ends_cancelled(db_url: str, tmp_path: Path, fake: ReplicateFake) -> None:
+    """POST /v1/predictions/{id}/cancel once; the prediction's "canceled" is the evidence."""
+    provider = provider_file(tmp_path, fake, wait_s=0)
+    op_id = submit(db_url, provider, fake_duration=30)
+    worker = start_worker(db_url, provider, "w", "--until-settled", "--timeout", "30", "--lease", "4")
+    deadline = time.monotonic() + 20
+    while fake.counts["gets"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with Jobtrail(db_url, providers=[provider]) as jt:
+        jt.cancel(op_id, requested_by="alice", reason="not needed")
+    code, _, err = finish(worker)
+    assert code == 0, err
+    op, _, _ = stored(db_url, op_id)
+    assert op.state is State.CANCELLED and op.remote_state == "canceled", op.state_reason
+    assert fake.counts["cancels"] == 1 and fake.counts["jobs_created"] == 1
+
+
 def test_a_500_after_commit_is_a_doubt_never_a_second_prediction(
     db_url: str, tmp_path: Path, fake: ReplicateFake
 ) -> None:

@@ -84,6 +84,8 @@ class ReplicateFake:
     predictions: dict[str, Prediction] = field(default_factory=dict)
     #: (method, path, Prefer header or None) of every API request
     prefer_seen: list[tuple[str, str, str | None]] = field(default_factory=list)
+    #: monotonic time of every create received
+    create_times: list[float] = field(default_factory=list)
     #: the Authorization header (None when absent) of every delivery request
     delivery_auth: list[str | None] = field(default_factory=list)
 
@@ -242,6 +244,7 @@ class ReplicateFake:
             return _problem(400, "Bad Request", "the request body is not JSON")
         with self._lock:
             self.counts["creates_received"] += 1
+            self.create_times.append(time.monotonic())
             fault = self.faults.pop(0) if self.faults else None
         if not isinstance(body, dict) or not isinstance(body.get("version"), str):
             return _problem(422, "Invalid version or not permitted", "version is required")
