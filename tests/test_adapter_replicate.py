@@ -88,6 +88,7 @@ def test_kill_9_mid_flight_then_restart_ends_as_the_fake_says(db_url: str, tmp_p
     assert fake.delivery_auth == [None] * fake.counts["downloads"]
     with Store.open(db_url) as store:
         assert verify(store).ok
+        assert fake.token not in json.dumps([o["raw"] for o in store.observations(op_id)], default=str)
 
 
 def test_a_lost_create_response_stops_at_needs_attention_with_one_prediction(
@@ -113,8 +114,10 @@ def test_a_lost_create_names_the_candidate_predictions(db_url: str, tmp_path: Pa
     run_worker(db_url, provider)
     op, _, _ = stored(db_url, op_id)
     (made,) = fake.predictions
-    assert op.state is State.NEEDS_ATTENTION and op.remote_job_id is None
-    assert made in (op.state_reason or "")
+    assert op.state is State.NEEDS_ATTENTION and op.remote_job_id is None  # named, never adopted
+    with Store.open(db_url) as store:
+        record = [op.state_reason, *map(repr, store.history(op_id)), *(o["raw"] for o in store.observations(op_id))]
+    assert made in json.dumps(record, default=str)
 
 
 def create_directly(fake: ReplicateFake, version: str = VERSION) -> str:
