@@ -94,6 +94,9 @@ def test_kill_9_mid_flight_then_restart_ends_as_the_fake_says(db_url: str, tmp_p
     assert fake.counts["creates_received"] == 1 and fake.counts["jobs_created"] == 1, fake.counts
     with Store.open(db_url) as store:
         assert verify(store).ok
+        polls = [o for o in store.observations(op_id) if o["kind"] == "status_poll"]
+    # progress read from the Operation's metadata (the declared path)
+    assert polls[-1]["progress"] == 100 and all(o["progress"] is not None for o in polls)
 
 
 def test_a_lost_create_response_is_replayed_with_the_same_request_id(
