@@ -1,0 +1,306 @@
+"""``kind = "google-lro"``: a Google API whose create answers a long-running operation.
+
+The create is the service's own (the operator declares ``create_path``, e.g.
+``/v1/projects/p/locations/l/instances`` or a custom-method path ending ``:import``); what
+follows is the generic ``google.longrunning.Operations`` contract (AIP-151):
+
+* the create answers an ``Operation`` ``{name, metadata, done, error?, response?}``; the job id is
+  ``name`` (``projects/p/locations/l/operations/op-1``), sent back with its slashes as they are
+  (``/v1/projects%2Fp%2F...`` is a 404);
+* status ``GET /v1/{name}``: ``done`` false is running; ``done`` with ``error`` is failed, or
+  cancelled when ``error.code`` is 1 (CANCELLED); ``done`` with ``response`` is succeeded and the
+  result is that ``response`` (no separate result endpoint);
+* cancel ``POST /v1/{name}:cancel`` (best effort: the status read afterwards decides).
+
+Idempotency (AIP-155): the token travels as a UUID ``requestId`` query parameter by default
+(``[request_id]`` moves it to a body field or header, or turns it off); a create whose answer was
+lost is reconciled by sending it again with the same ``requestId``. OAuth access tokens expire:
+the credential reference is read when a request is sent (again after ``CREDENTIAL_TTL_S`` and at
+once on a 401), so a token file a sidecar rewrites is picked up.
+
+No SDK: the Google client libraries are per service and would hide the wire (their own retries
+and request ids); the operations contract is four small HTTP calls.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+import uuid
+from collections.abc import Mapping
+from typing import Any, cast
+
+from jobtrail.domain.canonical import canonical_bytes
+from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.jsonpath import extract, parse_path, unusable
+from jobtrail.domain.record import Operation
+from jobtrail.domain.states import RemoteState
+from jobtrail.providers.contract import Capabilities, CreateOutcome, Response, StatusOutcome, TokenPlacement
+from jobtrail.providers.http import HttpProvider, parse_config
+from jobtrail.providers.kinds import operator_settings
+
+#: AIP-155 practice: request ids are honoured for at least an hour
+DEFAULT_RETENTION_S = 3600
+#: a uuid5 namespace for tokens that are not 32 hex digits (the token itself is never changed)
+_NAMESPACE = uuid.UUID("6f1c2a3e-9a0b-4c1d-8e2f-3a4b5c6d7e8f")
+#: an operation name: slash-separated segments of URL-safe characters, no "." or ".." segment
+_SEGMENT = re.compile(r"^[A-Za-z0-9_~\-][A-Za-z0-9._~\-]*$")
+_API = re.compile(r"^v\d+[a-z0-9]*$")
+
+
+def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
+    """The Google LRO adapter for an operator's file (see ``examples/google-lro.toml``)."""
+    settings = operator_settings(kind, data, source, also=("create_path", "request_id", "progress", "api_version"))
+    create_path = settings.pop("create_path", None)
+    if not isinstance(create_path, str) or not create_path.startswith("/"):
+        raise ConfigError(
+            f"{source}: create_path: expected the service's create path below base_url, e.g. "
+            f'"/v1/projects/p/locations/l/instances?instanceId=x" or "/v1/projects/p/datasets/d:import", '
+            f"got {create_path!r}"
+        )
+    if settings.get("credential") is None:
+        raise ConfigError(
+            f"{source}: credential is missing; expected a reference to an OAuth access token, e.g. "
+            '"file:/run/secrets/google-token" (rewritten by a refresher; read again on every expiry)'
+        )
+    api = settings.pop("api_version", "v1")
+    if not isinstance(api, str) or not _API.match(api):
+        raise ConfigError(f'{source}: api_version: expected a version such as "v1" or "v1beta1", got {api!r}')
+    progress = settings.pop("progress", None)
+    if progress is not None:
+        if not isinstance(progress, str):
+            raise ConfigError(f'{source}: progress: expected a JSON path such as "$.metadata.progressPercent"')
+        try:
+            parse_path(progress)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: progress: expected a JSON path into the Operation ({exc})") from None
+    where, name, retention = _request_id(settings.pop("request_id", {}), source)
+    token: dict[str, Any]
+    if where == "none":
+        token = {"in": "none"}
+    elif where == "header":
+        token = {"in": "header", "name": name, "quoted": False}
+    else:  # query travels as a body field to the file format, which has no query placement; see create()
+        token = {"in": "body", "name": name}
+    contract: dict[str, Any] = {
+        **settings,
+        "auth": "bearer",
+        "create": {"path": create_path, "token": token, "token_retention_s": retention, "job_id": "$.name"},
+        "status": {"path": f"/{api}/{{job_id}}", "state": "$.done"},
+        "cancel": {"path": f"/{api}/{{job_id}}:cancel", "idempotent": True},
+        "result": {"kind": "safe_read", "content_type": "application/json"},
+        "reconcile": {"modes": [] if where == "none" else ["replay"]},
+    }
+    provider = GoogleLroProvider(parse_config(contract, source))
+    provider.api_version = api
+    provider.request_id_in = where
+    provider.request_id_name = name
+    provider.progress_path = progress
+    if where == "query":
+        # the file format has no query placement: say where the token really goes
+        caps = provider.capabilities
+        provider.capabilities = Capabilities(
+            token=TokenPlacement(cast(Any, "query"), name),
+            token_retention=caps.token_retention,
+            reconcile=caps.reconcile,
+            cancel=caps.cancel,
+            cancel_idempotent=caps.cancel_idempotent,
+            result=caps.result,
+            webhook_scheme=caps.webhook_scheme,
+            states=caps.states,
+            resume=caps.resume,
+        )
+    return provider
+
+
+def _request_id(value: Any, source: str) -> tuple[str, str, float]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{source}: request_id: expected a table, got {value!r}")
+    unknown = sorted(set(value) - {"in", "name", "retention_s"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r} in [request_id]; known keys: in, name, retention_s")
+    where = value.get("in", "query")
+    if where not in ("query", "body", "header", "none"):
+        raise ConfigError(f"{source}: request_id.in: expected one of query, body, header, none, got {where!r}")
+    name = value.get("name", "requestId")
+    if not isinstance(name, str) or not re.match(r"^[A-Za-z][A-Za-z0-9_\-]*$", name):
+        raise ConfigError(f'{source}: request_id.name: expected a parameter name such as "requestId", got {name!r}')
+    retention = value.get("retention_s", DEFAULT_RETENTION_S)
+    if isinstance(retention, bool) or not isinstance(retention, int | float) or retention <= 0:
+        raise ConfigError(f"{source}: request_id.retention_s: expected seconds > 0, got {retention!r}")
+    return where, name, float(retention)
+
+
+def request_id(token: str) -> str:
+    """The stored token as the UUID Google request ids must be (the same token gives the same UUID)."""
+    try:
+        return str(uuid.UUID(hex=token, version=4)) if len(token) == 32 else str(uuid.uuid5(_NAMESPACE, token))
+    except ValueError:
+        return str(uuid.uuid5(_NAMESPACE, token))
+
+
+def usable_name(name: str | None) -> bool:
+    """An operation name we may put into a path: segments of URL-safe characters, no dot segments."""
+    return bool(name) and all(_SEGMENT.match(part) and part not in (".", "..") for part in str(name).split("/"))
+
+
+class GoogleLroProvider(HttpProvider):
+    """google.longrunning operations; see the module docstring for the contract."""
+
+    kind = "google-lro"
+    contract_note = (
+        "AIP-155 requestId (a UUID made from the stored token) on every create and replay; a create whose "
+        "answer was lost is sent again with the same requestId, which the service answers with the first "
+        "operation. done+response is success and the response is the result; done+error is failure "
+        "(code 1: cancelled). Operation names are sent with their slashes."
+    )
+    api_version = "v1"
+    request_id_in = "query"
+    request_id_name = "requestId"
+    progress_path: str | None = None
+
+    async def create(self, op: Operation) -> CreateOutcome:
+        cfg = self.config
+        body = op.request_body
+        url = self._url(cfg.create.path, op)
+        headers: dict[str, str] = {}
+        rid = request_id(op.idempotency_token)
+        if self.request_id_in == "query":
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode({self.request_id_name: rid})
+        elif self.request_id_in == "header":
+            headers[self.request_id_name] = rid
+        elif self.request_id_in == "body":
+            if not isinstance(body, dict):
+                raise ConfigError(
+                    f"provider {self.name} puts the request id in the body field {self.request_id_name!r}, "
+                    "so the request body must be a JSON object"
+                )
+            body = {**body, self.request_id_name: rid}
+        sent = await self._send(cfg.create.method, url, op, body=body, extra_headers=headers)
+        if isinstance(sent, tuple):
+            if sent[0] == "not_sent":
+                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
+            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        return self.classify_create(sent)
+
+    def classify_create(self, resp: Response) -> CreateOutcome:
+        status = resp.http_status or 0
+        error = _error(resp.body)
+        if status == 409 and error.get("status") == "ALREADY_EXISTS":
+            # not an in-flight duplicate of ours (the requestId would have answered with our operation):
+            # the resource exists, made by someone else
+            return CreateOutcome(
+                kind="rejected", response=resp, error_class="http_409", detail=f"HTTP 409: {_describe(error)}"
+            )
+        outcome = super().classify_create(resp)
+        if outcome.kind == "confirmed" and not usable_name(outcome.remote_job_id):
+            return CreateOutcome(
+                kind="ambiguous",
+                response=resp,
+                error_class="malformed_response",
+                detail=f"HTTP {status} with an operation name that is not a path of plain segments (not used); "
+                "the operation may exist",
+            )
+        if outcome.kind == "rejected" and error:
+            return CreateOutcome(
+                kind="rejected",
+                response=resp,
+                error_class=outcome.error_class,
+                detail=f"HTTP {status}: {_describe(error)}",
+                declared_non_retryable=outcome.declared_non_retryable,
+            )
+        return outcome
+
+    def _operation_url(self, op: Operation, verb: str = "") -> str | None:
+        name = op.remote_job_id
+        if name is None or not usable_name(name):
+            return None
+        # slashes stay: they are the resource path (an encoded %2F is a different, unknown resource)
+        return f"{self.config.base_url}/{self.api_version}/{urllib.parse.quote(name, safe='/')}{verb}"
+
+    async def status(self, op: Operation) -> StatusOutcome:
+        url = self._operation_url(op)
+        if url is None:
+            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class="unusable_name")
+        sent = await self._send("GET", url, op)
+        if isinstance(sent, tuple):
+            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent[0])
+        if sent.http_status != 200 or not isinstance(sent.body, dict):
+            return StatusOutcome(
+                remote_state=RemoteState.UNKNOWN, raw_state=None, response=sent, error_class=f"http_{sent.http_status}"
+            )
+        body = sent.body
+        if body.get("name") not in (None, op.remote_job_id):
+            return StatusOutcome(
+                remote_state=RemoteState.UNKNOWN, raw_state=None, response=sent, error_class="another_operation"
+            )
+        state, raw = _state(body)
+        progress = None
+        if self.progress_path is not None:
+            try:
+                value = extract(self.progress_path, body, {})
+                progress = float(value) if value is not None else None
+            except ValueError:
+                progress = None
+        return StatusOutcome(
+            remote_state=state,
+            raw_state=raw,
+            response=sent,
+            progress=progress,
+            provider_time=extract("$.metadata.endTime", body, {}) or extract("$.metadata.updateTime", body, {}),
+        )
+
+    async def cancel(self, op: Operation) -> Response:
+        url = self._operation_url(op, ":cancel")
+        if url is None:
+            return Response(body={"error": "unusable_name", "detail": "no usable operation name to cancel"})
+        sent = await self._send("POST", url, op, body={})
+        return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+        """The finished operation's ``response``, read again from operations.get, as JSON bytes."""
+        url = self._operation_url(op)
+        if url is None:
+            return Response(body={"error": "unusable_name", "detail": "no usable operation name"})
+        sent = await self._send("GET", url, op)
+        if isinstance(sent, tuple):
+            return Response(body={"error": sent[0], "detail": sent[1]})
+        body = sent.body if isinstance(sent.body, dict) else {}
+        if sent.http_status != 200 or body.get("done") is not True or "response" not in body:
+            return Response(
+                http_status=sent.http_status,
+                headers=sent.headers,
+                provider_request_id=sent.provider_request_id,
+                body={"error": "no_response", "detail": "the operation is not done with a response"},
+            )
+        return Response(
+            http_status=200,
+            headers={"Content-Type": "application/json"},
+            provider_request_id=sent.provider_request_id,
+            raw=canonical_bytes(body["response"]),
+        )
+
+
+def _state(body: Mapping[str, Any]) -> tuple[RemoteState, str]:
+    if body.get("done") is not True:
+        return RemoteState.RUNNING, "RUNNING"
+    error = body.get("error")
+    if isinstance(error, Mapping):
+        if error.get("code") == 1:
+            return RemoteState.CANCELLED, "CANCELLED"
+        return RemoteState.FAILED, "FAILED"
+    if "response" in body:
+        return RemoteState.SUCCEEDED, "SUCCEEDED"
+    # done, but neither outcome: success is not assumed
+    return RemoteState.UNKNOWN, "DONE_WITHOUT_OUTCOME"
+
+
+def _error(body: Any) -> dict[str, Any]:
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    message = error.get("message")
+    text = f"{error.get('status') or error.get('code')}: {str(message)[:300] if message else 'no message'}"
+    return text if unusable(text) is None else f"{error.get('status') or error.get('code')}"

@@ -1,0 +1,335 @@
+"""``kind = "replicate"``: Replicate predictions (``POST /v1/predictions``), spoken over plain HTTP.
+
+The wire contract (fixed here, not in the operator's file):
+
+* create ``POST /v1/predictions`` with ``{version, input, webhook?, ...}`` (the request body as
+  submitted), ``Authorization: Bearer``, and ``Prefer: wait=N`` on the create only; the answer is
+  201 with the prediction, which may already be finished when the wait was long enough;
+* status ``GET /v1/predictions/{id}``: ``starting`` / ``processing`` / ``succeeded`` / ``failed`` /
+  ``canceled``; ``output`` is a file URL, a list of file URLs, or any JSON;
+* cancel ``POST /v1/predictions/{id}/cancel``;
+* errors are ``{"detail": ..., "status": ...}`` problem bodies; 429 carries ``Retry-After``.
+
+Replicate documents no idempotency key, so no token is sent and a create whose answer was lost
+cannot be reconciled: the operation stops at ``needs_attention``, and :meth:`candidates` lists the
+predictions of the same version created in the create's window (cursor paging over
+``GET /v1/predictions``) for the person who decides. They are never adopted.
+
+Results: a single file URL (or a list holding one) is downloaded from ``replicate.delivery``
+WITHOUT the credential and stored byte for byte with its served content type; several file URLs
+are all downloaded and stored as one JSON bundle (the delivery links expire after about an hour,
+so storing only the links would lose the files); any other output is stored as its JSON.
+
+No SDK: the ``replicate`` package would hide the wire (retries we do not control, no hook for
+the credential-free download or the create's ``Prefer`` header); the contract is small HTTP.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from jobtrail.domain.canonical import canonical_bytes
+from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.jsonpath import unusable
+from jobtrail.domain.record import Operation
+from jobtrail.domain.states import RemoteState
+from jobtrail.providers.contract import CreateOutcome, LookupOutcome, ReconcileMode, Response, StatusOutcome
+from jobtrail.providers.egress import UrlRefused
+from jobtrail.providers.http import HttpProvider, parse_config
+from jobtrail.providers.kinds import operator_settings
+
+DEFAULT_BASE_URL = "https://api.replicate.com"
+#: where Replicate serves output files (fetched without the credential)
+DELIVERY_HOSTS = ("replicate.delivery", "*.replicate.delivery")
+#: Replicate holds a ``Prefer: wait`` create for at most 60 s
+MAX_WAIT_S = 60
+#: the list is newest first, 100 a page: this many pages bound one candidates search
+MAX_PAGES = 20
+#: provider and local clocks may differ: the candidates window is widened by this much each side
+CLOCK_SKEW_S = 60
+
+STATES = {
+    "queued": ["starting"],
+    "running": ["processing"],
+    "succeeded": ["succeeded"],
+    "failed": ["failed"],
+    "cancelling": [],
+    "cancelled": ["canceled"],
+    "expired": [],
+}
+
+_US = 1_000_000
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
+    """The Replicate adapter for an operator's file (see ``examples/replicate.toml``)."""
+    settings = operator_settings(kind, data, source, also=("download_hosts", "wait_s", "max_result_bytes"))
+    wait_s = settings.pop("wait_s", 10)
+    timeout_s = settings.get("timeout_s", 30.0)
+    if isinstance(wait_s, bool) or not isinstance(wait_s, int) or not 0 <= wait_s <= MAX_WAIT_S:
+        raise ConfigError(
+            f"{source}: wait_s: expected whole seconds 0..{MAX_WAIT_S} (0: no Prefer: wait), got {wait_s!r}"
+        )
+    if isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool) and wait_s >= timeout_s:
+        raise ConfigError(
+            f"{source}: wait_s ({wait_s}) must be below timeout_s ({timeout_s}): a create Replicate holds for "
+            "wait_s would otherwise time out and become a doubt; lower wait_s or raise timeout_s"
+        )
+    extra_hosts = settings.pop("download_hosts", [])
+    if isinstance(extra_hosts, str):
+        extra_hosts = [extra_hosts]
+    result: dict[str, Any] = {"kind": "safe_read", "download_hosts": [*DELIVERY_HOSTS, *extra_hosts]}
+    if "max_result_bytes" in settings:
+        result["max_bytes"] = settings.pop("max_result_bytes")
+    contract: dict[str, Any] = {
+        "name": "replicate",
+        "base_url": DEFAULT_BASE_URL,
+        "credential": "env:REPLICATE_API_TOKEN",
+        **settings,
+        "auth": "bearer",
+        "create": {"path": "/v1/predictions", "token": {"in": "none"}, "job_id": "$.id"},
+        "status": {"path": "/v1/predictions/{job_id}", "state": "$.status", "time": "$.completed_at"},
+        "states": STATES,
+        "cancel": {"path": "/v1/predictions/{job_id}/cancel", "idempotent": True},
+        "result": result,
+    }
+    provider = ReplicateProvider(parse_config(contract, source))
+    provider.wait_s = wait_s
+    return provider
+
+
+class ReplicateProvider(HttpProvider):
+    """Replicate's predictions API; see the module docstring for the contract."""
+
+    kind = "replicate"
+    contract_note = (
+        "Replicate documents no idempotency key: no token is sent, and a create whose answer was lost "
+        "stops at needs_attention with the predictions of the same version created in its window named "
+        "as candidates (never adopted). A 429 on a create is a refusal before processing and is retried. "
+        "Output files are fetched from replicate.delivery without the credential."
+    )
+    #: seconds of ``Prefer: wait`` on the create (0: none)
+    wait_s: int = 10
+
+    async def create(self, op: Operation) -> CreateOutcome:
+        # Prefer: wait belongs to the create alone: a GET carrying it would be held by Replicate
+        headers = {"Prefer": f"wait={self.wait_s}"} if self.wait_s else {}
+        cfg = self.config
+        sent = await self._send("POST", self._url(cfg.create.path, op), op, body=op.request_body, extra_headers=headers)
+        if isinstance(sent, tuple):
+            if sent[0] == "not_sent":
+                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
+            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        return self.classify_create(sent)
+
+    def classify_create(self, resp: Response) -> CreateOutcome:
+        status = resp.http_status or 0
+        body = resp.body if isinstance(resp.body, dict) else {}
+        if status == 429:
+            # the rate limiter refuses before a prediction is made; without a token, calling this a
+            # doubt would stop the operation for a person although nothing can exist
+            return CreateOutcome(
+                kind="not_sent",
+                response=resp,
+                error_class="rate_limited",
+                detail=f"HTTP 429 from Replicate's rate limiter (no prediction is made); {_problem(body)}",
+            )
+        if 200 <= status < 300 and body.get("status") == "succeeded" and body.get("output") is not None:
+            job_id = _usable(body.get("id"))
+            # finished within Prefer: wait (any 2xx, not only 200): a JSON output is the result itself;
+            # file outputs still have to be downloaded, so the job is confirmed and collected as usual
+            if job_id is not None and _file_urls(body["output"]) is None:
+                return CreateOutcome(kind="synchronous", response=resp, remote_job_id=job_id, result=body["output"])
+        outcome = super().classify_create(resp)
+        if outcome.kind == "rejected" and body:
+            return dataclasses.replace(outcome, detail=f"HTTP {status}: {_problem(body)}")
+        return outcome
+
+    async def status(self, op: Operation) -> StatusOutcome:
+        outcome = await super().status(op)
+        body = outcome.response.body
+        ref = None
+        if outcome.remote_state is RemoteState.SUCCEEDED and isinstance(body, dict):
+            files = _file_urls(body.get("output"))
+            if files is not None and len(files) == 1:
+                ref = files[0]
+        # the declared path reads no reference: only a single file URL is one; JSON and several
+        # files are read from the prediction again when the result is collected
+        return dataclasses.replace(outcome, result_ref=ref)
+
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+        if result_ref is not None:
+            return await super().fetch_result(op, result_ref)
+        cfg = self.config
+        assert cfg.status is not None
+        sent = await self._send("GET", self._url(cfg.status.path, op), op)
+        if isinstance(sent, tuple):
+            return Response(body={"error": sent[0], "detail": sent[1]})
+        body = sent.body if isinstance(sent.body, dict) else {}
+        if sent.http_status != 200 or body.get("status") != "succeeded":
+            # no bytes handed over (raw stays None): the collect flow retries, or says why not
+            return dataclasses.replace(
+                sent, body={"error": "not_succeeded", "detail": f"the prediction is {body.get('status')!r}"}
+            )
+        output = body.get("output")
+        files = _file_urls(output)
+        if files is None:
+            return _json_result(sent, canonical_bytes(output))
+        if len(files) == 1:
+            return await super().fetch_result(op, files[0])
+        return await self._bundle(op, sent, files)
+
+    async def _bundle(self, op: Operation, prediction: Response, urls: list[str]) -> Response:
+        """Every file of a several-file output, as one JSON document (each file base64, with its sha256)."""
+        files = []
+        total = 0
+        for url in urls:
+            got = await super().fetch_result(op, url)
+            if got.http_status != 200 or got.raw is None:
+                return got  # nothing stored; the collect flow retries or says why not
+            total += len(got.raw)
+            if total > self.result_spec.max_bytes:
+                return Response(
+                    http_status=got.http_status,
+                    body={
+                        "error": "too_large",
+                        "detail": f"the output files exceed {self.result_spec.max_bytes} bytes",
+                    },
+                )
+            content_type = next((v for k, v in got.headers.items() if k.lower() == "content-type"), None)
+            files.append(
+                {
+                    "url": url,
+                    "content_type": content_type,
+                    "size": len(got.raw),
+                    "sha256": hashlib.sha256(got.raw).hexdigest(),
+                    "base64": base64.b64encode(got.raw).decode("ascii"),
+                }
+            )
+        return _json_result(prediction, canonical_bytes({"output": urls, "files": files}))
+
+    async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
+        """The predictions of the same version created in the window (newest-first cursor pages)."""
+        mode = ReconcileMode.LIST_BY_REFERENCE
+        body = op.request_body if isinstance(op.request_body, dict) else {}
+        version = body.get("version")
+        low, high = since_us - CLOCK_SKEW_S * _US, until_us + CLOCK_SKEW_S * _US
+        url: str | None = self.config.base_url + "/v1/predictions"
+        found: list[str] = []
+        last = Response()
+        pages = 0
+        while url is not None:
+            if pages == MAX_PAGES:
+                return LookupOutcome(
+                    kind="candidates",
+                    path=mode,
+                    response=last,
+                    remote_job_ids=tuple(found),
+                    detail=f"incomplete: stopped after {MAX_PAGES} pages of predictions; older ones were not read",
+                )
+            sent = await self._send("GET", url, op)
+            pages += 1
+            if isinstance(sent, tuple):
+                return LookupOutcome(
+                    kind="unknown", path=mode, remote_job_ids=tuple(found), detail=f"{sent[0]}: {sent[1]}"
+                )
+            last = sent
+            page = sent.body if isinstance(sent.body, dict) else {}
+            results = page.get("results")
+            if sent.http_status != 200 or not isinstance(results, list):
+                return LookupOutcome(
+                    kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status} without a results list"
+                )
+            older = False
+            for item in results:
+                if not isinstance(item, dict):
+                    continue
+                created = _epoch_us(item.get("created_at"))
+                job_id = _usable(item.get("id"))
+                if job_id is None or (version is not None and item.get("version") != version):
+                    continue
+                if created is None:
+                    found.append(job_id)  # cannot be ruled out by time
+                elif created < low:
+                    older = True
+                elif created <= high:
+                    found.append(job_id)
+            following = page.get("next")
+            if older or not isinstance(following, str) or not following:
+                break
+            try:
+                home = self.egress.judge(self.egress.resolve_reference(following)).home
+            except UrlRefused:
+                home = False
+            if not home:
+                return LookupOutcome(
+                    kind="unknown",
+                    path=mode,
+                    response=sent,
+                    remote_job_ids=tuple(found),
+                    detail="the next page link points away from the API origin; not followed",
+                )
+            url = self.egress.resolve_reference(following)
+        what = f"version {version}" if version else "any version"
+        return LookupOutcome(
+            kind="candidates",
+            path=mode,
+            response=last,
+            remote_job_ids=tuple(found),
+            detail=f"{len(found)} prediction(s) of {what} created within {CLOCK_SKEW_S} s of the create's window",
+        )
+
+
+def _file_urls(output: Any) -> list[str] | None:
+    """The output's file URLs when it is one URL or a list of nothing but URLs; None for other JSON."""
+    if isinstance(output, str):
+        return [output] if _is_url(output) else None
+    if isinstance(output, list) and output and all(isinstance(v, str) and _is_url(v) for v in output):
+        return list(output)
+    return None
+
+
+def _is_url(text: str) -> bool:
+    return text.startswith(("https://", "http://")) and unusable(text) is None
+
+
+def _usable(value: Any) -> str | None:
+    return value if isinstance(value, str) and value and unusable(value) is None else None
+
+
+def _problem(body: Mapping[str, Any]) -> str:
+    detail = body.get("detail") or body.get("title")
+    return str(detail)[:300] if detail else "no detail given"
+
+
+def _json_result(source: Response, data: bytes) -> Response:
+    return Response(
+        http_status=200,
+        headers={"Content-Type": "application/json"},
+        provider_request_id=source.provider_request_id,
+        raw=data,
+    )
+
+
+def _epoch_us(stamp: Any) -> int | None:
+    """Replicate's RFC 3339 times (nanosecond fractions included) in epoch microseconds."""
+    if not isinstance(stamp, str):
+        return None
+    match = _STAMP.match(stamp)
+    if match is None:
+        return None
+    whole, fraction, zone = match.groups()
+    try:
+        at = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return int(at.timestamp()) * _US + int((fraction or "0")[:6].ljust(6, "0"))
