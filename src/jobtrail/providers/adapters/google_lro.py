@@ -28,14 +28,14 @@ import re
 import urllib.parse
 import uuid
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from jobtrail.domain.canonical import canonical_bytes
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract, parse_path, unusable
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import RemoteState
-from jobtrail.providers.contract import Capabilities, CreateOutcome, Response, StatusOutcome, TokenPlacement
+from jobtrail.providers.contract import CreateOutcome, Response, StatusOutcome
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
 
@@ -80,8 +80,8 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
         token = {"in": "none"}
     elif where == "header":
         token = {"in": "header", "name": name, "quoted": False}
-    else:  # query travels as a body field to the file format, which has no query placement; see create()
-        token = {"in": "body", "name": name}
+    else:  # query or body; the value sent is the token as a UUID (see create())
+        token = {"in": where, "name": name}
     contract: dict[str, Any] = {
         **settings,
         "auth": "bearer",
@@ -96,20 +96,6 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
     provider.request_id_in = where
     provider.request_id_name = name
     provider.progress_path = progress
-    if where == "query":
-        # the file format has no query placement: say where the token really goes
-        caps = provider.capabilities
-        provider.capabilities = Capabilities(
-            token=TokenPlacement(cast(Any, "query"), name),
-            token_retention=caps.token_retention,
-            reconcile=caps.reconcile,
-            cancel=caps.cancel,
-            cancel_idempotent=caps.cancel_idempotent,
-            result=caps.result,
-            webhook_scheme=caps.webhook_scheme,
-            states=caps.states,
-            resume=caps.resume,
-        )
     return provider
 
 
