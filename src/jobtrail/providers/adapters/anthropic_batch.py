@@ -80,7 +80,6 @@ def contract(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
     declared: dict[str, Any] = {
         "name": "anthropic",
         "base_url": DEFAULT_BASE_URL,
-        "timeout_s": 60.0,
         "poll": {"initial_s": 5.0, "factor": 1.5, "cap_s": 120.0},
         **data,
         "auth": "header:x-api-key",

@@ -8,8 +8,10 @@ answer is built from the SDK's own response types (``MessageBatch``,
 and every create body is checked against its request types (``BatchCreateParams``),
 so a drift between this fake and the SDK fails loudly.
 
-Every request must carry ``x-api-key`` (401 ``authentication_error`` otherwise) and
-``anthropic-version`` (400 ``invalid_request_error`` otherwise, as the API answers).
+Every request must carry the key, as ``x-api-key`` (the documented header, which the
+adapter sends) or ``Authorization: Bearer`` (what SDK 2.x sends), else 401
+``authentication_error``; and ``anthropic-version`` (400 ``invalid_request_error``
+otherwise, as the API answers). ``counts`` tells which form each request used.
 
 Usage::
 
@@ -284,7 +286,12 @@ class AnthropicBatchFake:
             self._runner = None
 
     def start(self) -> AnthropicBatchFake:
-        """Serve from a background thread; returns once the port is bound."""
+        """Serve from a background thread; returns once the port is bound.
+
+        The SDK's types are loaded first (importing them and building the request validator takes
+        seconds): a first answer delayed by that would look like a slow API to the client."""
+        _sdk_types()
+        _create_params_adapter()
         ready = threading.Event()
         problem: list[BaseException] = []
 
@@ -336,16 +343,20 @@ class AnthropicBatchFake:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.headers.get("x-api-key") != self.api_key:
+        by_header = request.headers.get("x-api-key") == self.api_key
+        by_bearer = request.headers.get("Authorization") == f"Bearer {self.api_key}"
+        if not (by_header or by_bearer):
             with self._lock:
                 self.counts["unauthorized"] += 1
             return self._error(401, "authentication_error", "invalid x-api-key")
+        with self._lock:
+            self.counts["auth_x_api_key" if by_header else "auth_bearer"] += 1
         version = request.headers.get("anthropic-version")
         if version is None:
             with self._lock:
                 self.counts["bad_version"] += 1
             return self._error(400, "invalid_request_error", "anthropic-version: header is required")
-        if version not in VERSIONS:
+        if version not in _versions():
             with self._lock:
                 self.counts["bad_version"] += 1
             return self._error(400, "invalid_request_error", f"anthropic-version: unknown version {version!r}")
@@ -527,6 +538,15 @@ def _force(value: Any) -> Any:
     if hasattr(value, "__next__"):
         return [_force(v) for v in value]
     return value
+
+
+@cache
+def _versions() -> tuple[str, ...]:
+    try:
+        from anthropic._constants import ANTHROPIC_API_VERSION
+    except ImportError:
+        return VERSIONS
+    return (*VERSIONS, ANTHROPIC_API_VERSION)
 
 
 @cache
