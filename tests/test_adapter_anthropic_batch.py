@@ -325,6 +325,23 @@ def test_a_create_answered_429_or_529_is_not_resent(
     assert fake.counts["creates_received"] == 1 and fake.counts["batches_created"] == 0
 
 
+def test_status_reads_honour_retry_after_and_ride_out_529(db_url: str, fake: AnthropicBatchFake, api_key: str) -> None:
+    """A 429 on a status read puts the next read retry-after seconds later; a 529 is one failed poll, not an ending."""
+    fake.plan(BatchPlan(outcomes=("succeeded",), duration_s=0.2))
+    fake.script_status(CreateFault.rate_limited("2"), CreateFault.overloaded())
+    cfg = config(fake)
+    op_id = submit(db_url, cfg, batch_body(2))
+    with Store.open(db_url) as store:
+        work(store, cfg, until=lambda: store.get(op_id).state is S.SUCCEEDED)
+        assert store.get(op_id).state is S.SUCCEEDED
+        polls = [o for o in store.observations(op_id) if o["kind"] == "status_poll"]
+        assert [o["http_status"] for o in polls[:3]] == [429, 529, 200]
+    reads = [(at, status) for at, method, path, status in fake.requests if method == "GET" and "results" not in path]
+    assert [status for _, status in reads[:3]] == [429, 529, 200]
+    assert reads[1][0] - reads[0][0] >= 2.0, "the read after the 429 came before its retry-after"
+    assert fake.counts["batches_created"] == 1
+
+
 def test_a_refused_create_fails_with_the_api_s_error_type(
     db_url: str, tmp_path: Path, fake: AnthropicBatchFake, api_key: str
 ) -> None:

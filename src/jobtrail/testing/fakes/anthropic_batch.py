@@ -199,6 +199,8 @@ class AnthropicBatchFake:
     batches: dict[str, FakeBatch] = field(default_factory=dict)
     #: headers of every create received, in order
     create_headers: list[dict[str, str]] = field(default_factory=list)
+    #: (monotonic time, method, path, HTTP status answered) of every request, in order
+    requests: list[tuple[float, str, str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -343,6 +345,12 @@ class AnthropicBatchFake:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response = await self._checked(request, handler)
+        with self._lock:
+            self.requests.append((time.monotonic(), request.method, request.path, response.status))
+        return response
+
+    async def _checked(self, request: web.Request, handler: Any) -> web.StreamResponse:
         by_header = request.headers.get("x-api-key") == self.api_key
         by_bearer = request.headers.get("Authorization") == f"Bearer {self.api_key}"
         if not (by_header or by_bearer):
