@@ -307,6 +307,22 @@ def test_candidates_pages_through_the_listing_and_keeps_only_the_window(
     assert fake.counts["creates_received"] == 0
 
 
+def test_a_listing_that_fails_names_no_candidates_and_says_why(
+    db_url: str, tmp_path: Path, fake: AnthropicBatchFake, api_key: str
+) -> None:
+    """The list endpoint answers 500: still needs_attention, still one batch, and the reason says the list failed."""
+    fake.script(CreateFault.drop())
+    fake.script_list(CreateFault.http(500))
+    op_id = submit(db_url, config(fake), batch_body(2))
+    run_worker(db_url, provider_file(tmp_path, fake), api_key)
+    with Store.open(db_url) as store:
+        op = store.get(op_id)
+        assert op.state is S.NEEDS_ATTENTION
+        assert "could not be listed (listing batches: HTTP 500" in (op.state_reason or "")
+        assert not store.history(op_id)[-1].to_json()["evidence"].get("candidates")
+    assert fake.counts["creates_received"] == 1 and fake.counts["batches_created"] == 1
+
+
 @pytest.mark.parametrize("fault", [CreateFault.rate_limited("1"), CreateFault.overloaded()], ids=["429", "529"])
 def test_a_create_answered_429_or_529_is_not_resent(
     db_url: str, tmp_path: Path, fake: AnthropicBatchFake, api_key: str, fault: CreateFault

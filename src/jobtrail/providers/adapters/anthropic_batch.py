@@ -207,9 +207,16 @@ class AnthropicBatchProvider(HttpProvider):
                     ruled_out.append(job_id)
                     continue
                 found.append(job_id)
-            after = extract("$.last_id", body, {})
-            if older or body.get("has_more") is not True or after is None:
+            if older or body.get("has_more") is not True:
                 break
+            after = extract("$.last_id", body, {})
+            if after is None:
+                return LookupOutcome(
+                    kind="unknown",
+                    path=mode,
+                    response=_summary(sent, pages, seen_total, found, ruled_out),
+                    detail=f"listing batches: page {pages} says has_more without a usable last_id to page on",
+                )
         else:
             assert last is not None
             return LookupOutcome(

@@ -208,6 +208,7 @@ class AnthropicBatchFake:
         self._lock = threading.Lock()
         self._faults: list[CreateFault] = []
         self._status_faults: list[CreateFault] = []
+        self._list_faults: list[CreateFault] = []
         self._plans: list[BatchPlan] = []
         self.default_plan = BatchPlan()
         self._runner: web.AppRunner | None = None
@@ -226,6 +227,11 @@ class AnthropicBatchFake:
         """Faults (``http`` kinds) for the next status reads, one each, in order."""
         with self._lock:
             self._status_faults.extend(faults)
+
+    def script_list(self, *faults: CreateFault) -> None:
+        """Faults (``http`` kinds) for the next list reads, one each, in order."""
+        with self._lock:
+            self._list_faults.extend(faults)
 
     def plan(self, *plans: BatchPlan) -> None:
         """Plans for the next created batches, one each, in order (then :attr:`default_plan`)."""
@@ -468,6 +474,11 @@ class AnthropicBatchFake:
             return self._error(400, "invalid_request_error", "limit: must be between 1 and 1000")
         with self._lock:
             self.counts["lists"] += 1
+            fault = self._list_faults.pop(0) if self._list_faults else None
+        if fault is not None:
+            headers = {"retry-after": fault.retry_after} if fault.retry_after else {}
+            return self._error(fault.status, fault.error_type, f"fault {fault.status}", headers)
+        with self._lock:
             now = time.monotonic()
             ordered = sorted(self.batches.values(), key=lambda b: (b.created_wall, b.id), reverse=True)
             ids = [b.id for b in ordered]
