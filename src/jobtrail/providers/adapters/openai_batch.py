@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
 import re
 import time
 import urllib.parse
@@ -214,8 +212,8 @@ class OpenAIBatchProvider(HttpProvider):
         merged = {**metadata, TOKEN_KEY: token}
         if len(merged) > MAX_METADATA_KEYS:
             raise ConfigError(
-                f"metadata has {len(metadata)} keys; OpenAI allows {MAX_METADATA_KEYS} and jobtrail needs one "
-                f"({TOKEN_KEY}) for its token: remove at least {len(merged) - MAX_METADATA_KEYS}"
+                f"metadata has {len(metadata)} keys; OpenAI allows {MAX_METADATA_KEYS} and jobtrail adds one of "
+                f"its own (the key {TOKEN_KEY}); drop at least {len(merged) - MAX_METADATA_KEYS} of yours"
             )
         for key, value in merged.items():
             if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
@@ -396,7 +394,6 @@ class OpenAIBatchProvider(HttpProvider):
             )
         budget = self.config.result_spec.max_bytes
         parts: list[bytes] = []
-        described: dict[str, Any] = {}
         last: Response | None = None
         for role, file_id in files:
             url = self._url("/v1/files/{job_id}/content", op, job_id=file_id)
@@ -408,11 +405,6 @@ class OpenAIBatchProvider(HttpProvider):
             last = sent
             parts.append(sent.raw)
             budget -= len(sent.raw)
-            described[role] = {
-                "file_id": file_id,
-                "bytes": len(sent.raw),
-                "sha256": hashlib.sha256(sent.raw).hexdigest(),
-            }
         assert last is not None
         data = b""
         for part in parts:
@@ -421,7 +413,7 @@ class OpenAIBatchProvider(HttpProvider):
             data += part
         return Response(
             http_status=200,
-            headers={"Content-Type": "application/jsonl", "X-Jobtrail-Parts": json.dumps(described)},
+            headers={"Content-Type": "application/jsonl"},
             provider_request_id=last.provider_request_id,
             raw=data,
         )
