@@ -152,6 +152,40 @@ def test_a_batch_survives_kill_9_of_its_worker(db_url: str, fake: OpenAIBatchFak
     assert_no_key_stored(fake, history, observations)
 
 
+@pytest.mark.parametrize(
+    ("point", "batches_seen"),
+    [("create.after_attempt", 0), ("create.after_response", 1)],
+    ids=["before-send", "after-commit"],
+)
+def test_a_worker_dying_around_the_create_leaves_one_batch(
+    db_url: str, fake: OpenAIBatchFake, tmp_path: Path, point: str, batches_seen: int
+) -> None:
+    """The worker process dies (exit 137, like kill -9) with the attempt durable, before the send or after
+    OpenAI committed the batch with nothing of the answer stored; the next worker finds the attempt open,
+    lists batches for the token and either adopts the batch or proves there is none and sends once."""
+    file_id = fake.add_input_file(5, BatchPlan(duration_s=0.5))
+    with Store.open(db_url) as store:
+        jt = AsyncJobtrail(store=store, providers=[config(fake)])
+        op = asyncio.run(jt.submit(NAME, {"input_file_id": file_id}, caller="test"))
+    provider = provider_file(tmp_path / "openai.toml", fake)
+    env = {"OPENAI_API_KEY": str(fake.api_key)}
+    died = start_worker(db_url, provider, "dies", "--lease", "4", env=env | {"JOBTRAIL_FAILPOINTS": f"{point}=exit"})
+    assert finish(died, timeout=60)[0] == 137
+    assert fake.counts["batches_created"] == batches_seen
+    survivor = start_worker(db_url, provider, "next", "--until-settled", "--timeout", "40", "--lease", "4", env=env)
+    code, _out, err = finish(survivor)
+    assert code == 0, err
+    record, history, _obs, result = stored(db_url, op.operation_id)
+    assert record.state is S.SUCCEEDED, record.state_reason
+    assert fake.counts["batches_created"] == 1
+    assert fake.batches_with(TOKEN_KEY, record.idempotency_token) == [record.remote_job_id]
+    causes = [e.cause for e in history]
+    assert "ambiguous_create" in causes  # the open attempt was doubted, never assumed
+    assert ("proved_absent" in causes) is (batches_seen == 0)
+    assert fake.counts["creates_received"] == 1
+    assert result is not None and result[0]["summary"]["items"] == 5
+
+
 # -- (2) lost create responses and rate limits ------------------------------------------------------------
 
 
