@@ -212,7 +212,7 @@ def test_a_lost_create_response_is_reconciled_by_listing_across_pages(db_url: st
     lookup = next(o for o in observations if o["kind"] == "reconcile_lookup")
     assert lookup["raw"]["kind"] == "found"
     assert lookup["raw"]["body"]["pages"] == 2 and lookup["raw"]["body"]["matched"] == [record.remote_job_id]
-    assert lookup["raw"]["body"]["stopped"] == "reached batches created before the operation"
+    assert lookup["raw"]["body"]["stopped"] == "reached objects created before the operation"
     assert result is not None and result[0]["summary"]["items"] == 4
 
 
@@ -506,3 +506,106 @@ def test_the_sdk_reads_the_fake(fake: OpenAIBatchFake) -> None:
     assert refused.value.code is None and "endpoint" in str(refused.value)
     fake.shape_errors.clear()  # that refusal was the point
     client.close()
+
+
+# -- openai-file: the input upload as its own recorded operation ----------------------------------------------
+
+FILE_KIND = "openai-file"
+
+
+@pytest.fixture
+def file_kind() -> Iterator[None]:
+    """kind = "openai-file" (the same module; kinds.py does not list it yet)."""
+    from jobtrail.providers import kinds
+
+    kinds.register(FILE_KIND, "jobtrail.providers.adapters.openai_batch", "OpenAI Files upload (/v1/files)")
+    yield
+    kinds.KINDS.pop(FILE_KIND, None)
+
+
+def _input_file(path: Path, items: int) -> dict[str, Any]:
+    import hashlib
+
+    lines = [
+        json.dumps({"custom_id": f"up-{n}", "method": "POST", "url": "/v1/chat/completions", "body": {"n": n}})
+        for n in range(items)
+    ]
+    path.write_bytes(("\n".join(lines) + "\n").encode())
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "purpose": "batch"}
+
+
+def _run_both(db_url: str, fake: OpenAIBatchFake, kind: str, request: dict[str, Any]) -> Any:
+    async def go() -> Any:
+        store = Store.open(db_url)
+        configs = {NAME: config(fake), FILE_KIND: config(fake, kind=FILE_KIND, name=FILE_KIND)}
+        jt = AsyncJobtrail(store=store, providers=list(configs.values()))
+        op = await jt.submit(kind, request, caller="test")
+        worker = Worker(store, {k: load_provider(c) for k, c in configs.items()}, worker_id="w", idle_s=0.01)
+        await worker.run(until_settled=True, timeout=20)
+        for provider in worker.providers.values():
+            await provider.aclose()
+        final = store.get(op.operation_id)
+        await jt.aclose()
+        return final
+
+    return asyncio.run(go())
+
+
+def test_an_upload_is_an_operation_whose_file_a_batch_then_runs(
+    db_url: str, fake: OpenAIBatchFake, tmp_path: Path, file_kind: None
+) -> None:
+    request = _input_file(tmp_path / "input.jsonl", 3)
+    upload = _run_both(db_url, fake, FILE_KIND, request)
+    record, _history, _obs, result = stored(db_url, upload.operation_id)
+    assert record.state is S.SUCCEEDED, record.state_reason
+    assert result is not None
+    file_object = json.loads(result[1])
+    assert file_object["id"] == record.remote_job_id and file_object["purpose"] == "batch"
+    assert file_object["filename"] == f"jobtrail-{record.idempotency_token}-input.jsonl"
+    assert fake.file_content(file_object["id"]) == Path(request["path"]).read_bytes()
+    assert fake.counts["uploads_received"] == 1 and fake.counts["files_created"] == 1
+    batch = _run_both(db_url, fake, NAME, {"input_file_id": file_object["id"]})
+    _record, _h, _o, batch_result = stored(db_url, batch.operation_id)
+    assert batch.state is S.SUCCEEDED and batch_result is not None
+    assert batch_result[0]["summary"]["items"] == 3
+
+
+def test_a_lost_upload_response_is_reconciled_by_listing_files(
+    db_url: str, fake: OpenAIBatchFake, tmp_path: Path, file_kind: None
+) -> None:
+    """The upload is stored and its answer lost: the file named for our token is found, never re-uploaded."""
+    for n in range(3):
+        fake.add_input_file(1, filename=f"someone-else-{n}.jsonl")
+    fake.script("upload", Fault.lost_response())
+    op = _run_both(db_url, fake, FILE_KIND, _input_file(tmp_path / "in.jsonl", 2))
+    record, history, observations, result = stored(db_url, op.operation_id)
+    assert record.state is S.SUCCEEDED, record.state_reason
+    assert fake.counts["uploads_received"] == 1 and fake.counts["files_created"] == 1
+    assert fake.counts["file_lists"] == 1
+    causes = [e.cause for e in history]
+    assert "ambiguous_create" in causes and "confirmed_create" in causes
+    lookup = next(o for o in observations if o["kind"] == "reconcile_lookup")
+    assert lookup["raw"]["body"]["matched"] == [record.remote_job_id]
+    assert result is not None and json.loads(result[1])["id"] == record.remote_job_id
+
+
+def test_a_file_that_changed_since_submit_is_never_uploaded(
+    db_url: str, fake: OpenAIBatchFake, tmp_path: Path, file_kind: None
+) -> None:
+    request = _input_file(tmp_path / "in.jsonl", 2)
+    Path(request["path"]).write_bytes(b'{"custom_id": "changed"}\n')
+
+    async def go() -> tuple[Any, list[Any]]:
+        store = Store.open(db_url)
+        jt = AsyncJobtrail(store=store, providers=[config(fake, kind=FILE_KIND, name=FILE_KIND)])
+        op = await jt.submit(FILE_KIND, request, caller="test")
+        after = await jt.advance_create(op.operation_id)
+        history = store.history(op.operation_id)
+        await jt.aclose()
+        return after, history
+
+    op, history = asyncio.run(go())
+    assert op.state is S.CREATE_PENDING
+    detail = json.loads(history[-1].evidence)["detail"]
+    assert history[-1].cause == "create_not_sent" and "the file changed since" in detail
+    assert fake.counts["uploads_received"] == 0

@@ -31,18 +31,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import re
 import time
 import urllib.parse
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from jobtrail.domain.canonical import parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import unusable
 from jobtrail.domain.record import Operation
 from jobtrail.providers.contract import CreateOutcome, LookupOutcome, ReconcileMode, Response, StatusOutcome
-from jobtrail.providers.http import HttpProvider, parse_config
+from jobtrail.providers.http import HttpProvider, _read_at_most, parse_config
 from jobtrail.providers.kinds import operator_settings
 
 #: the metadata key our idempotency token travels in
@@ -87,8 +92,8 @@ _STATES = {
 _OWN_KEYS = ("endpoint", "completion_window", "organization", "project", "max_result_bytes")
 
 
-def contract(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """The adapter's fixed declarative contract, with the operator's settings filled in."""
+def _common(settings: Mapping[str, Any], source: str, name: str) -> dict[str, Any]:
+    """What every OpenAI kind takes from the operator: origin, credential, headers, time-outs, limits."""
     base_url = settings.get("base_url", "https://api.openai.com")
     if isinstance(base_url, str) and urllib.parse.urlsplit(base_url).path.rstrip("/").endswith("/v1"):
         raise ConfigError(
@@ -107,14 +112,20 @@ def contract(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{source}: {key}: expected an id such as org-... / proj-..., got {value!r}")
             headers[header] = value
-    max_bytes = settings.get("max_result_bytes", 256 * 1024 * 1024)
-    config: dict[str, Any] = {
-        "name": settings.get("name", "openai-batch"),
+    return {
+        "name": settings.get("name", name),
         "base_url": base_url,
         **{k: settings[k] for k in ("target", "credential", "timeout_s", "connect_timeout_s") if k in settings},
         **{k: settings[k] for k in ("max_connections", "trace_header", "webhooks") if k in settings},
         "auth": "bearer",
         "headers": headers,
+        "retry": settings.get("retry", {"initial_s": 1.0, "factor": 2.0, "cap_s": 60.0}),
+    }
+
+
+def contract(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``openai-batch``'s fixed declarative contract, with the operator's settings filled in."""
+    return _common(settings, source, "openai-batch") | {
         "create": {
             "path": "/v1/batches",
             "job_id": "$.id",
@@ -126,7 +137,7 @@ def contract(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
         "cancel": {"path": "/v1/batches/{job_id}/cancel", "idempotent": True},
         "result": {
             "kind": "safe_read",
-            "max_bytes": max_bytes,
+            "max_bytes": settings.get("max_result_bytes", 256 * 1024 * 1024),
             "batch": {
                 "format": "jsonl",
                 "id": "$.custom_id",
@@ -141,14 +152,46 @@ def contract(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
             "items": "$.data",
             "reference": f"$.metadata.{TOKEN_KEY}",
         },
-        "retry": settings.get("retry", {"initial_s": 1.0, "factor": 2.0, "cap_s": 60.0}),
         "poll": settings.get("poll", {"initial_s": 10.0, "factor": 1.5, "cap_s": 300.0}),
     }
-    return config
+
+
+def file_contract(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``openai-file``'s fixed declarative contract (an upload, ``POST /v1/files``)."""
+    none: list[str] = []
+    return _common(settings, source, "openai-file") | {
+        "create": {
+            "path": "/v1/files",
+            "job_id": "$.id",
+            # documentation only: create() names the uploaded file jobtrail-<token>-<name>
+            "token": {"in": "body", "name": "filename"},
+        },
+        "status": {"path": "/v1/files/{job_id}", "state": "$.status"},
+        "states": {
+            "queued": none,
+            "running": none,
+            "succeeded": ["uploaded", "processed"],
+            "failed": ["error"],
+            "cancelling": none,
+            "cancelled": none,
+            "expired": none,
+        },
+        "result": {"path": "/v1/files/{job_id}", "kind": "safe_read", "max_bytes": 1024 * 1024},
+        "reconcile": {
+            "modes": ["list_by_reference"],
+            "list_path": "/v1/files?order=desc&limit=100",
+            "items": "$.data",
+            "reference": "$.filename",
+        },
+        "poll": settings.get("poll", {"initial_s": 1.0, "factor": 2.0, "cap_s": 30.0}),
+    }
 
 
 def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
-    """``kind = "openai-batch"``: the operator's file holds only the operator's keys."""
+    """``kind = "openai-batch"`` (or ``"openai-file"``): the operator's file holds only the operator's keys."""
+    if kind == "openai-file":
+        settings = operator_settings(kind, data, source, also=("organization", "project"))
+        return OpenAIFileProvider(parse_config(file_contract(settings, source), source))
     settings = operator_settings(kind, data, source, also=_OWN_KEYS)
     endpoint = settings.get("endpoint", "/v1/chat/completions")
     if endpoint not in ENDPOINTS:
@@ -164,7 +207,97 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
     return provider
 
 
-class OpenAIBatchProvider(HttpProvider):
+class _OpenAIProvider(HttpProvider):
+    """What every OpenAI adapter shares: newest-first cursor paging, and ``retry-after-ms``."""
+
+    async def _list_recent(
+        self, op: Operation, path: str, since_s: float
+    ) -> tuple[list[dict[str, Any]], dict[str, Any], Response] | LookupOutcome:
+        """Every object created since ``since_s`` (newest first), page by page, within one call's time-out."""
+        mode = ReconcileMode.LIST_BY_REFERENCE
+        batches: list[dict[str, Any]] = []
+        after: str | None = None
+        pages = 0
+        last = Response()
+        stopped = "the list ended"
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                while True:
+                    if pages >= MAX_LIST_PAGES:
+                        return LookupOutcome(
+                            kind="unknown",
+                            path=mode,
+                            detail=f"{pages} pages ({len(batches)} objects) listed without reaching any older "
+                            "than the operation; cannot tell",
+                        )
+                    url = self._url(path, op)
+                    if after is not None:
+                        url += "&after=" + urllib.parse.quote(after, safe="")
+                    sent = await self._send("GET", url, op)
+                    pages += 1
+                    if isinstance(sent, tuple):
+                        return LookupOutcome(kind="unknown", path=mode, detail=f"page {pages}: {sent[0]}: {sent[1]}")
+                    last = sent
+                    body = sent.body
+                    data = body.get("data") if isinstance(body, dict) else None
+                    if sent.http_status != 200 or not isinstance(data, list):
+                        return LookupOutcome(
+                            kind="unknown",
+                            path=mode,
+                            response=sent,
+                            detail=f"page {pages}: HTTP {sent.http_status}"
+                            + ("" if isinstance(data, list) else ", no list at $.data"),
+                        )
+                    older = False
+                    for item in data:
+                        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+                            continue
+                        created = item.get("created_at")
+                        if isinstance(created, int | float) and created < since_s:
+                            older = True  # newest first: everything after this is older still
+                            break
+                        batches.append(item)
+                    if older:
+                        stopped = "reached objects created before the operation"
+                        break
+                    assert isinstance(body, dict)
+                    cursor = body.get("last_id") or (
+                        data[-1].get("id") if data and isinstance(data[-1], dict) else None
+                    )
+                    if body.get("has_more") is not True or not isinstance(cursor, str) or not data:
+                        break
+                    after = cursor
+        except TimeoutError:
+            return LookupOutcome(
+                kind="unknown",
+                path=mode,
+                detail=f"listing took longer than timeout_s ({self.config.timeout_s:g} s) after {pages} pages; "
+                "raise timeout_s if the account has many recent batches or files",
+            )
+        summary: dict[str, Any] = {
+            "pages": pages,
+            "scanned": len(batches),
+            "stopped": stopped,
+            "since": int(since_s),
+        }
+        return batches, summary, last
+
+    def _response(
+        self, answer: tuple[int, dict[str, str], bytes] | tuple[str, str], max_bytes: int, keep_raw: bool
+    ) -> Response | tuple[str, str]:
+        resp = super()._response(answer, max_bytes, keep_raw)
+        if isinstance(resp, Response):
+            ms = next((v for k, v in resp.headers.items() if k.lower() == "retry-after-ms"), None)
+            try:
+                wait = float(ms) / 1000 if ms is not None else None
+            except ValueError:
+                wait = None
+            if wait is not None and 0 <= wait < 86400:  # OpenAI's own precise form wins, as its SDK does
+                resp = dataclasses.replace(resp, retry_after_s=wait)
+        return resp
+
+
+class OpenAIBatchProvider(_OpenAIProvider):
     """The OpenAI Batch API: token in metadata, reconciliation by listing, two result files."""
 
     kind = "openai-batch"
@@ -246,7 +379,7 @@ class OpenAIBatchProvider(HttpProvider):
         if mode is not ReconcileMode.LIST_BY_REFERENCE:
             return LookupOutcome(kind="unknown", path=mode, detail=f"{mode.value} is not offered by OpenAI")
         since_s = op.created_at_us / 1_000_000 - LIST_MARGIN_S
-        listed = await self._list_batches(op, since_s)
+        listed = await self._list_recent(op, "/v1/batches?limit=100", since_s)
         if isinstance(listed, LookupOutcome):
             return listed
         batches, summary, last = listed
@@ -263,12 +396,12 @@ class OpenAIBatchProvider(HttpProvider):
             kind="absent",
             path=mode,
             response=response,
-            detail=f"no batch among the {summary['batches_scanned']} created since the operation carries our token",
+            detail=f"no batch among the {summary['scanned']} created since the operation carries our token",
         )
 
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
         """Batches created in the window that carry no jobtrail token (a person decides; never adopted)."""
-        listed = await self._list_batches(op, since_us / 1_000_000 - LIST_MARGIN_S)
+        listed = await self._list_recent(op, "/v1/batches?limit=100", since_us / 1_000_000 - LIST_MARGIN_S)
         if isinstance(listed, LookupOutcome):
             return listed
         batches, summary, last = listed
@@ -286,78 +419,6 @@ class OpenAIBatchProvider(HttpProvider):
             response=dataclasses.replace(last, body={**summary, "candidates": list(ids)}),
             remote_job_ids=ids,
         )
-
-    async def _list_batches(
-        self, op: Operation, since_s: float
-    ) -> tuple[list[dict[str, Any]], dict[str, Any], Response] | LookupOutcome:
-        """Every batch created since ``since_s`` (newest first), page by page, within one call's time-out."""
-        mode = ReconcileMode.LIST_BY_REFERENCE
-        batches: list[dict[str, Any]] = []
-        after: str | None = None
-        pages = 0
-        last = Response()
-        stopped = "the list ended"
-        try:
-            async with asyncio.timeout(self.config.timeout_s):
-                while True:
-                    if pages >= MAX_LIST_PAGES:
-                        return LookupOutcome(
-                            kind="unknown",
-                            path=mode,
-                            detail=f"{pages} pages ({len(batches)} batches) listed without reaching batches older "
-                            "than the operation; cannot tell",
-                        )
-                    url = self._url("/v1/batches?limit=100", op)
-                    if after is not None:
-                        url += "&after=" + urllib.parse.quote(after, safe="")
-                    sent = await self._send("GET", url, op)
-                    pages += 1
-                    if isinstance(sent, tuple):
-                        return LookupOutcome(kind="unknown", path=mode, detail=f"page {pages}: {sent[0]}: {sent[1]}")
-                    last = sent
-                    body = sent.body
-                    data = body.get("data") if isinstance(body, dict) else None
-                    if sent.http_status != 200 or not isinstance(data, list):
-                        return LookupOutcome(
-                            kind="unknown",
-                            path=mode,
-                            response=sent,
-                            detail=f"page {pages}: HTTP {sent.http_status}"
-                            + ("" if isinstance(data, list) else ", no list at $.data"),
-                        )
-                    older = False
-                    for item in data:
-                        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-                            continue
-                        created = item.get("created_at")
-                        if isinstance(created, int | float) and created < since_s:
-                            older = True  # newest first: everything after this is older still
-                            break
-                        batches.append(item)
-                    if older:
-                        stopped = "reached batches created before the operation"
-                        break
-                    assert isinstance(body, dict)
-                    cursor = body.get("last_id") or (
-                        data[-1].get("id") if data and isinstance(data[-1], dict) else None
-                    )
-                    if body.get("has_more") is not True or not isinstance(cursor, str) or not data:
-                        break
-                    after = cursor
-        except TimeoutError:
-            return LookupOutcome(
-                kind="unknown",
-                path=mode,
-                detail=f"listing took longer than timeout_s ({self.config.timeout_s:g} s) after {pages} pages; "
-                "raise timeout_s if the account has many recent batches",
-            )
-        summary: dict[str, Any] = {
-            "pages": pages,
-            "batches_scanned": len(batches),
-            "stopped": stopped,
-            "since": int(since_s),
-        }
-        return batches, summary, last
 
     # -- status, cancel, result -------------------------------------------------------------------
 
@@ -418,19 +479,131 @@ class OpenAIBatchProvider(HttpProvider):
             raw=data,
         )
 
-    def _response(
-        self, answer: tuple[int, dict[str, str], bytes] | tuple[str, str], max_bytes: int, keep_raw: bool
-    ) -> Response | tuple[str, str]:
-        resp = super()._response(answer, max_bytes, keep_raw)
-        if isinstance(resp, Response):
-            ms = next((v for k, v in resp.headers.items() if k.lower() == "retry-after-ms"), None)
-            try:
-                wait = float(ms) / 1000 if ms is not None else None
-            except ValueError:
-                wait = None
-            if wait is not None and 0 <= wait < 86400:  # OpenAI's own precise form wins, as its SDK does
-                resp = dataclasses.replace(resp, retry_after_s=wait)
-        return resp
+
+#: the purposes an upload may name (``openai.types.file_create_params.FilePurpose``)
+FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Upload:
+    """A multipart body (built afresh for every send: a re-send after a rotated credential reads it again)."""
+
+    purpose: str
+    filename: str
+    content: bytes
+
+
+class OpenAIFileProvider(_OpenAIProvider):
+    """``POST /v1/files`` as its own recorded operation: the upload a batch's ``input_file_id`` names.
+
+    A request is ``{"path": "/abs/input.jsonl", "sha256": "<hex>", "purpose": "batch"}``: the digest puts
+    the content into the request fingerprint, and the file is sent only if it still has it. The uploaded
+    file is named ``jobtrail-<token>-<name>``, so a lost answer is reconciled by listing
+    ``GET /v1/files?purpose=...`` for that prefix. The file object is the operation's result.
+    """
+
+    kind = "openai-file"
+    contract_note = (
+        "OpenAI has no idempotency key for uploads: the file is named jobtrail-<token>-<name>, and an upload "
+        "whose answer was lost is reconciled by listing GET /v1/files?purpose=... (newest first, back to the "
+        "operation's creation) for that name. The file is sent only if its sha256 is the one submitted. "
+        "The result is the file object (its id is a batch's input_file_id)."
+    )
+
+    def check_request(self, request: Any) -> tuple[Path, str, str, str]:
+        """(path, sha256, purpose, name) of a valid upload request; ConfigError naming what is wrong."""
+        if not isinstance(request, Mapping):
+            raise ConfigError('an openai-file request is {"path": "/abs/file.jsonl", "sha256": "<hex>"}')
+        path, digest = request.get("path"), request.get("sha256")
+        if not isinstance(path, str) or not Path(path).is_absolute():
+            raise ConfigError("an openai-file request needs path: the absolute path of the file to upload")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise ConfigError(
+                "an openai-file request needs sha256: the file's digest (64 lowercase hex), so the request "
+                "fingerprint covers its content"
+            )
+        purpose = request.get("purpose", "batch")
+        if purpose not in FILE_PURPOSES:
+            raise ConfigError(f"purpose: expected one of {', '.join(FILE_PURPOSES)}, got {purpose!r}")
+        name = request.get("filename", Path(path).name)
+        if not isinstance(name, str) or not name or "/" in name or unusable(name) is not None:
+            raise ConfigError("filename: expected a plain file name")
+        unknown = sorted(set(request) - {"path", "sha256", "purpose", "filename"})
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r} in an openai-file request")
+        return Path(path), digest, purpose, name[-100:]
+
+    async def create(self, op: Operation) -> CreateOutcome:
+        try:
+            path, digest, purpose, name = self.check_request(op.request_body)
+            content = await asyncio.to_thread(_read, path)
+        except (ConfigError, OSError) as exc:
+            detail = str(exc) if isinstance(exc, ConfigError) else f"cannot read {exc.filename}: {exc.strerror}"
+            return CreateOutcome(kind="not_sent", error_class="invalid_request", detail=detail)
+        seen = hashlib.sha256(content).hexdigest()
+        if seen != digest:
+            return CreateOutcome(
+                kind="not_sent",
+                error_class="content_changed",
+                detail=f"{path} has sha256 {seen}, not the {digest} submitted: the file changed since; "
+                "submit it again (a new operation)",
+            )
+        upload = _Upload(purpose, f"jobtrail-{op.idempotency_token}-{name}", content)
+        sent = await self._send("POST", self._url("/v1/files", op), op, body=upload)
+        if isinstance(sent, tuple):
+            if sent[0] == "not_sent":
+                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
+            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        outcome = self.classify_create(sent)
+        if outcome.kind == "confirmed" and isinstance(sent.body, dict):
+            # the upload is done when it is answered: the file object is the result
+            return dataclasses.replace(outcome, kind="synchronous", result=sent.body)
+        return outcome
+
+    async def lookup(self, op: Operation, mode: ReconcileMode) -> LookupOutcome:
+        if mode is not ReconcileMode.LIST_BY_REFERENCE:
+            return LookupOutcome(kind="unknown", path=mode, detail=f"{mode.value} is not offered by OpenAI")
+        try:
+            _path, _digest, purpose, _name = self.check_request(op.request_body)
+        except ConfigError as exc:
+            return LookupOutcome(kind="unknown", path=mode, detail=str(exc))
+        since_s = op.created_at_us / 1_000_000 - LIST_MARGIN_S
+        listed = await self._list_recent(op, f"/v1/files?purpose={purpose}&order=desc&limit=100", since_s)
+        if isinstance(listed, LookupOutcome):
+            return listed
+        files, summary, last = listed
+        prefix = f"jobtrail-{op.idempotency_token}-"
+        ids = tuple(str(f["id"]) for f in files if str(f.get("filename", "")).startswith(prefix))
+        summary["matched"] = list(ids)
+        response = dataclasses.replace(last, body=summary)
+        if ids:
+            return LookupOutcome(kind="found", path=mode, response=response, remote_job_ids=ids)
+        return LookupOutcome(
+            kind="absent",
+            path=mode,
+            response=response,
+            detail=f"no file among the {summary['scanned']} uploaded since the operation carries our name",
+        )
+
+    async def _transport(
+        self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
+    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+        if not isinstance(body, _Upload):
+            return await super()._transport(method, url, headers, body, max_bytes)
+        form = aiohttp.FormData()
+        form.add_field("purpose", body.purpose)
+        form.add_field("file", body.content, filename=body.filename, content_type="application/octet-stream")
+        try:
+            async with self._client().request(method, url, headers=headers, data=form, allow_redirects=False) as resp:
+                raw = await _read_at_most(resp, max_bytes)
+                return resp.status, dict(resp.headers.items()), raw
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._failure(exc)
+
+
+def _read(path: Path) -> bytes:
+    return path.read_bytes()
 
 
 def _result_ref(batch: Mapping[str, Any]) -> str | None:
@@ -470,4 +643,4 @@ def _error_response(sent: Response, what: str) -> Response:
     )
 
 
-__all__ = ["TOKEN_KEY", "OpenAIBatchProvider", "build", "contract"]
+__all__ = ["TOKEN_KEY", "OpenAIBatchProvider", "OpenAIFileProvider", "build", "contract", "file_contract"]

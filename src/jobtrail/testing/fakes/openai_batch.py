@@ -29,6 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
+#: what an upload's purpose may be (``openai.types.FilePurpose``)
+_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 #: the routes faults can be scripted for
 ROUTES = ("create", "list", "retrieve", "cancel", "content", "upload", "files")
 
@@ -233,6 +235,8 @@ class OpenAIBatchFake:
         app.router.add_get("/v1/batches", self._list)
         app.router.add_get("/v1/batches/{id}", self._retrieve)
         app.router.add_post("/v1/batches/{id}/cancel", self._cancel)
+        app.router.add_post("/v1/files", self._upload)
+        app.router.add_get("/v1/files", self._list_files)
         app.router.add_get("/v1/files/{id}/content", self._file_content)
         app.router.add_get("/v1/files/{id}", self._file)
         return app
@@ -515,25 +519,94 @@ class OpenAIBatchFake:
                 batch.cancel_requested_at = time.monotonic()
             return web.json_response(self._batch_doc(batch))
 
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        purpose, upload = form.get("purpose"), form.get("file")
+        content, filename = b"", ""
+        if isinstance(upload, web.FileField):
+            with upload.file:  # a spooled temporary file: closed whatever happens next
+                content, filename = upload.file.read(), upload.filename
+        with self._lock:
+            self.counts["uploads_received"] += 1
+            fault = self._fault("upload")
+            if not isinstance(purpose, str) or purpose not in _PURPOSES or not isinstance(upload, web.FileField):
+                problem = f"Invalid upload: purpose {purpose!r} must be one of {', '.join(_PURPOSES)}, with a file"
+                self.shape_errors.append(problem)
+                self.counts["shape_errors"] += 1
+                return _error(400, problem, "invalid_request_error", param="purpose")
+            if fault is not None and not fault.commit:
+                if fault.drop:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    raise asyncio.CancelledError
+                return _fault_response(fault)
+            file = self._add_file(purpose, filename, content)
+            self.counts["files_created"] += 1
+            doc = self._file_doc(file.id)
+        if fault is not None and fault.drop:
+            assert request.transport is not None
+            request.transport.abort()
+            raise asyncio.CancelledError
+        if fault is not None:
+            return _fault_response(fault)
+        return web.json_response(doc)
+
+    async def _list_files(self, request: web.Request) -> web.StreamResponse:
+        try:
+            limit = int(request.query.get("limit", "10000"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 10000:
+            return _error(400, "limit must be between 1 and 10000", "invalid_request_error", param="limit")
+        purpose, after = request.query.get("purpose"), request.query.get("after")
+        with self._lock:
+            self.counts["file_lists"] += 1
+            fault = self._fault("files")
+            if fault is not None:
+                return _fault_response(fault)
+            ordered = sorted(
+                (f for f in self.files.values() if purpose is None or f.purpose == purpose),
+                key=lambda f: (f.created_at, f.id),
+                reverse=request.query.get("order", "desc") == "desc",
+            )
+            if after is not None:
+                at = next((n for n, f in enumerate(ordered) if f.id == after), None)
+                ordered = [] if at is None else ordered[at + 1 :]
+            data = [self._file_doc(f.id) for f in ordered[:limit]]
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": len(ordered) > limit,
+            }
+        )
+
+    def _file_doc(self, file_id: str) -> dict[str, Any]:
+        content = self._content(file_id)
+        known = self.files.get(file_id)
+        doc = {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(content),
+            "created_at": known.created_at if known else int(time.time()),
+            "filename": known.filename if known else f"{file_id}.jsonl",
+            "purpose": known.purpose if known else "batch_output",
+            "status": "processed",
+            "expires_at": (known.created_at if known else int(time.time())) + 30 * 86400,
+        }
+        return _sdk_file(doc)
+
     async def _file(self, request: web.Request) -> web.StreamResponse:
         file_id = request.match_info["id"]
         with self._lock:
             self.counts["file_reads"] += 1
             try:
-                content = self._content(file_id)
+                doc = self._file_doc(file_id)
             except KeyError:
                 return _error(404, f"No such File object: {file_id}", "invalid_request_error", param="id")
-            known = self.files.get(file_id)
-            doc = {
-                "id": file_id,
-                "object": "file",
-                "bytes": len(content),
-                "created_at": known.created_at if known else int(time.time()),
-                "filename": known.filename if known else f"{file_id}.jsonl",
-                "purpose": known.purpose if known else "batch_output",
-                "status": "processed",
-            }
-        return web.json_response(_sdk_file(doc))
+        return web.json_response(doc)
 
     async def _file_content(self, request: web.Request) -> web.StreamResponse:
         file_id = request.match_info["id"]
