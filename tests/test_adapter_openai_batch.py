@@ -39,6 +39,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[OpenAIBatchFake]:
     yield server
     server.stop()
     assert server.shape_errors == [], "a create request did not match openai.types.batch_create_params"
+    assert server.counts["unauthorized"] == 0, "every request carried the API key"
 
 
 def config(fake: OpenAIBatchFake, **overrides: Any) -> dict[str, Any]:
@@ -214,6 +215,27 @@ def test_a_lost_create_response_is_reconciled_by_listing_across_pages(db_url: st
     assert lookup["raw"]["body"]["pages"] == 2 and lookup["raw"]["body"]["matched"] == [record.remote_job_id]
     assert lookup["raw"]["body"]["stopped"] == "reached objects created before the operation"
     assert result is not None and result[0]["summary"]["items"] == 4
+    assert_no_key_stored(fake, history, observations)
+
+
+def test_candidates_are_the_untagged_batches_of_the_window(fake: OpenAIBatchFake, tmp_path: Path) -> None:
+    """Where a person must decide: batches created around the create that carry no jobtrail token."""
+    old = fake.add_foreign_batches(2, age_s=7200)
+    near = fake.add_foreign_batches(3)
+    file_id = fake.add_input_file(2, BatchPlan(duration_s=0.2))
+    provider = load_provider(config(fake))
+
+    async def go() -> Any:
+        store = Store.open(str(tmp_path / "ledger.db"))
+        jt = AsyncJobtrail(store=store, providers=[provider])
+        op = await jt.drive_create((await jt.submit(NAME, {"input_file_id": file_id}, caller="test")).operation_id)
+        found = await provider.candidates(op, op.created_at_us - 1_000_000, store.clock())
+        await jt.aclose()
+        return op, found
+
+    op, found = asyncio.run(go())
+    assert found.kind == "candidates" and sorted(found.remote_job_ids) == sorted(near)
+    assert op.remote_job_id not in found.remote_job_ids and not set(old) & set(found.remote_job_ids)
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])

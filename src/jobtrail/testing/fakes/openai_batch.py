@@ -375,7 +375,10 @@ class OpenAIBatchFake:
             doc["cancelling_at"] = int(batch.cancel_requested_at + wall)
         terminal = state in ("completed", "failed", "expired", "cancelled")
         if terminal:
-            doc[f"{state}_at"] = int(time.time())
+            ended = batch.end  # a cancel that took effect ended the batch cancel_s after it was asked for
+            if state == "cancelled" and batch.cancel_requested_at is not None:
+                ended = min(batch.end, batch.cancel_requested_at) + batch.plan.cancel_s
+            doc[f"{state}_at"] = int(ended + wall)
         if state == "failed":
             doc["request_counts"] = {"total": 0, "completed": 0, "failed": 0}
             doc["errors"] = {
