@@ -267,6 +267,20 @@ def test_429_waits_as_retry_after_ms_says(db_url: str, fake: OpenAIBatchFake) ->
     assert ambiguous["http_status"] == 429 and ambiguous["retry_after_s"] == 0.25
 
 
+def test_a_rate_limited_status_poll_waits_as_retry_after_ms_says(db_url: str, fake: OpenAIBatchFake) -> None:
+    """429 on GET /v1/batches/{id} with retry-after: 5 and retry-after-ms: 700: the next poll is 0.7 s later."""
+    file_id = fake.add_input_file(2, BatchPlan(duration_s=0.3))
+    fake.script("retrieve", Fault.rate_limited(retry_after_ms=700, retry_after=5))
+    op = settle(db_url, fake, {"input_file_id": file_id})
+    record, _history, observations, _result = stored(db_url, op.operation_id)
+    assert record.state is S.SUCCEEDED, record.state_reason
+    polls = [o for o in observations if o["kind"] == "status_poll"]
+    limited = polls[0]
+    assert limited["http_status"] == 429 and limited["raw"]["error_class"] == "http_429"
+    assert limited["next_action_at_us"] - limited["fetched_at_us"] == pytest.approx(700_000, abs=60_000)
+    assert polls[1]["fetched_at_us"] >= limited["next_action_at_us"]
+
+
 # -- (3) the caller's metadata ------------------------------------------------------------------------------
 
 
