@@ -25,9 +25,7 @@ from typing import Any
 
 import boto3
 import pytest
-from helpers import canary_hits, ledger_bytes
 from moto.server import ThreadedMotoServer
-from processes import cli, finish, start_worker
 
 from jobtrail import AsyncJobtrail, Store
 from jobtrail.domain.errors import ConfigError
@@ -35,6 +33,9 @@ from jobtrail.domain.states import State
 from jobtrail.ledger.results import read_result
 from jobtrail.providers.kinds import load_provider
 from jobtrail.runtime.worker import Worker
+
+from helpers import canary_hits, ledger_bytes
+from processes import cli, finish, start_worker
 
 REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/jobtrail-test"
@@ -290,11 +291,13 @@ def test_sfn_worker_killed_mid_flight_restarts_and_ends_as_moto_says(
         assert op.state is State.SUCCEEDED, op.state_reason
         listed = executions(moto_url, arn)
         assert len(listed) == 1 and listed[0]["status"] == "SUCCEEDED"
-        assert op.remote_job_id == listed[0]["executionArn"] == arn.replace(":stateMachine:", ":execution:") + (
-            ":" + op.idempotency_token
+        assert (
+            op.remote_job_id
+            == listed[0]["executionArn"]
+            == arn.replace(":stateMachine:", ":execution:") + (":" + op.idempotency_token)
         )
         output = sfn(moto_url).describe_execution(executionArn=op.remote_job_id)["output"]
-        meta, data = read_result(store, op_id)
+        _, data = read_result(store, op_id)
         assert data == output.encode()
         assert json.loads(data) == {"echo": {"items": ["a", "b"], "order": 42}, "ok": True}
         assert causes(store, op_id).count("create_attempt") == 1  # the create was never repeated
@@ -452,7 +455,9 @@ def test_sfn_throttling_is_a_doubt_replayed_not_a_rejection(
         if seen.target.endswith(".StartExecution"):
             calls["start"] += 1
             if calls["start"] == 1:
-                return aws_answer(400, {"__type": "com.amazon.coral.availability#ThrottlingException", "message": "Rate exceeded"})
+                return aws_answer(
+                    400, {"__type": "com.amazon.coral.availability#ThrottlingException", "message": "Rate exceeded"}
+                )
         if seen.target.endswith(".DescribeExecution"):
             calls["describe"] += 1
             if calls["describe"] == 1:
@@ -519,7 +524,9 @@ def test_athena_create_status_results_against_moto(
     """StartQueryExecution carries ClientRequestToken = the token; GetQueryExecution's state drives the
     operation; GetQueryResults is stored as the result (moto's queued rows)."""
     rows = [{"Data": [{"VarCharValue": "id"}]}, {"Data": [{"VarCharValue": "1"}]}, {"Data": [{"VarCharValue": "2"}]}]
-    columns = [{"Name": "id", "Type": "integer", "CatalogName": "c", "SchemaName": "s", "TableName": "t", "Label": "id"}]
+    columns = [
+        {"Name": "id", "Type": "integer", "CatalogName": "c", "SchemaName": "s", "TableName": "t", "Label": "id"}
+    ]
     queue = urllib.request.Request(
         moto_url + "/moto-api/static/athena/query-results",
         data=json.dumps({"region": REGION, "results": [{"rows": rows, "column_info": columns}]}).encode(),
