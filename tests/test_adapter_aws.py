@@ -478,6 +478,36 @@ def test_sfn_throttling_is_a_doubt_replayed_not_a_rejection(
         assert polls[0]["error_class"] == "aws:ExecutionDoesNotExist"
 
 
+def test_sfn_replay_refused_for_its_credentials_proves_nothing(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The create's answer is lost and the first replay is refused (AccessDeniedException): that is not
+    proof the original was refused (AWS replays no stored answers), so the next replay adopts the job."""
+    arn = state_machine(moto_url, wait_s=1)
+    starts = {"n": 0}
+
+    def plan(seen: Seen) -> str | bytes:
+        if seen.target.endswith(".StartExecution"):
+            starts["n"] += 1
+            if starts["n"] == 1:
+                return "drop"
+            if starts["n"] == 2:
+                return aws_answer(400, {"__type": "AccessDeniedException", "message": "not now"})
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 7}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        assert len(executions(moto_url, arn)) == 1 and starts["n"] == 3
+        history = causes(store, op_id)
+        assert "proved_absent" not in history and "definitive_rejection" not in history
+        answers = [o["raw"] for o in store.observations(op_id) if o["kind"] == "create_response"]
+        assert [a["outcome"] for a in answers] == ["ambiguous", "ambiguous", "confirmed"]
+        assert answers[1]["error_class"] == "aws:AccessDeniedException"
+
+
 def test_sfn_bad_request_is_a_definitive_rejection(
     db_url: str, moto_url: str, aws_env: dict[str, str], tmp_path: Path
 ) -> None:

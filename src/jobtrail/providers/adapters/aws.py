@@ -40,7 +40,7 @@ from jobtrail.domain.canonical import compact_json, parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Secret
-from jobtrail.domain.states import RemoteState
+from jobtrail.domain.states import RemoteState, State
 from jobtrail.providers.contract import CreateOutcome, Response, StatusOutcome
 from jobtrail.providers.credentials import Credential
 from jobtrail.providers.http import HttpProvider, _is_loopback, _read_at_most, parse_config
@@ -80,6 +80,18 @@ _CREDENTIAL_ERRORS = frozenset(
         "SignatureDoesNotMatch",
         "IncompleteSignature",
         "MissingAuthenticationToken",
+    }
+)
+#: refusals of the request's own form: the same bytes were refused the first time too
+_MALFORMED = frozenset(
+    {
+        "ValidationException",
+        "SerializationException",
+        "InvalidArn",
+        "InvalidName",
+        "InvalidExecutionInput",
+        "InvalidParameterValueException",
+        "MissingRequiredParameter",
     }
 )
 _SM_ARN = re.compile(
@@ -215,13 +227,25 @@ class AwsJsonProvider(HttpProvider):
 
     # -- shared classification ------------------------------------------------------------------
 
-    def _classify_error(self, resp: Response) -> CreateOutcome:
-        """A create answered with an AWS error: throttling and server trouble are doubts, the rest refusals."""
+    def _classify_error(self, op: Operation, resp: Response) -> CreateOutcome:
+        """A create answered with an AWS error: throttling and server trouble are doubts, the rest refusals.
+
+        A replay (reconciliation) refused for anything but the request's own form proves nothing about the
+        original: AWS does not store and replay answers the way IETF idempotency keys do, so a refused
+        credential or permission now says nothing about what the lost attempt did.
+        """
         status = resp.http_status or 0
         kind, message = aws_error(resp)
         detail = f"HTTP {status} {kind or 'without an AWS error type'}" + (f": {message}" if message else "")
         if status >= 500 or status in (408, 429) or (kind in _RETRYABLE):
             return CreateOutcome(kind="ambiguous", response=resp, error_class=f"aws:{kind or status}", detail=detail)
+        if op.state is State.RECONCILIATION and kind not in _MALFORMED:
+            return CreateOutcome(
+                kind="ambiguous",
+                response=resp,
+                error_class=f"aws:{kind or status}",
+                detail=detail + "; a refused replay says nothing about whether the lost attempt started a job",
+            )
         if kind in _CREDENTIAL_ERRORS or status in (401, 403):
             detail += (
                 "; AWS refused the credentials, so nothing was started: fix the credentials "
@@ -302,7 +326,7 @@ class StepFunctionsProvider(AwsJsonProvider):
         kind, _ = aws_error(sent)
         if kind == "ExecutionAlreadyExists":
             return await self._already_exists(op, sent)
-        return self._classify_error(sent)
+        return self._classify_error(op, sent)
 
     async def _already_exists(self, op: Operation, refused: Response) -> CreateOutcome:
         """The name is taken: by our own (closed) execution, which we adopt, or by another input."""
@@ -476,7 +500,7 @@ class AthenaProvider(AwsJsonProvider):
                 error_class="malformed_response",
                 detail="HTTP 200 without QueryExecutionId; the query may exist",
             )
-        return self._classify_error(sent)
+        return self._classify_error(op, sent)
 
     async def status(self, op: Operation) -> StatusOutcome:
         sent = await self._call("GetQueryExecution", op, {"QueryExecutionId": op.remote_job_id or ""})
