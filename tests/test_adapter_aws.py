@@ -508,6 +508,34 @@ def test_sfn_replay_refused_for_its_credentials_proves_nothing(
         assert answers[1]["error_class"] == "aws:AccessDeniedException"
 
 
+def test_expired_credentials_are_read_again_and_the_request_signed_again_once(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS refuses the session token (ExpiredTokenException, nothing processed); the adapter reads the
+    chain again, finds rotated credentials and sends the same bytes signed with them, once."""
+    arn = state_machine(moto_url, wait_s=0)
+    rotated = "jtcanarytok_" + secrets.token_hex(12)
+
+    def plan(seen: Seen) -> str | bytes:
+        if seen.target.endswith(".StartExecution") and len(proxy.targets("StartExecution")) == 1:
+            monkeypatch.setenv("AWS_SESSION_TOKEN", rotated)
+            return aws_answer(400, {"__type": "ExpiredTokenException", "message": "The security token expired"})
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 8}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        first, second = proxy.targets("StartExecution")
+        assert first.body == second.body
+        assert first.headers["x-amz-security-token"] == aws_env["AWS_SESSION_TOKEN"]
+        assert second.headers["x-amz-security-token"] == rotated
+        assert causes(store, op_id).count("create_attempt") == 1  # one attempt: the refused send did nothing
+        held = ledger_bytes(store)
+        assert canary_hits(rotated, held) == [] and canary_hits(aws_env["AWS_SESSION_TOKEN"], held) == []
+
+
 def test_sfn_bad_request_is_a_definitive_rejection(
     db_url: str, moto_url: str, aws_env: dict[str, str], tmp_path: Path
 ) -> None:
