@@ -671,3 +671,35 @@ def test_plain_http_only_to_loopback_and_arn_required(tmp_path: Path) -> None:
     path.write_text('kind = "aws-stepfunctions"\nstate_machine_arn = "arn:aws:states:::nope"\n')
     with pytest.raises(ConfigError, match="state_machine_arn"):
         load_provider(path)
+
+
+def test_athena_lost_create_is_replayed_with_the_same_client_request_token(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The first StartQueryExecution's answer is lost; the replay sends the same bytes (the same
+    ClientRequestToken), which AWS answers with the original QueryExecutionId. (moto ignores the
+    token and starts a second query, so here the id adopted is the replay's: AWS's dedupe is not
+    provable against moto; what jobtrail sends is.)"""
+    dropped: list[bool] = []
+
+    def plan(seen: Seen) -> str:
+        if seen.target.endswith(".StartQueryExecution") and not dropped:
+            dropped.append(True)
+            return "drop"
+        return "forward"
+
+    proxy.plan = plan
+    path = tmp_path / "athena.toml"
+    path.write_text(
+        f'kind = "aws-athena"\nname = "athena"\nregion = "{REGION}"\nbase_url = "{proxy.url}"\n' + FAST,
+        encoding="utf-8",
+    )
+    store, (op_id,) = run_in_process(db_url, path, ["SELECT 1"])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        first, second = proxy.targets("StartQueryExecution")
+        assert first.body == second.body
+        assert json.loads(first.body) == {"QueryString": "SELECT 1", "ClientRequestToken": op.idempotency_token}
+        confirmed = [json.loads(e.evidence) for e in store.history(op_id) if e.cause == "confirmed_create"]
+        assert confirmed[0]["via"] == "replay"
