@@ -237,6 +237,15 @@ class AwsJsonProvider(HttpProvider):
         status = resp.http_status or 0
         kind, message = aws_error(resp)
         detail = f"HTTP {status} {kind or 'without an AWS error type'}" + (f": {message}" if message else "")
+        if 300 <= status < 400:
+            return self.classify_create(resp)  # never followed: a person checks base_url (see HttpProvider)
+        if status < 400:
+            return CreateOutcome(
+                kind="ambiguous",
+                response=resp,
+                error_class=f"http_{status}",
+                detail=f"HTTP {status} where AWS answers 200; the job may exist",
+            )
         if status >= 500 or status in (408, 429) or (kind in _RETRYABLE):
             return CreateOutcome(kind="ambiguous", response=resp, error_class=f"aws:{kind or status}", detail=detail)
         if op.state is State.RECONCILIATION and kind not in _MALFORMED:
