@@ -1,0 +1,705 @@
+"""The AWS adapters (aws-stepfunctions, aws-athena) against moto in server mode on 127.0.0.1.
+
+moto runs its real HTTP server (``ThreadedMotoServer``) in this process; Step Functions executions
+run through moto's ASL interpreter (``/moto-api/config`` with ``execute_state_machine``), so Wait
+and Pass states take real time and produce real output. Faults are injected by a loopback TCP proxy
+in front of moto that can forward a request and drop its answer, or answer in moto's place. Counts
+come from moto itself (ListExecutions via boto3) and from what the proxy saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import socket
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from jobtrail import AsyncJobtrail, Store
+from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.states import State
+from jobtrail.ledger.results import read_result
+from jobtrail.providers.kinds import load_provider
+from jobtrail.runtime.worker import Worker
+
+from helpers import canary_hits, ledger_bytes
+from processes import cli, finish, start_worker
+
+REGION = "us-east-1"
+ROLE = "arn:aws:iam::123456789012:role/jobtrail-test"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+# -- moto, credentials, the proxy ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    """moto's server on a free loopback port, with Step Functions executing state machines."""
+    from moto.core.config import default_user_config
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    before = dict(default_user_config.get("stepfunctions", {}))
+    request = urllib.request.Request(
+        url + "/moto-api/config",
+        data=json.dumps({"stepfunctions": {"execute_state_machine": True}}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request) as answer:
+        assert answer.status == 201
+    yield url
+    default_user_config["stepfunctions"] = before  # type: ignore[typeddict-item]
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """Fake credentials for botocore's default chain (a fresh canary secret and session token per test)."""
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIAJOBTRAILTEST" + secrets.token_hex(2).upper(),
+        "AWS_SECRET_ACCESS_KEY": "jtcanary_" + secrets.token_hex(12),
+        "AWS_SESSION_TOKEN": "jtcanarytok_" + secrets.token_hex(12),
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "JOBTRAIL_DATA_DIR": str(tmp_path / "results"),
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return env
+
+
+@dataclass
+class Seen:
+    target: str
+    headers: dict[str, str]
+    body: bytes
+    raw_head: bytes
+    path: str
+    method: str
+
+
+@dataclass
+class Proxy:
+    """A loopback TCP proxy in front of moto: one request per connection (moto answers Connection: close).
+
+    ``plan(seen)`` says what to do with each request: "forward", "drop" (forward it, let moto act,
+    then close the client's connection without an answer) or the raw bytes of an answer of our own.
+    """
+
+    upstream: tuple[str, int]
+    plan: Callable[[Seen], str | bytes] = lambda seen: "forward"
+    seen: list[Seen] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def start(self) -> Proxy:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._sock.close()
+
+    def targets(self, action: str) -> list[Seen]:
+        return [s for s in self.seen if s.target.endswith("." + action)]
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+            length = int(headers.get("content-length", "0"))
+            while len(body) < length:
+                body += conn.recv(65536)
+            seen = Seen(headers.get("x-amz-target", ""), headers, body, head, path, method)
+            self.seen.append(seen)
+            action = self.plan(seen)
+            if isinstance(action, bytes):
+                conn.sendall(action)
+                return
+            with socket.create_connection(self.upstream) as up:
+                up.sendall(head + b"\r\n\r\n" + body)
+                answer = b""
+                while chunk := up.recv(65536):
+                    answer += chunk
+            if action == "drop":
+                self.dropped.append(seen.target)
+                return  # moto acted on it; the client never hears
+            conn.sendall(answer)
+
+
+@pytest.fixture
+def proxy(moto_url: str) -> Iterator[Proxy]:
+    host, port = moto_url.removeprefix("http://").split(":")
+    p = Proxy((host, int(port))).start()
+    yield p
+    p.stop()
+
+
+def aws_answer(status: int, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        f"HTTP/1.1 {status} X\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: {len(data)}\r\n"
+        f"x-amzn-RequestId: req-{uuid.uuid4()}\r\nConnection: close\r\n\r\n"
+    ).encode() + data
+
+
+# -- Step Functions in moto -----------------------------------------------------------------------
+
+
+def sfn(moto_url: str) -> Any:
+    return boto3.client("stepfunctions", endpoint_url=moto_url, region_name=REGION)
+
+
+def state_machine(moto_url: str, wait_s: int = 0) -> str:
+    """A STANDARD state machine that waits ``wait_s`` seconds, then echoes its input."""
+    done = {"Type": "Pass", "Parameters": {"echo.$": "$", "ok": True}, "End": True}
+    states: dict[str, Any] = {"Done": done}
+    start = "Done"
+    if wait_s:
+        states["Wait"] = {"Type": "Wait", "Seconds": wait_s, "Next": "Done"}
+        start = "Wait"
+    definition = {"StartAt": start, "States": states}
+    made = sfn(moto_url).create_state_machine(
+        name=f"sm-{uuid.uuid4().hex[:12]}", definition=json.dumps(definition), roleArn=ROLE
+    )
+    return str(made["stateMachineArn"])
+
+
+def executions(moto_url: str, arn: str) -> list[dict[str, Any]]:
+    return list(sfn(moto_url).list_executions(stateMachineArn=arn)["executions"])
+
+
+FAST = """
+timeout_s = 3
+connect_timeout_s = 1
+[poll]
+initial_s = 0.2
+factor = 1.5
+cap_s = 0.5
+jitter = 0
+[retry]
+initial_s = 0.1
+factor = 1.5
+cap_s = 0.3
+jitter = 0
+"""
+
+
+def sfn_file(path: Path, base_url: str, arn: str, extra: str = "") -> Path:
+    path.write_text(
+        f'kind = "aws-stepfunctions"\nname = "sfn"\nstate_machine_arn = "{arn}"\nbase_url = "{base_url}"\n'
+        + extra
+        + FAST,
+        encoding="utf-8",
+    )
+    return path
+
+
+def run_in_process(
+    db_url: str, provider_file: Path, bodies: list[Any], *, seconds: float = 30, **submit: Any
+) -> tuple[Store, list[str]]:
+    store = Store.open(db_url)
+    provider = load_provider(provider_file)
+
+    async def go() -> list[str]:
+        jt = AsyncJobtrail(store=store, providers=[provider])
+        ids = [(await jt.submit(provider.name, body, **submit)).operation_id for body in bodies]
+        await Worker(store, {provider.name: provider}, worker_id="w1", idle_s=0.02, lease_s=10).run(
+            until_settled=True, timeout=seconds
+        )
+        await provider.aclose()
+        return ids
+
+    return store, asyncio.run(go())
+
+
+def causes(store: Store, op_id: str) -> list[str]:
+    return [entry.cause for entry in store.history(op_id)]
+
+
+# -- Step Functions ---------------------------------------------------------------------------------
+
+
+@pytest.mark.long_on_postgres  # a process story: its SQLite run is in the fast tier
+def test_sfn_worker_killed_mid_flight_restarts_and_ends_as_moto_says(
+    db_url: str, moto_url: str, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """submit; a real worker starts the execution and is killed -9 while it runs; the next worker
+    finishes: SUCCEEDED, moto's output stored byte for byte, exactly one execution, no secret stored."""
+    arn = state_machine(moto_url, wait_s=3)
+    provider = sfn_file(tmp_path / "sfn.toml", moto_url, arn)
+    with Store.open(db_url) as store:
+
+        async def submit() -> str:
+            jt = AsyncJobtrail(store=store, providers=[provider])
+            return (await jt.submit("sfn", {"order": 42, "items": ["a", "b"]})).operation_id
+
+        op_id = asyncio.run(submit())
+        doomed = start_worker(db_url, provider, "doomed", "--lease", "5", env=aws_env)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            op = store.get(op_id)
+            if op.state is State.OBSERVING and op.remote_state == "RUNNING":
+                break
+            time.sleep(0.05)
+        assert store.get(op_id).state is State.OBSERVING, store.get(op_id).state_reason
+        assert [e["status"] for e in executions(moto_url, arn)] == ["RUNNING"]  # mid-flight
+        doomed.send_signal(signal.SIGKILL)
+        _, doomed_err = doomed.communicate(timeout=30)
+        assert doomed.returncode == -signal.SIGKILL
+        survivor = start_worker(
+            db_url, provider, "survivor", "--until-settled", "--timeout", "60", "--lease", "5", env=aws_env
+        )
+        code, out, err = finish(survivor, timeout=90)
+        assert code == 0, err
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        listed = executions(moto_url, arn)
+        assert len(listed) == 1 and listed[0]["status"] == "SUCCEEDED"
+        assert (
+            op.remote_job_id
+            == listed[0]["executionArn"]
+            == arn.replace(":stateMachine:", ":execution:") + (":" + op.idempotency_token)
+        )
+        output = sfn(moto_url).describe_execution(executionArn=op.remote_job_id)["output"]
+        _, data = read_result(store, op_id)
+        assert data == output.encode()
+        assert json.loads(data) == {"echo": {"items": ["a", "b"], "order": 42}, "ok": True}
+        assert causes(store, op_id).count("create_attempt") == 1  # the create was never repeated
+        held = ledger_bytes(store)
+        for secret in (aws_env["AWS_SECRET_ACCESS_KEY"], aws_env["AWS_SESSION_TOKEN"]):
+            assert canary_hits(secret, held) == []
+            assert canary_hits(secret, out + err + doomed_err) == []
+
+
+def test_sfn_lost_create_response_is_replayed_by_name_one_execution(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """moto starts the execution but its answer is lost; the replay with the same name and input
+    answers with the same execution (it is still running): confirmed via replay, one execution."""
+    arn = state_machine(moto_url, wait_s=1)
+    dropped = {"n": 0}
+
+    def plan(seen: Seen) -> str:
+        if seen.target.endswith(".StartExecution") and dropped["n"] == 0:
+            dropped["n"] += 1
+            return "drop"
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 1}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        assert len(executions(moto_url, arn)) == 1
+        starts = proxy.targets("StartExecution")
+        assert len(starts) == 2 and proxy.dropped == ["AWSStepFunctions.StartExecution"]
+        assert starts[0].body == starts[1].body  # the same name and input, byte for byte
+        assert json.loads(starts[0].body)["name"] == op.idempotency_token
+        history = causes(store, op_id)
+        assert "ambiguous_create" in history and "definitive_rejection" not in history
+        confirmed = [json.loads(e.evidence) for e in store.history(op_id) if e.cause == "confirmed_create"]
+        assert confirmed and confirmed[0]["via"] == "replay"
+
+
+def test_sfn_replay_after_the_execution_closed_is_adopted_not_rejected(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The lost create's execution finishes before the replay: ExecutionAlreadyExists is settled by
+    DescribeExecution of the name's ARN (same input): adopted, never recorded as a rejection."""
+    arn = state_machine(moto_url, wait_s=0)
+    finished = threading.Event()
+
+    def plan(seen: Seen) -> str:
+        if seen.target.endswith(".StartExecution") and not finished.is_set():
+            finished.set()
+            return "drop"
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 2}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        assert len(executions(moto_url, arn)) == 1
+        assert len(proxy.targets("StartExecution")) == 2
+        describes = proxy.targets("DescribeExecution")
+        assert json.loads(describes[0].body) == {"executionArn": op.remote_job_id}
+        replay = [o for o in store.observations(op_id) if o["kind"] == "create_response"][-1]["raw"]
+        assert replay["outcome"] == "confirmed"
+        assert "ExecutionAlreadyExists" in json.dumps(replay["body"]["StartExecution"])
+        assert "definitive_rejection" not in causes(store, op_id)
+        assert json.loads(read_result(store, op_id)[1]) == {"echo": {"n": 2}, "ok": True}
+
+
+def test_sfn_name_taken_by_another_input_is_never_adopted(
+    db_url: str, moto_url: str, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """An execution with our token's name but another input is not ours: not adopted, not a second
+    execution, not a rejection; the operation stops for a person (needs_attention)."""
+    arn = state_machine(moto_url, wait_s=0)
+    provider = sfn_file(tmp_path / "sfn.toml", moto_url, arn)
+    store = Store.open(db_url)
+
+    async def go() -> str:
+        jt = AsyncJobtrail(store=store, providers=[provider])
+        op = await jt.submit("sfn", {"mine": True}, create_deadline=__import__("datetime").timedelta(seconds=2))
+        sfn(moto_url).start_execution(stateMachineArn=arn, name=op.idempotency_token, input='{"theirs": true}')
+        adapter = jt.provider("sfn")
+        await Worker(store, {"sfn": adapter}, worker_id="w1", idle_s=0.02, lease_s=10).run(
+            until_settled=True, timeout=20
+        )
+        await adapter.aclose()
+        return op.operation_id
+
+    op_id = asyncio.run(go())
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.NEEDS_ATTENTION, op.state_reason
+        assert op.remote_job_id is None
+        assert "definitive_rejection" not in causes(store, op_id)
+        listed = executions(moto_url, arn)
+        assert len(listed) == 1
+        answers = [o["raw"] for o in store.observations(op_id) if o["kind"] == "create_response"]
+        assert answers and all(a["error_class"] == "execution_name_taken" for a in answers)
+
+
+def test_sfn_wire_calls_are_signed_over_the_exact_bytes_with_their_own_target(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Every call is POST / with its own X-Amz-Target, Content-Type 1.0 and body; each SigV4 signature
+    verifies over the headers and body bytes as the server received them; the token travels signed."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    arn = state_machine(moto_url, wait_s=0)
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 3}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+    targets = [s.target for s in proxy.seen]
+    assert targets[0] == "AWSStepFunctions.StartExecution"
+    assert set(targets) == {"AWSStepFunctions.StartExecution", "AWSStepFunctions.DescribeExecution"}
+    creds = Credentials(aws_env["AWS_ACCESS_KEY_ID"], aws_env["AWS_SECRET_ACCESS_KEY"], aws_env["AWS_SESSION_TOKEN"])
+    for seen in proxy.seen:
+        assert (seen.method, seen.path) == ("POST", "/")
+        assert seen.headers["content-type"] == "application/x-amz-json-1.0"
+        assert seen.headers["x-amz-security-token"] == aws_env["AWS_SESSION_TOKEN"]
+        body = json.loads(seen.body)
+        if seen.target.endswith("StartExecution"):
+            assert body == {"stateMachineArn": arn, "name": op.idempotency_token, "input": '{"n":3}'}
+        else:
+            assert body == {"executionArn": op.remote_job_id}
+        auth = seen.headers["authorization"]
+        assert auth.startswith(f"AWS4-HMAC-SHA256 Credential={aws_env['AWS_ACCESS_KEY_ID']}/")
+        assert f"/{REGION}/states/aws4_request" in auth
+        signed_names = auth.split("SignedHeaders=")[1].split(",")[0].split(";")
+        assert {"host", "x-amz-date", "x-amz-target", "content-type", "x-amz-security-token"} <= set(signed_names)
+        request = AWSRequest(
+            method=seen.method,
+            url=f"http://{seen.headers['host']}{seen.path}",
+            data=seen.body,
+            headers={name: seen.headers[name] for name in signed_names},
+        )
+        request.context["timestamp"] = seen.headers["x-amz-date"]
+        signer = SigV4Auth(creds, "states", REGION)
+        expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
+        assert auth.endswith(f"Signature={expected}")
+
+
+def test_sfn_throttling_is_a_doubt_replayed_not_a_rejection(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """ThrottlingException (HTTP 400) on the create is ambiguous: the create is replayed with the same
+    name, ends with one execution; a DescribeExecution answered ExecutionDoesNotExist is an unknown state."""
+    arn = state_machine(moto_url, wait_s=0)
+    calls = {"start": 0, "describe": 0}
+
+    def plan(seen: Seen) -> str | bytes:
+        if seen.target.endswith(".StartExecution"):
+            calls["start"] += 1
+            if calls["start"] == 1:
+                return aws_answer(
+                    400, {"__type": "com.amazon.coral.availability#ThrottlingException", "message": "Rate exceeded"}
+                )
+        if seen.target.endswith(".DescribeExecution"):
+            calls["describe"] += 1
+            if calls["describe"] == 1:
+                return aws_answer(400, {"__type": "ExecutionDoesNotExist", "message": "Execution Does Not Exist"})
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 4}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        assert len(executions(moto_url, arn)) == 1
+        history = causes(store, op_id)
+        assert "ambiguous_create" in history and "definitive_rejection" not in history
+        answers = [o["raw"] for o in store.observations(op_id) if o["kind"] == "create_response"]
+        assert answers[0]["outcome"] == "ambiguous" and answers[0]["error_class"] == "aws:ThrottlingException"
+        polls = [o["raw"] for o in store.observations(op_id) if o["kind"] == "status_poll"]
+        assert polls[0]["error_class"] == "aws:ExecutionDoesNotExist"
+
+
+def test_sfn_replay_refused_for_its_credentials_proves_nothing(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The create's answer is lost and the first replay is refused (AccessDeniedException): that is not
+    proof the original was refused (AWS replays no stored answers), so the next replay adopts the job."""
+    arn = state_machine(moto_url, wait_s=1)
+    starts = {"n": 0}
+
+    def plan(seen: Seen) -> str | bytes:
+        if seen.target.endswith(".StartExecution"):
+            starts["n"] += 1
+            if starts["n"] == 1:
+                return "drop"
+            if starts["n"] == 2:
+                return aws_answer(400, {"__type": "AccessDeniedException", "message": "not now"})
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 7}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        assert len(executions(moto_url, arn)) == 1 and starts["n"] == 3
+        history = causes(store, op_id)
+        assert "proved_absent" not in history and "definitive_rejection" not in history
+        answers = [o["raw"] for o in store.observations(op_id) if o["kind"] == "create_response"]
+        assert [a["outcome"] for a in answers] == ["ambiguous", "ambiguous", "confirmed"]
+        assert answers[1]["error_class"] == "aws:AccessDeniedException"
+
+
+def test_expired_credentials_are_read_again_and_the_request_signed_again_once(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS refuses the session token (ExpiredTokenException, nothing processed); the adapter reads the
+    chain again, finds rotated credentials and sends the same bytes signed with them, once."""
+    arn = state_machine(moto_url, wait_s=0)
+    rotated = "jtcanarytok_" + secrets.token_hex(12)
+
+    def plan(seen: Seen) -> str | bytes:
+        if seen.target.endswith(".StartExecution") and len(proxy.targets("StartExecution")) == 1:
+            monkeypatch.setenv("AWS_SESSION_TOKEN", rotated)
+            return aws_answer(400, {"__type": "ExpiredTokenException", "message": "The security token expired"})
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 8}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        first, second = proxy.targets("StartExecution")
+        assert first.body == second.body
+        assert first.headers["x-amz-security-token"] == aws_env["AWS_SESSION_TOKEN"]
+        assert second.headers["x-amz-security-token"] == rotated
+        assert causes(store, op_id).count("create_attempt") == 1  # one attempt: the refused send did nothing
+        held = ledger_bytes(store)
+        assert canary_hits(rotated, held) == [] and canary_hits(aws_env["AWS_SESSION_TOKEN"], held) == []
+
+
+def test_sfn_bad_request_is_a_definitive_rejection(
+    db_url: str, moto_url: str, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A state machine that does not exist is refused by AWS: failed, with the AWS error type named."""
+    missing = "arn:aws:states:us-east-1:123456789012:stateMachine:does-not-exist"
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", moto_url, missing), [{"n": 5}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.FAILED
+        assert "StateMachineDoesNotExist" in (op.state_reason or "")
+
+
+def test_sfn_cancel_stops_the_execution(db_url: str, moto_url: str, aws_env: dict[str, str], tmp_path: Path) -> None:
+    """A cancel sends StopExecution once; moto reports ABORTED, which ends the operation cancelled."""
+    arn = state_machine(moto_url, wait_s=30)
+    provider_file = sfn_file(tmp_path / "sfn.toml", moto_url, arn)
+    store = Store.open(db_url)
+    provider = load_provider(provider_file)
+
+    async def go() -> str:
+        jt = AsyncJobtrail(store=store, providers=[provider])
+        op = await jt.submit("sfn", {"n": 6})
+        worker = Worker(store, {"sfn": provider}, worker_id="w1", idle_s=0.02, lease_s=10)
+        runner = asyncio.create_task(worker.run(until_settled=True, timeout=20))
+        while (await asyncio.to_thread(store.get, op.operation_id)).state is not State.OBSERVING:
+            await asyncio.sleep(0.05)
+        await jt.cancel(op.operation_id, requested_by="alice", reason="test")
+        await runner
+        await provider.aclose()
+        return op.operation_id
+
+    op_id = asyncio.run(go())
+    with store:
+        assert store.get(op_id).state is State.CANCELLED, store.get(op_id).state_reason
+        assert [e["status"] for e in executions(moto_url, arn)] == ["ABORTED"]
+
+
+# -- Athena ----------------------------------------------------------------------------------------
+
+
+def test_athena_create_status_results_against_moto(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """StartQueryExecution carries ClientRequestToken = the token; GetQueryExecution's state drives the
+    operation; GetQueryResults is stored as the result (moto's queued rows)."""
+    rows = [{"Data": [{"VarCharValue": "id"}]}, {"Data": [{"VarCharValue": "1"}]}, {"Data": [{"VarCharValue": "2"}]}]
+    columns = [
+        {"Name": "id", "Type": "integer", "CatalogName": "c", "SchemaName": "s", "TableName": "t", "Label": "id"}
+    ]
+    queue = urllib.request.Request(
+        moto_url + "/moto-api/static/athena/query-results",
+        data=json.dumps({"region": REGION, "results": [{"rows": rows, "column_info": columns}]}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(queue) as answer:
+        assert answer.status == 201
+    path = tmp_path / "athena.toml"
+    path.write_text(
+        f'kind = "aws-athena"\nname = "athena"\nregion = "{REGION}"\nbase_url = "{proxy.url}"\n'
+        'work_group = "primary"\noutput_location = "s3://jobtrail-results/q/"\n' + FAST,
+        encoding="utf-8",
+    )
+    store, (op_id,) = run_in_process(db_url, path, [{"QueryString": "SELECT id FROM t"}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        start = proxy.targets("StartQueryExecution")
+        assert len(start) == 1
+        assert start[0].headers["content-type"] == "application/x-amz-json-1.1"
+        assert json.loads(start[0].body) == {
+            "QueryString": "SELECT id FROM t",
+            "ClientRequestToken": op.idempotency_token,
+            "WorkGroup": "primary",
+            "ResultConfiguration": {"OutputLocation": "s3://jobtrail-results/q/"},
+        }
+        assert "/athena/aws4_request" in start[0].headers["authorization"]
+        assert {s.target for s in proxy.seen} == {
+            "AmazonAthena.StartQueryExecution",
+            "AmazonAthena.GetQueryExecution",
+            "AmazonAthena.GetQueryResults",
+        }
+        _, data = read_result(store, op_id)
+        assert json.loads(data) == {"ResultSetMetadata": {"ColumnInfo": columns}, "Rows": rows}
+        held = ledger_bytes(store)
+        assert canary_hits(aws_env["AWS_SECRET_ACCESS_KEY"], held) == []
+        assert canary_hits(aws_env["AWS_SESSION_TOKEN"], held) == []
+
+
+# -- configuration and the contract check -----------------------------------------------------------
+
+
+def test_providers_check_states_the_guarantee() -> None:
+    """`jobtrail providers check` on the example says at-most-once by replay of the execution name."""
+    done = cli("providers", "check", str(EXAMPLES / "aws-stepfunctions.toml"), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["kind"] == "aws-stepfunctions"
+    assert report["at_most_once"] is True and report["reconcile"] == ["replay"]
+    assert report["guarantees"]["at-most-once creation"]["verdict"] == "yes"
+    assert report["token_retention_s"] == 90 * 24 * 3600
+    assert "ExecutionAlreadyExists" in report["contract"] and "DescribeExecution" in report["contract"]
+    assert report["credential"] == "aws-sigv4:default chain"
+    assert report["base_url"] == "https://states.us-east-1.amazonaws.com"
+    athena = json.loads(cli("providers", "check", str(EXAMPLES / "aws-athena.toml"), "--json").stdout)
+    assert athena["at_most_once"] is True and "ClientRequestToken" in athena["contract"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('credential = "env:AWS_SECRET_ACCESS_KEY"\n', "signed with botocore's credentials"),
+        ('[create]\npath = "/x"\n', "'create' is fixed by kind"),
+        ('region = "moon"\n', "region: expected an AWS region"),
+    ],
+)
+def test_config_mistakes_are_named(tmp_path: Path, extra: str, message: str) -> None:
+    """A key the adapter fixes, a credential value and a bad region are refused by name."""
+    arn = "arn:aws:states:us-east-1:123456789012:stateMachine:m"
+    path = tmp_path / "p.toml"
+    path.write_text(f'kind = "aws-stepfunctions"\nstate_machine_arn = "{arn}"\n{extra}', encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        load_provider(path)
+
+
+def test_plain_http_only_to_loopback_and_arn_required(tmp_path: Path) -> None:
+    """Signed requests never go over plain HTTP except to loopback; the state machine ARN is checked."""
+    arn = "arn:aws:states:us-east-1:123456789012:stateMachine:m"
+    path = tmp_path / "p.toml"
+    path.write_text(f'kind = "aws-stepfunctions"\nstate_machine_arn = "{arn}"\nbase_url = "http://example.com"\n')
+    with pytest.raises(ConfigError, match="https://"):
+        load_provider(path)
+    path.write_text('kind = "aws-stepfunctions"\nstate_machine_arn = "arn:aws:states:::nope"\n')
+    with pytest.raises(ConfigError, match="state_machine_arn"):
+        load_provider(path)
+
+
+def test_athena_lost_create_is_replayed_with_the_same_client_request_token(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The first StartQueryExecution's answer is lost; the replay sends the same bytes (the same
+    ClientRequestToken), which AWS answers with the original QueryExecutionId. (moto ignores the
+    token and starts a second query, so here the id adopted is the replay's: AWS's dedupe is not
+    provable against moto; what jobtrail sends is.)"""
+    dropped: list[bool] = []
+
+    def plan(seen: Seen) -> str:
+        if seen.target.endswith(".StartQueryExecution") and not dropped:
+            dropped.append(True)
+            return "drop"
+        return "forward"
+
+    proxy.plan = plan
+    path = tmp_path / "athena.toml"
+    path.write_text(
+        f'kind = "aws-athena"\nname = "athena"\nregion = "{REGION}"\nbase_url = "{proxy.url}"\n' + FAST,
+        encoding="utf-8",
+    )
+    store, (op_id,) = run_in_process(db_url, path, ["SELECT 1"])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        first, second = proxy.targets("StartQueryExecution")
+        assert first.body == second.body
+        assert json.loads(first.body) == {"QueryString": "SELECT 1", "ClientRequestToken": op.idempotency_token}
+        confirmed = [json.loads(e.evidence) for e in store.history(op_id) if e.cause == "confirmed_create"]
+        assert confirmed[0]["via"] == "replay"
