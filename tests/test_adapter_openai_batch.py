@@ -401,7 +401,6 @@ def test_a_cancelled_batch_ends_cancelled_with_its_partial_output_named(db_url: 
     assert fake.counts["cancels"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="flow: partial output on cancelled/expired")
 @pytest.mark.parametrize("ending", ["expired", "cancelled"])
 def test_partial_output_of_an_expired_or_cancelled_batch_is_stored(
     db_url: str, fake: OpenAIBatchFake, ending: str
@@ -549,16 +548,6 @@ def test_the_sdk_reads_the_fake(fake: OpenAIBatchFake) -> None:
 FILE_KIND = "openai-file"
 
 
-@pytest.fixture
-def file_kind() -> Iterator[None]:
-    """kind = "openai-file" (the same module; kinds.py does not list it yet)."""
-    from jobtrail.providers import kinds
-
-    kinds.register(FILE_KIND, "jobtrail.providers.adapters.openai_batch", "OpenAI Files upload (/v1/files)")
-    yield
-    kinds.KINDS.pop(FILE_KIND, None)
-
-
 def _input_file(path: Path, items: int) -> dict[str, Any]:
     import hashlib
 
@@ -588,7 +577,7 @@ def _run_both(db_url: str, fake: OpenAIBatchFake, kind: str, request: dict[str, 
 
 
 def test_an_upload_is_an_operation_whose_file_a_batch_then_runs(
-    db_url: str, fake: OpenAIBatchFake, tmp_path: Path, file_kind: None
+    db_url: str, fake: OpenAIBatchFake, tmp_path: Path
 ) -> None:
     request = _input_file(tmp_path / "input.jsonl", 3)
     upload = _run_both(db_url, fake, FILE_KIND, request)
@@ -607,7 +596,7 @@ def test_an_upload_is_an_operation_whose_file_a_batch_then_runs(
 
 
 def test_a_lost_upload_response_is_reconciled_by_listing_files(
-    db_url: str, fake: OpenAIBatchFake, tmp_path: Path, file_kind: None
+    db_url: str, fake: OpenAIBatchFake, tmp_path: Path
 ) -> None:
     """The upload is stored and its answer lost: the file named for our token is found, never re-uploaded."""
     for n in range(3):
@@ -626,7 +615,7 @@ def test_a_lost_upload_response_is_reconciled_by_listing_files(
 
 
 def test_a_file_that_changed_since_submit_is_never_uploaded(
-    db_url: str, fake: OpenAIBatchFake, tmp_path: Path, file_kind: None
+    db_url: str, fake: OpenAIBatchFake, tmp_path: Path
 ) -> None:
     request = _input_file(tmp_path / "in.jsonl", 2)
     Path(request["path"]).write_bytes(b'{"custom_id": "changed"}\n')

@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from json.encoder import encode_basestring
 from typing import Any
@@ -161,3 +161,14 @@ def to_us(dt: datetime) -> int:
 
 def from_us(us: int) -> datetime:
     return datetime.fromtimestamp(us // 1_000_000, tz=UTC).replace(microsecond=us % 1_000_000)
+
+
+def span_text(span: timedelta) -> str:
+    """``90 s``, ``45 min``, ``24 h``, ``1 day``, ``90 days``: a duration as a person reads it."""
+    seconds = span.total_seconds()
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and (seconds % size == 0 or seconds >= 10 * size):
+            value = seconds / size
+            plural = "s" if unit == "day" and value != 1 else ""
+            return f"{value:.3g} {unit}{plural}"
+    return f"{seconds:g} s"

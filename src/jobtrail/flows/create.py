@@ -15,7 +15,7 @@ import logging
 import random
 from typing import Any
 
-from jobtrail.domain.canonical import canonical_bytes, compact_json, rfc3339
+from jobtrail.domain.canonical import canonical_bytes, compact_json, rfc3339, span_text
 from jobtrail.domain.evidence import (
     AmbiguousCreate,
     CannotTell,
@@ -191,7 +191,8 @@ class CreateFlow:
                     State.NEEDS_ATTENTION,
                     CannotTell(
                         reason="token_expired",
-                        detail=f"the provider keeps tokens for {retention}; a replay now could create a second job",
+                        detail=f"the provider keeps tokens for {span_text(retention)}; a replay now could create "
+                        "a second job",
                     ),
                     actor=self.actor,
                     changes={

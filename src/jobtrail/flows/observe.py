@@ -235,7 +235,7 @@ class ObserveFlow:
         effects: dict[str, Any],
     ) -> Operation:
         """The provider's terminal word, with the partial output a cancelled or expired job left."""
-        reason = _ending_reason(op, ending, status.raw_state)
+        reason = _ending_reason(op, ending, status.raw_state, status.remote_state)
         partial = None
         if status.result_ref is not None and status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
             partial, note = await self._partial_output(op, provider, status.result_ref)
@@ -303,16 +303,15 @@ class ObserveFlow:
         )
 
 
-def _ending_reason(op: Operation, ending: State, raw_state: str | None) -> str:
+def _ending_reason(op: Operation, ending: State, raw_state: str | None, remote: RemoteState) -> str:
     after_cancel = op.state in _CANCEL_STATES
     if ending is State.RESULT_COLLECTING:
         if after_cancel:
             return "the job finished before the cancel took effect; collecting its result"
         return "the provider reports the job finished; collecting the result"
     if ending is State.FAILED:
-        return f"the provider reports the job {raw_state}" + (
-            " (after the cancel was requested)" if after_cancel else ""
-        )
+        said = raw_state if raw_state and raw_state.lower() == remote.value else f"{raw_state} ({remote.value})"
+        return f"the provider reports the job {said}" + (" (after the cancel was requested)" if after_cancel else "")
     if after_cancel:
         return "cancelled: the provider reports the job cancelled"
     return "the provider reports the job cancelled (not by us)"

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from jobtrail.domain.backoff import Backoff
+from jobtrail.domain.canonical import span_text
 from jobtrail.domain.record import Operation
 from jobtrail.domain.results import ResultSpec
 from jobtrail.domain.states import RemoteState
@@ -199,6 +200,13 @@ def guarantees(provider: Provider) -> dict[str, Any]:
     if caps.at_most_once:
         modes = ", ".join(m.value for m in caps.reconcile)
         once = {"verdict": "yes", "why": f"{token_text}; a doubtful create is reconciled by {modes}"}
+    elif getattr(provider, "lists_candidates", False):
+        once = {
+            "verdict": "no",
+            "why": f"{token_text} and no reconciliation path: after a lost response jobtrail never sends "
+            "again; it stops at needs_attention naming the jobs the provider lists as created in that "
+            "window, and a person decides",
+        }
     else:
         once = {
             "verdict": "no",
@@ -221,15 +229,15 @@ def guarantees(provider: Provider) -> dict[str, Any]:
     }
     warnings = []
     retention = caps.token_retention
-    if token.where != "none" and retention is None:
+    if ReconcileMode.REPLAY in caps.reconcile and retention is None:
         warnings.append(
             "the provider's token retention is not declared (create.token_retention_s); "
             "jobtrail cannot tell how long a replay is safe"
         )
-    elif retention is not None and retention < DEFAULT_CREATE_DEADLINE:
+    elif ReconcileMode.REPLAY in caps.reconcile and retention is not None and retention < DEFAULT_CREATE_DEADLINE:
         warnings.append(
-            f"tokens are kept for {retention}, less than the default create deadline "
-            f"({DEFAULT_CREATE_DEADLINE}): submit with --create-deadline below {retention}"
+            f"tokens are kept for {span_text(retention)}, less than the default create deadline "
+            f"({span_text(DEFAULT_CREATE_DEADLINE)}): submit with --create-deadline below {span_text(retention)}"
         )
     config = getattr(provider, "config", None)
     credential = getattr(config, "credential", None)
@@ -247,3 +255,4 @@ def guarantees(provider: Provider) -> dict[str, Any]:
         "token_retention_s": None if retention is None else retention.total_seconds(),
         "warnings": warnings,
     }
+

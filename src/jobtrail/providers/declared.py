@@ -224,7 +224,7 @@ def _credential(top: Section, parts: urllib.parse.SplitResult) -> Credential | N
     auth = top.text("auth", "bearer, header:<Name> or basic:<user>", "bearer")
     if not (auth == "bearer" or auth.startswith(("header:", "basic:"))) or auth in ("header:", "basic:"):
         top.fail("auth", "bearer, header:<Name> or basic:<user>", auth)
-    if parts.scheme == "http" and not _is_loopback(parts.hostname or ""):
+    if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
         top.fail(
             "base_url", "https:// (credentials are never sent over plain HTTP, except to loopback)", parts.geturl()
         )
@@ -589,7 +589,7 @@ def _check_path(section: Section, key: str, value: str) -> None:
         section.fail(key, "a JSON path like $.id, or header:Name", value)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -598,4 +598,13 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-__all__ = ["DEFAULT_STATES", "PLACEHOLDERS", "Endpoint", "HttpProviderConfig", "Paging", "StateRule", "parse_config"]
+__all__ = [
+    "DEFAULT_STATES",
+    "PLACEHOLDERS",
+    "Endpoint",
+    "HttpProviderConfig",
+    "Paging",
+    "StateRule",
+    "is_loopback",
+    "parse_config",
+]

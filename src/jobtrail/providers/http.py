@@ -49,6 +49,8 @@ _MAX_BODY = 16 * 1024 * 1024
 _USER_AGENT = "jobtrail/0.1"
 #: how long a resolved credential is used before it is read again (sooner when the provider refuses it)
 CREDENTIAL_TTL_S = 60.0
+#: where providers put their request id (generic, OpenAI and Anthropic, AWS JSON and S3 APIs)
+_REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-amzn-requestid", "x-amz-request-id")
 
 
 def _path_value(value: str, *, keep_slashes: bool) -> str:
@@ -57,7 +59,7 @@ def _path_value(value: str, *, keep_slashes: bool) -> str:
     return urllib.parse.quote(value, safe="/" if keep_slashes else "")
 
 
-async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     """The body, or its first ``limit`` bytes: a huge answer is never read whole."""
     chunks: list[bytes] = []
     total = 0
@@ -110,6 +112,8 @@ class HttpProvider:
 
     #: the provider file's ``kind``
     kind = "http"
+    #: whether :meth:`candidates` can list the jobs created in a window (adapters for APIs that can say so)
+    lists_candidates = False
     #: why the adapter's guarantees hold (shown by ``jobtrail providers check``)
     contract_note = ""
 
@@ -274,7 +278,7 @@ class HttpProvider:
                 body_value = parse_json(text) if text.strip() else None
             except ValueError:
                 body_value = {"_jobtrail_unparsed": text[:2000]}
-        request_id = next((v for k, v in resp_headers.items() if k.lower() in ("x-request-id", "request-id")), None)
+        request_id = next((v for k, v in resp_headers.items() if k.lower() in _REQUEST_ID_HEADERS), None)
         return Response(
             http_status=status,
             headers=resp_headers,
@@ -294,7 +298,7 @@ class HttpProvider:
         """
         try:
             async with self._client().request(method, url, headers=headers, json=body, allow_redirects=False) as resp:
-                raw = await _read_at_most(resp, max_bytes)
+                raw = await read_at_most(resp, max_bytes)
                 return resp.status, {k: v for k, v in resp.headers.items()}, raw
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._failure(exc)
@@ -305,7 +309,7 @@ class HttpProvider:
         """A GET to a declared download host: no credential, no provider headers, no redirects."""
         try:
             async with self._foreign_client().get(url, allow_redirects=False) as resp:
-                raw = await _read_at_most(resp, max_bytes)
+                raw = await read_at_most(resp, max_bytes)
                 return resp.status, {k: v for k, v in resp.headers.items()}, raw
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.os_error, AddressRefused):
@@ -632,5 +636,6 @@ __all__ = [
     "build",
     "load_provider",
     "parse_config",
+    "read_at_most",
     "with_token",
 ]

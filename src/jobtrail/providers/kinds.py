@@ -31,6 +31,7 @@ class _Builds(Protocol):
 KINDS: dict[str, tuple[str, str]] = {
     "http": ("jobtrail.providers.http", "any HTTP job API, declared key by key in the file"),
     "openai-batch": ("jobtrail.providers.adapters.openai_batch", "OpenAI Batch API (/v1/batches)"),
+    "openai-file": ("jobtrail.providers.adapters.openai_batch", "OpenAI Files upload (/v1/files), a batch's input"),
     "anthropic-batch": ("jobtrail.providers.adapters.anthropic_batch", "Anthropic Message Batches"),
     "aws-stepfunctions": ("jobtrail.providers.adapters.aws", "AWS Step Functions StartExecution"),
     "aws-athena": ("jobtrail.providers.adapters.aws", "AWS Athena StartQueryExecution"),

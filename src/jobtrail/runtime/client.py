@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypedDict, Unpack
 
+from jobtrail.domain.canonical import span_text
 from jobtrail.domain.errors import ConfigError, StaleRecord
 from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import (
@@ -28,7 +29,7 @@ from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.results import read_result
 from jobtrail.ledger.store import SQLITE_BUSY_TIMEOUT_MS, Store
 from jobtrail.ledger.writer import Writer
-from jobtrail.providers.contract import Provider, slowest_call_s
+from jobtrail.providers.contract import Provider, ReconcileMode, slowest_call_s
 from jobtrail.providers.http import HttpProvider, load_provider
 from jobtrail.runtime.tasks import Task, open_task
 from jobtrail.runtime.worker import default_worker_id
@@ -148,13 +149,14 @@ class AsyncJobtrail:
     def _check_retention(self, adapter: Provider, create_deadline: timedelta | None) -> None:
         """A retry after the provider forgot the token could create a second job: say so before sending."""
         retention = adapter.capabilities.token_retention
-        if retention is None or adapter.capabilities.token.where == "none":
-            return
+        if retention is None or ReconcileMode.REPLAY not in adapter.capabilities.reconcile:
+            return  # only a replay relies on the provider still knowing the token
         if create_deadline is None or create_deadline > retention:
+            deadline = span_text(create_deadline) if create_deadline else "unlimited"
             message = (
-                f"provider {adapter.name} keeps idempotency tokens for {retention}, but the create deadline is "
-                f"{create_deadline or 'unlimited'}: a retry after the provider forgot the token could create a "
-                f"second job; submit with a create deadline below {retention}"
+                f"provider {adapter.name} keeps idempotency tokens for {span_text(retention)}, but the create "
+                f"deadline is {deadline}: a retry after the provider forgot the token could create a "
+                f"second job; submit with a create deadline below {span_text(retention)}"
             )
             if self.retention_policy == "refuse":
                 raise ConfigError(message)

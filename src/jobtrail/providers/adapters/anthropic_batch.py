@@ -163,6 +163,8 @@ class AnthropicBatchProvider(HttpProvider):
         ref = seen.result_ref if ended is RemoteState.SUCCEEDED or ran else None
         return dataclasses.replace(seen, remote_state=ended, progress=progress, result_ref=ref, provider_time=when)
 
+    lists_candidates = True
+
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
         """The batches listed as created between ``since_us`` and ``until_us`` (a margin either side) with
         as many requests as ``op``'s body: newest first, page by page (``after_id`` = ``last_id``)."""

@@ -43,7 +43,8 @@ from jobtrail.domain.redact import Secret
 from jobtrail.domain.states import RemoteState, State
 from jobtrail.providers.contract import CreateOutcome, Response, StatusOutcome
 from jobtrail.providers.credentials import Credential
-from jobtrail.providers.http import HttpProvider, _is_loopback, _read_at_most, parse_config
+from jobtrail.providers.declared import is_loopback
+from jobtrail.providers.http import HttpProvider, parse_config, read_at_most
 from jobtrail.providers.kinds import operator_settings
 
 #: how long Step Functions keeps a STANDARD execution's name after it closes (the name cannot be reused before)
@@ -204,7 +205,7 @@ class AwsJsonProvider(HttpProvider):
         signed = self._signed(method, url, headers, payload, frozen)
         try:
             async with self._client().request(method, url, headers=signed, data=payload, allow_redirects=False) as resp:
-                raw = await _read_at_most(resp, max_bytes)
+                raw = await read_at_most(resp, max_bytes)
                 return resp.status, {k: v for k, v in resp.headers.items()}, raw
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._failure(exc)
@@ -623,7 +624,7 @@ def _same_json(theirs: Any, ours: str) -> bool:
 _COMMON_ALSO = ("region", "aws_profile", "result")
 
 
-def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
+def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:  # noqa: PLR0912 - each operator key, checked
     """Build the adapter a ``kind = "aws-stepfunctions"`` or ``"aws-athena"`` file declares."""
     if kind not in ("aws-stepfunctions", "aws-athena"):
         raise ConfigError(f"{source}: kind {kind!r} is not an AWS adapter")
@@ -673,7 +674,7 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
     settings.setdefault("name", kind)
     settings.setdefault("target", arn if sfn else f"athena:{region}:{work_group or 'primary'}")
     parts = urllib.parse.urlsplit(str(settings["base_url"]))
-    if parts.scheme != "https" and not _is_loopback(parts.hostname or ""):
+    if parts.scheme != "https" and not is_loopback(parts.hostname or ""):
         raise ConfigError(
             f"{source}: base_url: expected https:// (signed AWS requests go over plain HTTP only to loopback), "
             f"got {settings['base_url']!r}"

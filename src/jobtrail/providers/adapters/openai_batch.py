@@ -47,7 +47,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import unusable
 from jobtrail.domain.record import Operation
 from jobtrail.providers.contract import CreateOutcome, LookupOutcome, ReconcileMode, Response, StatusOutcome
-from jobtrail.providers.http import HttpProvider, _read_at_most, parse_config
+from jobtrail.providers.http import HttpProvider, parse_config, read_at_most
 from jobtrail.providers.kinds import operator_settings
 
 #: the metadata key our idempotency token travels in
@@ -399,6 +399,8 @@ class OpenAIBatchProvider(_OpenAIProvider):
             detail=f"no batch among the {summary['scanned']} created since the operation carries our token",
         )
 
+    lists_candidates = True
+
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
         """Batches created in the window that carry no jobtrail token (a person decides; never adopted)."""
         listed = await self._list_recent(op, "/v1/batches?limit=100", since_us / 1_000_000 - LIST_MARGIN_S)
@@ -596,7 +598,7 @@ class OpenAIFileProvider(_OpenAIProvider):
         form.add_field("file", body.content, filename=body.filename, content_type="application/octet-stream")
         try:
             async with self._client().request(method, url, headers=headers, data=form, allow_redirects=False) as resp:
-                raw = await _read_at_most(resp, max_bytes)
+                raw = await read_at_most(resp, max_bytes)
                 return resp.status, dict(resp.headers.items()), raw
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._failure(exc)

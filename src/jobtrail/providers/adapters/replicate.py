@@ -215,6 +215,8 @@ class ReplicateProvider(HttpProvider):
             )
         return _json_result(prediction, canonical_bytes({"output": urls, "files": files}))
 
+    lists_candidates = True
+
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
         """The predictions of the same version created in the window (newest-first cursor pages)."""
         mode = ReconcileMode.LIST_BY_REFERENCE
