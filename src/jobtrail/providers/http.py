@@ -337,6 +337,14 @@ class HttpProvider:
 
     # -- the contract --------------------------------------------------------------------------
 
+    def check_request(self, request: Any) -> object:
+        """Refuse (ConfigError naming what is wrong) a request the provider's contract cannot carry, at
+        submit, before it becomes an operation: a refusal later would only surface as a create that can
+        never be sent. Adapters add their API's own rules."""
+        if self.config.token.where == "body":
+            return with_token(request, self.config.token.name, "", provider=self.name)
+        return request
+
     async def create(self, op: Operation) -> CreateOutcome:
         cfg = self.config
         body = op.request_body

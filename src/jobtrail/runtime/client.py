@@ -189,6 +189,13 @@ class AsyncJobtrail:
             cancel_deadline=cancel_deadline,
         )
         spec.check_deadlines()
+        if isinstance(adapter, HttpProvider):
+            try:
+                adapter.check_request(request)
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"provider {provider} refuses this request (nothing was recorded or sent): {exc}"
+                ) from None
         return spec
 
     async def submit_many(self, provider: str, requests: Iterable[Any], **options: Any) -> list[Operation]:

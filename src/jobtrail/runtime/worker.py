@@ -36,6 +36,8 @@ from jobtrail.providers.contract import Provider, slowest_call_s
 
 log = logging.getLogger("jobtrail")
 _US = 1_000_000
+#: how long a claim lasts unless a provider's slowest call needs longer
+DEFAULT_LEASE_S = 60.0
 #: every state with an automatic next action
 WORKED_STATES = tuple(AUTOMATIC_STATES)
 #: states whose next action can settle the operation soon; the escalated ones (a person has been told;
@@ -75,7 +77,8 @@ class Worker:
         providers: adapters by name; only their operations are claimed.
         worker_id: recorded on every lease and observation (default host:pid).
         concurrency: operations in flight at once.
-        lease_s: how long a claim lasts; must exceed the slowest provider call.
+        lease_s: how long a claim lasts; must exceed the slowest provider call (default:
+            :data:`DEFAULT_LEASE_S`, or twice the slowest call when that is longer).
         batch: most operations claimed per query.
         idle_s: longest sleep when nothing is due.
         checks: per provider name, the caller's own check of a result (return None/True to accept,
@@ -90,7 +93,7 @@ class Worker:
         *,
         worker_id: str | None = None,
         concurrency: int = 1000,
-        lease_s: float = 60.0,
+        lease_s: float | None = None,
         batch: int = 200,
         idle_s: float = 0.5,
         rng: random.Random | None = None,
@@ -101,6 +104,9 @@ class Worker:
         self.providers = dict(providers)
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
+        slowest_anywhere = max((slowest_call_s(p) for p in self.providers.values()), default=0.0)
+        if lease_s is None:  # long enough for a few calls of the slowest provider
+            lease_s = max(DEFAULT_LEASE_S, 2 * slowest_anywhere + 10)
         self.lease_s = lease_s
         self.batch = batch
         self.idle_s = idle_s

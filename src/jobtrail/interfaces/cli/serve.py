@@ -33,9 +33,9 @@ from jobtrail.interfaces.cli.common import EXIT_NEGATIVE, EXIT_OK, cli, console,
     "--lease",
     "lease_s",
     type=click.FloatRange(min=1),
-    default=60.0,
-    show_default=True,
-    help="Seconds a claim lasts; must exceed the slowest provider call.",
+    default=None,
+    help="Seconds a claim lasts; must exceed the slowest provider call (default: 60, or twice the slowest "
+    "call when that is longer).",
 )
 @click.option(
     "--until-settled",
@@ -52,7 +52,7 @@ def worker(
     ctx: click.Context,
     provider_files: tuple[str, ...],
     concurrency: int,
-    lease_s: float,
+    lease_s: float | None,
     until_settled: bool,
     timeout: float | None,
     worker_id: str | None,
