@@ -12,7 +12,7 @@ from jobtrail import AsyncJobtrail, ConfigError, State, Store, Worker
 from jobtrail.domain.jsonpath import extract_any
 from jobtrail.domain.record import Operation
 from jobtrail.ledger.results import read_result
-from jobtrail.providers.contract import Response
+from jobtrail.providers.contract import Response, guarantees
 from jobtrail.providers.http import HttpProvider, _retry_after, parse_config
 from jobtrail.testing import FakeProvider, Fault
 
@@ -184,3 +184,24 @@ def test_a_lost_create_is_found_on_the_third_page_of_the_list(ledger: Store) -> 
         assert fake.counts["lists"] == 3 and fake.counts["jobs_created"] == 5
     finally:
         fake.stop()
+
+
+def test_a_request_the_contract_cannot_carry_is_refused_at_submit(ledger: Store, fake: FakeProvider) -> None:
+    cfg = fake.provider_config(create={"token": {"in": "body", "name": "metadata.jobtrail_ref"}})
+
+    async def go(body: Any) -> None:
+        async with AsyncJobtrail(store=ledger, providers=[cfg]) as jt:
+            await jt.submit("fake", body)
+
+    for body, why in (([1, 2], "must be a JSON object"), ({"metadata": "mine"}, "'metadata' is not a JSON object")):
+        with pytest.raises(ConfigError, match=f"refuses this request \\(nothing was recorded or sent\\): .*{why}"):
+            asyncio.run(go(body))
+    assert ledger.list_operations(limit=None) == [] and fake.counts["creates_received"] == 0
+
+
+def test_providers_check_warns_when_a_finished_jobs_result_has_nowhere_to_come_from(fake: FakeProvider) -> None:
+    cfg = fake.provider_config(result=None)
+    cfg["status"] = {k: v for k, v in cfg["status"].items() if k != "result_ref"}
+    (warning,) = guarantees(HttpProvider(parse_config(cfg)))["warnings"]
+    assert warning.startswith("no [result] path, [result] from_status or [status] result_ref")
+    assert guarantees(HttpProvider(parse_config(fake.provider_config())))["warnings"] == []

@@ -240,6 +240,15 @@ def guarantees(provider: Provider) -> dict[str, Any]:
             f"({span_text(DEFAULT_CREATE_DEADLINE)}): submit with --create-deadline below {span_text(retention)}"
         )
     config = getattr(provider, "config", None)
+    if (
+        getattr(provider, "kind", "http") == "http"
+        and config is not None
+        and not (config.result or config.result_from_status or config.result_ref_path)
+    ):
+        warnings.append(
+            "no [result] path, [result] from_status or [status] result_ref: a job that finishes (other than "
+            "with a synchronous result) ends result_unavailable, since its result cannot be fetched"
+        )
     credential = getattr(config, "credential", None)
     return {
         "provider": provider.name,
