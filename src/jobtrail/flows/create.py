@@ -370,9 +370,10 @@ class CreateFlow:
                 not_sent=outcome,
                 obs_id=obs_id,
             )
-        redirected = outcome.error_class == "redirect"  # re-sending a redirected POST only repeats it
-        if redirected or (op.state is State.RECONCILIATION and outcome.error_class == "malformed_response"):
-            # the replay repeats the same unreadable answer: waiting cannot settle it
+        # a redirect (re-sending only repeats it) or an answer the adapter knows waiting cannot settle; or a
+        # replay repeating the same unreadable answer
+        decide = outcome.person_must_decide
+        if decide or (op.state is State.RECONCILIATION and outcome.error_class == "malformed_response"):
             return await self.writer.transition(
                 op,
                 State.NEEDS_ATTENTION,
@@ -384,7 +385,7 @@ class CreateFlow:
                 changes={
                     "next_action_at_us": None,
                     "state_reason": outcome.detail
-                    if redirected
+                    if decide
                     else (
                         f"the provider's answers carry no job id ({outcome.detail}); check the provider "
                         "file's create.job_id, then look for the job in the provider's console"

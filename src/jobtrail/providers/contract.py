@@ -101,6 +101,9 @@ class CreateOutcome:
     error_class: str = ""
     detail: str = ""
     declared_non_retryable: bool = False
+    #: an ambiguous answer that neither waiting nor sending again can settle (a redirect, an id taken by
+    #: another job): the operation stops for a person at once, ``detail`` saying what to look at
+    person_must_decide: bool = False
 
 
 LookupKind = Literal["found", "absent", "unknown", "candidates"]

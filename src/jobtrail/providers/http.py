@@ -385,6 +385,7 @@ class HttpProvider:
             return CreateOutcome(
                 kind="ambiguous",
                 response=resp,
+                person_must_decide=True,
                 error_class="redirect",
                 detail=(
                     f"the create was answered with HTTP {status} redirecting to {where}; redirects are not "

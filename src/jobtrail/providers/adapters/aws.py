@@ -370,6 +370,7 @@ class StepFunctionsProvider(AwsJsonProvider):
         return CreateOutcome(
             kind="ambiguous",
             response=kept,
+            person_must_decide=True,
             error_class="execution_name_taken",
             detail=f"the execution name {op.idempotency_token} is taken by {arn} with a different input: "
             "it is not this operation's execution, and no second one can be started under this token; a "
