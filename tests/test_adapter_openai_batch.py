@@ -310,22 +310,21 @@ def test_the_callers_metadata_survives_merged_with_the_token(db_url: str, fake: 
 def test_metadata_openai_would_refuse_is_never_sent(
     db_url: str, fake: OpenAIBatchFake, metadata: dict[str, Any], says: str
 ) -> None:
-    """Nothing leaves; the record says what is wrong (the create deadline then ends it)."""
+    """Refused at submit, naming what is wrong: nothing is recorded, nothing leaves."""
     file_id = fake.add_input_file(2)
 
-    async def go() -> Any:
+    async def go() -> list[Any]:
         store = Store.open(db_url)
         jt = AsyncJobtrail(store=store, providers=[config(fake)])
-        op = await jt.submit(NAME, {"input_file_id": file_id, "metadata": metadata}, caller="test")
-        after = await jt.advance_create(op.operation_id)
-        history = store.history(op.operation_id)
-        await jt.aclose()
-        return after, history
+        try:
+            with pytest.raises(ConfigError, match="refuses this request \\(nothing was recorded or sent\\)") as refused:
+                await jt.submit(NAME, {"input_file_id": file_id, "metadata": metadata}, caller="test")
+            assert says in str(refused.value)
+            return store.list_operations(limit=None)
+        finally:
+            await jt.aclose()
 
-    op, history = asyncio.run(go())
-    assert op.state is S.CREATE_PENDING and "never left: invalid_request" in (op.state_reason or "")
-    not_sent = json.loads(history[-1].evidence)
-    assert history[-1].cause == "create_not_sent" and says in not_sent["detail"]
+    assert asyncio.run(go()) == []
     assert fake.counts["creates_received"] == 0
     provider = load_provider(config(fake))
     assert isinstance(provider, OpenAIBatchProvider)
@@ -614,9 +613,7 @@ def test_a_lost_upload_response_is_reconciled_by_listing_files(
     assert result is not None and json.loads(result[1])["id"] == record.remote_job_id
 
 
-def test_a_file_that_changed_since_submit_is_never_uploaded(
-    db_url: str, fake: OpenAIBatchFake, tmp_path: Path
-) -> None:
+def test_a_file_that_changed_since_submit_is_never_uploaded(db_url: str, fake: OpenAIBatchFake, tmp_path: Path) -> None:
     request = _input_file(tmp_path / "in.jsonl", 2)
     Path(request["path"]).write_bytes(b'{"custom_id": "changed"}\n')
 

@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from jobtrail.testing._served import ServedInThread
+
 
 @dataclass(slots=True)
 class Fault:
@@ -158,7 +160,7 @@ class _KeyRecord:
 
 
 @dataclass
-class FakeProvider:
+class FakeProvider(ServedInThread):
     """The fake. ``start()`` runs it in a thread; ``await start_async()`` in the running loop."""
 
     host: str = "127.0.0.1"
@@ -188,9 +190,6 @@ class FakeProvider:
         self._keys: dict[str, _KeyRecord] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.base_url = ""
 
     # -- control -----------------------------------------------------------------------
@@ -261,15 +260,7 @@ class FakeProvider:
         return app
 
     async def start_async(self) -> str:
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1]
-        self.base_url = f"http://{self.host}:{self.port}"
+        self.base_url, self.port = await self.serve(self._app(), self.host, self.port)
         self._watcher = asyncio.create_task(self._watch()) if self.webhook_url and self.webhook_secret else None
         return self.base_url
 
@@ -323,47 +314,7 @@ class FakeProvider:
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def start(self) -> FakeProvider:
-        """Serve from a background thread; returns once the port is bound."""
-        ready = threading.Event()
-        problem: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start_async())
-            except BaseException as exc:
-                problem.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop_async())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="fake-provider", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if problem:
-            raise problem[0]
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
-
-    def __enter__(self) -> FakeProvider:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        await super().stop_async()
 
     # -- handlers ------------------------------------------------------------------------------
 

@@ -39,6 +39,8 @@ from typing import Any
 
 from aiohttp import web
 
+from jobtrail.testing._served import ServedInThread
+
 #: the outcome words of one item in a results file
 OUTCOMES = ("succeeded", "errored", "canceled", "expired")
 #: ``anthropic-version`` values the fake accepts
@@ -186,7 +188,7 @@ class FakeBatch:
 
 
 @dataclass
-class AnthropicBatchFake:
+class AnthropicBatchFake(ServedInThread):
     """The fake. ``start()`` runs it in a thread (free port on 127.0.0.1); ``stop()`` ends it."""
 
     api_key: str = "sk-ant-fake-key"
@@ -211,9 +213,6 @@ class AnthropicBatchFake:
         self._list_faults: list[CreateFault] = []
         self._plans: list[BatchPlan] = []
         self.default_plan = BatchPlan()
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.base_url = ""
 
     # -- control -----------------------------------------------------------------------
@@ -277,64 +276,9 @@ class AnthropicBatchFake:
         return app
 
     async def start_async(self) -> str:
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1]
-        self.base_url = f"http://{self.host}:{self.port}"
+        self.base_url, self.port = await self.serve(self._app(), self.host, self.port)
         return self.base_url
 
-    async def stop_async(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def start(self) -> AnthropicBatchFake:
-        """Serve from a background thread; returns once the port is bound.
-
-        The SDK's types are loaded first (importing them and building the request validator takes
-        seconds): a first answer delayed by that would look like a slow API to the client."""
-        _sdk_types()
-        _create_params_adapter()
-        ready = threading.Event()
-        problem: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start_async())
-            except BaseException as exc:
-                problem.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop_async())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="anthropic-batch-fake", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if problem:
-            raise problem[0]
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
-
-    def __enter__(self) -> AnthropicBatchFake:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- handlers ------------------------------------------------------------------------------
 

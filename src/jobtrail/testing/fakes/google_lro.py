@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from jobtrail.testing._fake_provider import Fault
+from jobtrail.testing._served import ServedInThread
 
 PROJECT, LOCATION = "fake-project", "us-central1"
 
@@ -56,7 +57,7 @@ class LongRunning:
 
 
 @dataclass
-class GoogleLroFake:
+class GoogleLroFake(ServedInThread):
     """``start()`` serves from a thread; ``stop()`` ends it."""
 
     host: str = "127.0.0.1"
@@ -73,9 +74,6 @@ class GoogleLroFake:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
         self.base_url = ""
 
     @property
@@ -105,55 +103,12 @@ class GoogleLroFake:
 
     # -- life cycle ---------------------------------------------------------------------------------
 
-    def start(self) -> GoogleLroFake:
-        ready = threading.Event()
-        problem: list[BaseException] = []
-
-        async def serve() -> None:
-            app = web.Application(middlewares=[self._guard])
-            app.router.add_post("/v1/projects/{project}/locations/{location}/instances", self._create)
-            app.router.add_route("*", "/v1/{tail:.*}", self._operations)
-            self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, 0)
-            await site.start()
-            server = site._server
-            assert server is not None
-            self.base_url = f"http://{self.host}:{getattr(server, 'sockets', [])[0].getsockname()[1]}"
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(serve())
-            except BaseException as exc:
-                problem.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            if self._runner is not None:
-                loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="google-lro-fake", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if problem:
-            raise problem[0]
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
-
-    def __enter__(self) -> GoogleLroFake:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def start_async(self) -> str:
+        app = web.Application(middlewares=[self._guard])
+        app.router.add_post("/v1/projects/{project}/locations/{location}/instances", self._create)
+        app.router.add_route("*", "/v1/{tail:.*}", self._operations)
+        self.base_url, _ = await self.serve(app, self.host)
+        return self.base_url
 
     # -- handlers -------------------------------------------------------------------------------------
 

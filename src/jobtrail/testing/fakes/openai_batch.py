@@ -29,6 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
+from jobtrail.testing._served import ServedInThread
+
 #: what an upload's purpose may be (``openai.types.FilePurpose``)
 _PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 #: the routes faults can be scripted for
@@ -141,7 +143,7 @@ class FakeBatch:
 
 
 @dataclass
-class OpenAIBatchFake:
+class OpenAIBatchFake(ServedInThread):
     """The fake. ``start()`` serves from a thread; ``stop()`` ends it. ``counts`` says what it saw."""
 
     host: str = "127.0.0.1"
@@ -162,9 +164,6 @@ class OpenAIBatchFake:
         self.files: dict[str, FakeFile] = {}
         self.plans: dict[str, BatchPlan] = {}
         self.faults: dict[str, list[Fault]] = {route: [] for route in ROUTES}
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.base_url = ""
 
     # -- control ----------------------------------------------------------------------------
@@ -242,59 +241,9 @@ class OpenAIBatchFake:
         return app
 
     async def start_async(self) -> str:
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1]
-        self.base_url = f"http://{self.host}:{self.port}"
+        self.base_url, self.port = await self.serve(self._app(), self.host, self.port)
         return self.base_url
 
-    async def stop_async(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def start(self) -> OpenAIBatchFake:
-        """Serve from a background thread; returns once the port is bound."""
-        ready = threading.Event()
-        problem: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start_async())
-            except BaseException as exc:
-                problem.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop_async())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="openai-batch-fake", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if problem:
-            raise problem[0]
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
-
-    def __enter__(self) -> OpenAIBatchFake:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- the model ---------------------------------------------------------------------------------
 

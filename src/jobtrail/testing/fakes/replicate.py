@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from jobtrail.testing._fake_provider import Fault
+from jobtrail.testing._served import ServedInThread
 
 #: a valid 1x1 PNG, then padding that is not UTF-8 (a JSON parse of it must fail)
 PNG_BYTES = bytes.fromhex(
@@ -68,7 +69,7 @@ def _stamp(at: float) -> str:
 
 
 @dataclass
-class ReplicateFake:
+class ReplicateFake(ServedInThread):
     """``start()`` serves both origins from a thread; ``stop()`` ends it."""
 
     host: str = "127.0.0.1"
@@ -92,9 +93,6 @@ class ReplicateFake:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runners: list[web.AppRunner] = []
         self.base_url = ""
         self.delivery_url = ""
 
@@ -136,55 +134,10 @@ class ReplicateFake:
         app.router.add_get("/pbxt/{id}/{file}", self._download)
         return app
 
-    async def _serve(self, app: web.Application) -> str:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, 0)
-        await site.start()
-        self._runners.append(runner)
-        server = site._server
-        assert server is not None
-        port = getattr(server, "sockets", [])[0].getsockname()[1]
-        return f"http://{self.host}:{port}"
-
-    def start(self) -> ReplicateFake:
-        ready = threading.Event()
-        problem: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                self.base_url = loop.run_until_complete(self._serve(self._api()))
-                self.delivery_url = loop.run_until_complete(self._serve(self._delivery()))
-            except BaseException as exc:
-                problem.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            for runner in self._runners:
-                loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="replicate-fake", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if problem:
-            raise problem[0]
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
-
-    def __enter__(self) -> ReplicateFake:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def start_async(self) -> str:
+        self.base_url, _ = await self.serve(self._api(), self.host)
+        self.delivery_url, _ = await self.serve(self._delivery(), self.host)
+        return self.base_url
 
     # -- the API ----------------------------------------------------------------------------------
 
