@@ -78,6 +78,17 @@ class ListingProvider(HttpProvider):
         return LookupOutcome(kind="candidates", path=ReconcileMode.LIST_BY_REFERENCE, response=sent, remote_job_ids=ids)
 
 
+def lost_create(ledger: Store, provider: HttpProvider) -> Operation:
+    """Submit and drive a create whose answer the fake drops (scripted by the caller)."""
+
+    async def go() -> Operation:
+        async with AsyncJobtrail(store=ledger, providers=[provider]) as jt:
+            op = await jt.submit("fake", {"task": "once"})
+            return await jt.drive_create(op.operation_id)
+
+    return asyncio.run(go())
+
+
 def _careless(fake: FakeProvider) -> dict[str, Any]:
     return config(fake, create={"token": {"in": "none"}}, reconcile=None)
 
@@ -87,13 +98,7 @@ def test_a_lost_create_without_reconciliation_names_the_jobs_that_may_be_it(ledg
     try:
         fake.script(Fault.drop())
         provider = ListingProvider(parse_config(_careless(fake)))
-
-        async def go() -> Operation:
-            async with AsyncJobtrail(store=ledger, providers=[provider]) as jt:
-                op = await jt.submit("fake", {"task": "once"})
-                return await jt.drive_create(op.operation_id)
-
-        op = asyncio.run(go())
+        op = lost_create(ledger, provider)
         assert op.state is S.NEEDS_ATTENTION
         (job_id,) = fake.jobs
         assert "1 job(s) created between" in (op.state_reason or "") and job_id in (op.state_reason or "")
@@ -110,13 +115,7 @@ def test_a_provider_that_cannot_list_says_so_in_the_reason(ledger: Store) -> Non
     try:
         fake.script(Fault.drop())
         provider = HttpProvider(parse_config(_careless(fake)))
-
-        async def go() -> Operation:
-            async with AsyncJobtrail(store=ledger, providers=[provider]) as jt:
-                op = await jt.submit("fake", {"task": "once"})
-                return await jt.drive_create(op.operation_id)
-
-        op = asyncio.run(go())
+        op = lost_create(ledger, provider)
         assert op.state is S.NEEDS_ATTENTION
         assert "could not be listed (this provider cannot list its jobs by time)" in (op.state_reason or "")
         assert fake.counts["creates_received"] == 1
