@@ -51,7 +51,29 @@ def test_wait_times_out_when_no_worker_runs(db_url: str, fake: FakeProvider, tmp
     )
     op_id = jobtrail("--db", db_url, "submit", "--provider", str(provider), "--request", '{"n": 2}').stdout.split()[0]
     waited = jobtrail("--db", db_url, "wait", op_id, "--timeout", "0.5")
-    assert waited.returncode == 1 and "still accepted after 0.5 s" in waited.stderr
+    assert waited.returncode == 4 and "still accepted after 0.5 s" in waited.stderr  # 4: not an ending
+    as_json = jobtrail("--db", db_url, "wait", op_id, "--timeout", "0.2", "--json")
+    assert as_json.returncode == 4 and json.loads(as_json.stdout)["settled"] is False
+
+
+def test_a_worker_that_runs_out_of_time_before_settling_says_so(db_url: str, tmp_path: Path) -> None:
+    slow = FakeProvider(job_duration_s=30).start()
+    try:
+        provider = slow.write_provider_file(tmp_path / "fake.toml")
+        jobtrail("--db", db_url, "submit", "--provider", str(provider), "--request", '{"n": 3}')
+        code, _, err = finish(start_worker(db_url, provider, "w1", "--until-settled", "--timeout", "1"))
+    finally:
+        slow.stop()
+    assert code == 4 and "ran out with operations still to act on" in err
+
+
+def test_errors_under_json_are_json_with_their_exit_code(db_url: str) -> None:
+    missing = jobtrail("--db", db_url, "ops", "show", "no-such-key", "--json")
+    assert missing.returncode == 1
+    assert json.loads(missing.stdout)["error"]["exit_code"] == 1 and "no-such-key" in missing.stdout
+    bad = jobtrail("--db", db_url, "wait", "x", "--timeout", "soon", "--json")
+    error = json.loads(bad.stdout)["error"]
+    assert bad.returncode == 2 and error["exit_code"] == 2 and "--timeout" in error["message"]
 
 
 def test_webhooks_serve_receives_signed_events(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:

@@ -130,6 +130,11 @@ class Worker:
         self.stats = WorkerStats()
         self._stopping = asyncio.Event()
 
+    @property
+    def stopped(self) -> bool:
+        """Asked to stop (a signal, or :meth:`stop`), rather than out of time or settled."""
+        return self._stopping.is_set()
+
     def stop(self) -> None:
         """Stop claiming; in-flight actions finish and release their leases."""
         self._stopping.set()

@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # the ledger (SQLAlchemy) is imported by the commands that us
 
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
+#: waiting ran out while the operation (or a worker's operations) still had automatic work ahead
+EXIT_STILL_RUNNING = 4
 
 console = Console()
 
@@ -35,6 +37,10 @@ def emit_json(doc: Any) -> None:
 
 
 def fail(message: str, code: int) -> NoReturn:
+    """One line on stderr and the exit code; under ``--json`` also ``{"error": {...}}`` on stdout."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.find_root().meta.get("jobtrail.json"):
+        emit_json({"error": {"message": message, "exit_code": code}})
     click.echo(f"jobtrail: {message}", err=True)
     sys.exit(code)
 
@@ -45,6 +51,8 @@ class Group(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if ctx.parent is None:  # the root: global options work after the command too
             args = hoist_global_options(args)
+            # an error is JSON too when the command was asked for JSON (its own option is parsed later)
+            ctx.meta["jobtrail.json"] = "--json" in args
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -55,6 +63,10 @@ class Group(click.Group):
                 raise
             code = EXIT_NEGATIVE if isinstance(exc, OperationNotFound) else EXIT_USAGE
             fail(str(exc), code)
+        except click.UsageError as exc:  # a bad option or value: the same one line (and JSON) as ours
+            if not ctx.find_root().meta.get("jobtrail.json"):
+                raise
+            fail(exc.format_message(), EXIT_USAGE)
 
 
 def open_store(ctx: click.Context) -> Store:

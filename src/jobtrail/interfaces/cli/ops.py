@@ -17,6 +17,7 @@ from jobtrail.interfaces.cli.common import (
     EXIT_NEEDS_PERSON,
     EXIT_NEGATIVE,
     EXIT_OK,
+    EXIT_STILL_RUNNING,
     cli,
     console,
     emit_json,
@@ -211,8 +212,8 @@ _WAIT_EXIT = {
 def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -> None:
     """Wait until an operation ends or needs a person (a worker must be running).
 
-    Exit 0 succeeded or cancelled, 1 failed, result unavailable or invalid, or still running at the
-    time-out, 3 a person must decide.
+    Exit 0 succeeded or cancelled, 1 failed, result unavailable or invalid, 3 a person must decide,
+    4 still running at the time-out.
 
     \b
     Example:
@@ -245,7 +246,7 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     if not settled:
         if not as_json:
             click.echo(f"still {op.state.value} after {timeout:g} s; next: {next_action(op)}", err=True)
-        sys.exit(EXIT_NEGATIVE)
+        sys.exit(EXIT_STILL_RUNNING)
     sys.exit(_WAIT_EXIT.get(op.state, EXIT_NEGATIVE))
 
 

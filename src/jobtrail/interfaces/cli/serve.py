@@ -9,7 +9,15 @@ from typing import Any
 import click
 
 from jobtrail.domain.errors import require_extra
-from jobtrail.interfaces.cli.common import EXIT_NEGATIVE, EXIT_OK, cli, console, emit_json, open_store
+from jobtrail.interfaces.cli.common import (
+    EXIT_NEGATIVE,
+    EXIT_OK,
+    EXIT_STILL_RUNNING,
+    cli,
+    console,
+    emit_json,
+    open_store,
+)
 
 
 @cli.command()
@@ -101,6 +109,13 @@ def worker(
                 "settled": stats.settled,
             }
         )
+    if until_settled and not stats.settled and not runner.stopped:
+        click.echo(
+            f"jobtrail: --timeout {timeout or 0:g} s ran out with operations still to act on; run the worker "
+            "again (or longer), and see `jobtrail ops list` for what is left",
+            err=True,
+        )
+        sys.exit(EXIT_STILL_RUNNING)
 
 
 @cli.group()
