@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cancel_and_results import config, state_is, submit, work
+from test_cancel_and_results import FAST, config, state_is, submit, work
 
 from jobtrail import AsyncJobtrail, ConfigError, State, Store
 from jobtrail.domain.record import Operation
@@ -72,9 +77,7 @@ class ListingProvider(HttpProvider):
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
         sent = await self._send("GET", self.config.base_url + "/v1/jobs", op)
         assert not isinstance(sent, tuple)
-        ids = tuple(
-            job["id"] for job in sent.body["data"] if since_us <= job["created_at"] * 1_000_000 <= until_us
-        )
+        ids = tuple(job["id"] for job in sent.body["data"] if since_us <= job["created_at"] * 1_000_000 <= until_us)
         return LookupOutcome(kind="candidates", path=ReconcileMode.LIST_BY_REFERENCE, response=sent, remote_job_ids=ids)
 
 
@@ -145,3 +148,64 @@ def test_a_result_that_is_not_json_is_stored_byte_for_byte(
 def test_a_schema_on_a_result_that_is_not_json_is_refused_at_load(fake: FakeProvider) -> None:
     with pytest.raises(ConfigError, match=r"result\.content_type: expected a JSON media type where schema"):
         parse_config(config(fake, result={"content_type": "text/csv", "schema": {"type": "object"}}))
+
+
+def _worker_peak_rss_kib(db_url: str, provider: Path) -> int:
+    """Run a worker until settled in a child process; the child's peak resident memory."""
+    measure = (
+        "import resource, subprocess, sys; "
+        "code = subprocess.run(sys.argv[1:]).returncode; "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)"
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            measure,
+            sys.executable,
+            "-m",
+            "jobtrail",
+            "--db",
+            db_url,
+            "worker",
+            "--provider",
+            str(provider),
+            "--until-settled",
+            "--timeout",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr
+    return int(run.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_large_result_streams_to_its_file_without_being_held_in_memory(
+    db_url: str, fake: FakeProvider, tmp_path: Path
+) -> None:
+    provider = fake.write_provider_file(
+        tmp_path / "fake.toml",
+        result={"content_type": "application/octet-stream", "max_bytes": 256 * 1024 * 1024},
+        **FAST,
+    )
+    spooled_before = set(Path(tempfile.gettempdir()).glob("jobtrail-fetch-*"))
+    peaks = {}
+    for name, size in (("small", 100_000), ("large", 96 * 1024 * 1024)):
+        with Store.open(db_url) as store:
+            cfg = fake.provider_config(
+                result={"content_type": "application/octet-stream", "max_bytes": 256 * 1024 * 1024}, **FAST
+            )
+            op_id = submit(store, cfg, {"fake": {"result": "large_binary", "size": size}, "n": name})
+        peaks[name] = _worker_peak_rss_kib(db_url, provider)
+        with Store.open(db_url) as store:
+            op = store.get(op_id)
+            assert op.state is S.SUCCEEDED, op.state_reason
+            row, kept = read_result(store, op_id)
+        served = next(job for job in fake.jobs.values() if job.body.get("n") == name).result_bytes()[0]
+        assert row["size"] == size and hashlib.sha256(kept).hexdigest() == hashlib.sha256(served).hexdigest()
+    # 96 MiB held whole (let alone twice) would show; spooled, the worker grows by buffers only
+    assert peaks["large"] - peaks["small"] < 32 * 1024, peaks
+    assert set(Path(tempfile.gettempdir()).glob("jobtrail-fetch-*")) == spooled_before  # nothing left behind

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from jobtrail.domain.canonical import parse_json
 from jobtrail.domain.errors import ConfigError, OperationalError
@@ -82,6 +82,52 @@ class ResultSpec:
     check: str | None = None
 
 
+class ResultBytes(Protocol):
+    """A fetched result's bytes, in memory (:class:`Buffer`) or spooled to a file as they arrived.
+
+    Checks read only what they need: the size and sha256 (computed while the bytes arrived),
+    lines for JSONL, the whole only to parse a JSON document.
+    """
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+    def read(self) -> bytes: ...
+
+    def lines(self) -> Iterator[bytes]: ...
+
+    def windows(self, size: int, overlap: int) -> Iterator[bytes]:
+        """Overlapping slices (for scanning): each starts ``overlap`` bytes before the last one ended."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """Result bytes held in memory."""
+
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    def read(self) -> bytes:
+        return self.data
+
+    def lines(self) -> Iterator[bytes]:
+        return iter(self.data.splitlines())
+
+    def windows(self, size: int, overlap: int) -> Iterator[bytes]:
+        yield self.data
+
+
 @dataclass(slots=True)
 class Validation:
     """Every check's outcome; ``failed`` is the first that did not pass."""
@@ -113,32 +159,35 @@ def load_check(name: str) -> Check:
 
 
 def validate(  # noqa: PLR0911 - each check returns at its first failure
-    data: bytes,
+    data: bytes | ResultBytes,
     content_type: str | None,
     headers: Mapping[str, str],
     spec: ResultSpec,
     extra_check: Check | None = None,
 ) -> Validation:
     """Run every declared check on the fetched bytes; stop at the first failure."""
+    view: ResultBytes = Buffer(data) if isinstance(data, bytes) else data
     v = Validation()
     seen_type = (content_type or "").split(";")[0].strip() or None
     if spec.content_type and not v.add("content_type", seen_type == spec.content_type, spec.content_type, seen_type):
         return v
-    if not v.add("size", len(data) <= spec.max_bytes, f"<= {spec.max_bytes} bytes", len(data)):
+    if not v.add("size", view.size <= spec.max_bytes, f"<= {spec.max_bytes} bytes", view.size):
         return v
-    digest = hashlib.sha256(data).hexdigest()
     if spec.checksum_header:
+        digest = view.sha256
         declared = extract(f"header:{spec.checksum_header}", None, headers)
         declared = (declared or "").removeprefix("sha256=").strip().lower() or None
         if not v.add("checksum", declared == digest, declared or "a sha256 header", digest):
             return v
     if spec.batch is not None:
-        return _batch(data, spec, v, extra_check)
+        return _batch(view, spec, v, extra_check)
     if not (is_json(spec.content_type or seen_type) or spec.schema is not None or spec.records_path):
         # bytes are the result (a CSV, an image, a Parquet file): stored as they came, checked by size,
-        # checksum and type only, and handed to the caller's check as bytes
-        _extra(v, extra_check, data)
+        # checksum and type only (never read whole here), and handed to a caller's check as bytes
+        if extra_check is not None:
+            _extra(v, extra_check, view.read())
         return v
+    data = view.read()  # a JSON document is parsed whole
     try:
         v.document = parse_json(data) if data.strip() else None
     except ValueError as exc:
@@ -181,10 +230,10 @@ def _schema(v: Validation, schema: Mapping[str, Any]) -> bool:
     return v.add("json_schema", True)
 
 
-def _batch(data: bytes, spec: ResultSpec, v: Validation, extra_check: Check | None) -> Validation:
+def _batch(view: ResultBytes, spec: ResultSpec, v: Validation, extra_check: Check | None) -> Validation:
     assert spec.batch is not None
     items: list[Any] = []
-    for number, line in enumerate(data.splitlines(), start=1):
+    for number, line in enumerate(view.lines(), start=1):
         if not line.strip():
             continue
         try:

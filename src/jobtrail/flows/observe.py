@@ -30,6 +30,7 @@ from jobtrail.domain.record import Operation
 from jobtrail.domain.results import (
     NO_CREDENTIALS_CHECK,
     NO_CREDENTIALS_REASON,
+    Buffer,
     Check,
     ResultCarriesCredential,
     ResultSpec,
@@ -38,11 +39,11 @@ from jobtrail.domain.results import (
     validate,
 )
 from jobtrail.domain.states import RemoteState, State
-from jobtrail.ledger.results import prepare_result
+from jobtrail.ledger.results import carries_secret, prepare_result
 from jobtrail.ledger.store import Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
 from jobtrail.ledger.writer import Writer
-from jobtrail.providers.contract import Provider, Response, StatusOutcome
+from jobtrail.providers.contract import Provider, Response, Spooled, StatusOutcome
 
 _US = 1_000_000
 #: a result fetch that keeps failing is given up after this many attempts
@@ -270,7 +271,7 @@ class ObserveFlow:
         """
         resp = await provider.fetch_result(op, ref)
         await record_fetch(self.writer, op.operation_id, resp, attempt=1)
-        if resp.http_status != 200 or resp.raw is None:
+        if resp.http_status != 200 or resp.fetched is None:
             return None, f"its partial output ({ref}) could not be fetched (HTTP {resp.http_status or 'no answer'})"
         checked = await self.io(
             check_and_prepare, self.store, op.operation_id, resp, provider.result_spec, named_check(provider)
@@ -363,7 +364,7 @@ class CollectFlow:
         resp = await provider.fetch_result(op, ref)
         failpoint("collect.after_fetch")
         await record_fetch(self.writer, op.operation_id, resp, attempt=attempts)
-        if resp.http_status == 200 and resp.raw is not None:
+        if resp.http_status == 200 and resp.fetched is not None:
             return await self._finish(op, provider, resp, f"fetched {ref or 'result'}")
         why = f"result fetch {attempts} failed (HTTP {resp.http_status or 'no answer'})"
         if isinstance(resp.body, dict) and resp.body.get("error") == "refused":  # no request made; asking again
@@ -482,18 +483,24 @@ def check_and_prepare(
 ) -> Checked:
     """Validate fetched bytes and make them ready to store: blocking (parsing, scanning every byte for a
     credential, writing a large file), so flows run it through their ``io``."""
-    assert resp.raw is not None
+    fetched = resp.fetched
+    assert fetched is not None
     content_type = next((v for k, v in resp.headers.items() if k.lower() == "content-type"), None)
-    checked = validate(resp.raw, content_type, resp.headers, spec, check)
-    if checked.failed is not None:  # a credential in it outranks any other failure (and is named as such)
-        return Checked(None, None if store.redactor.contains_secret(resp.raw) else checked)
     try:
-        stored = prepare_result(
-            store, operation_id, resp.raw, content_type=content_type, checks=checked.checks, summary=checked.summary
-        )
-    except ResultCarriesCredential:
-        return Checked(None, None)
-    return Checked(stored, checked)
+        checked = validate(fetched, content_type, resp.headers, spec, check)
+        if checked.failed is not None:  # a credential in it outranks any other failure (and is named as such)
+            view = Buffer(fetched) if isinstance(fetched, bytes) else fetched
+            return Checked(None, None if carries_secret(store, view) else checked)
+        try:
+            stored = prepare_result(
+                store, operation_id, fetched, content_type=content_type, checks=checked.checks, summary=checked.summary
+            )
+        except ResultCarriesCredential:
+            return Checked(None, None)
+        return Checked(stored, checked)
+    finally:
+        if isinstance(fetched, Spooled):  # stored by now (copied into the ledger's files), or refused
+            fetched.discard()
 
 
 def named_check(provider: Provider) -> Check | None:
@@ -510,7 +517,11 @@ async def record_fetch(writer: Writer, operation_id: str, resp: Response, *, att
             "http_status": resp.http_status,
             "headers": dict(resp.headers),
             "attempt": attempt,
-            "size": None if resp.raw is None else len(resp.raw),
+            "size": None
+            if (fetched := resp.fetched) is None
+            else fetched.size
+            if isinstance(fetched, Spooled)
+            else len(fetched),
             "error": resp.body,
         },
         http_status=resp.http_status,

@@ -7,7 +7,10 @@ import os
 import tempfile
 from pathlib import Path
 
+from jobtrail.domain.results import ResultBytes
 from jobtrail.ledger.store import Store
+
+_CHUNK = 1024 * 1024
 
 
 def data_dir(store: Store) -> Path:
@@ -21,15 +24,18 @@ def data_dir(store: Store) -> Path:
     return Path(base) / "jobtrail" / "results"
 
 
-def write_atomically(directory: Path, digest: str, data: bytes) -> Path:
+def write_atomically(directory: Path, digest: str, data: bytes | ResultBytes) -> Path:
+    """The content-addressed file for ``digest``, written (streamed, fsynced, renamed into place) unless
+    the same bytes are already there."""
     final = directory / digest[:2] / digest
-    if final.exists() and hashlib.sha256(final.read_bytes()).hexdigest() == digest:
+    if final.exists() and file_digest(final) == digest:
         return final  # content-addressed: the same bytes are already there
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".incoming-")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for chunk in (data,) if isinstance(data, bytes) else data.windows(_CHUNK, 0):
+                fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
@@ -42,6 +48,12 @@ def write_atomically(directory: Path, digest: str, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return final
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a file, read a chunk at a time."""
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def ledger_files(store: Store) -> tuple[list[Path], Path]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from jobtrail.domain.results import ResultCarriesCredential, ResultCorrupted, ResultMissing
+from jobtrail.domain.results import Buffer, ResultBytes, ResultCarriesCredential, ResultCorrupted, ResultMissing
 from jobtrail.ledger import schema as t
 from jobtrail.ledger.audit import recorded_result_digest
 from jobtrail.ledger.chain import entry_hash
@@ -23,12 +23,14 @@ from jobtrail.ledger.store import Store, StoredResult
 
 #: results up to this size live in the database; larger ones are files
 INLINE_MAX_BYTES = 256 * 1024
+#: a spooled result is scanned for credentials this much at a time, each window overlapping the last
+_SCAN_WINDOW, _SCAN_OVERLAP = 4 * 1024 * 1024, 64 * 1024
 
 
 def prepare_result(
     store: Store,
     operation_id: str,
-    data: bytes,
+    data: bytes | ResultBytes,
     *,
     content_type: str | None,
     checks: list[dict[str, Any]],
@@ -38,25 +40,34 @@ def prepare_result(
 
     A result is the user's data: nothing in it is masked or rewritten, so its sha256 is the
     one the history records. A large one is written now to its content-addressed file (a
-    file no row names yet is harmless: the same bytes reuse it); the row lands with the
-    transition (:attr:`Change.result`), in the same transaction and under the same fence.
-    One that carries a configured credential (in any encoding) is refused
-    (:class:`ResultCarriesCredential`), never stored.
+    file no row names yet is harmless: the same bytes reuse it), streamed from wherever it
+    was spooled; the row lands with the transition (:attr:`Change.result`), in the same
+    transaction and under the same fence. One that carries a configured credential (in any
+    encoding) is refused (:class:`ResultCarriesCredential`), never stored.
     """
-    if store.redactor.contains_secret(data):
+    view: ResultBytes = Buffer(data) if isinstance(data, bytes) else data
+    if carries_secret(store, view):
         raise ResultCarriesCredential(
             f"the result of {operation_id} carries a configured credential; it was not stored",
             operation_id=operation_id,
         )
-    digest = hashlib.sha256(data).hexdigest()
-    body: bytes | None = data
+    digest, size = view.sha256, view.size
+    body: bytes | None = None
     path: str | None = None
-    if len(data) > INLINE_MAX_BYTES:
+    if size > INLINE_MAX_BYTES:
         directory = data_dir(store)
-        body, path = None, str(write_atomically(directory, digest, data).relative_to(directory))
+        path = str(write_atomically(directory, digest, view).relative_to(directory))
+    else:
+        body = view.read()
     return StoredResult(
-        sha256=digest, size=len(data), content_type=content_type, body=body, path=path, checks=checks, summary=summary
+        sha256=digest, size=size, content_type=content_type, body=body, path=path, checks=checks, summary=summary
     )
+
+
+def carries_secret(store: Store, view: ResultBytes) -> bool:
+    """Whether the bytes hold a configured credential, scanned a window at a time (the windows overlap
+    by more than any encoded form of a credential is long)."""
+    return any(store.redactor.contains_secret(window) for window in view.windows(_SCAN_WINDOW, _SCAN_OVERLAP))
 
 
 def stored_result(store: Store, operation_id: str) -> dict[str, Any] | None:

@@ -8,10 +8,13 @@ are facts to record. It raises only for our own misuse or misconfiguration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from jobtrail.domain.backoff import Backoff
@@ -73,6 +76,65 @@ class Capabilities:
 CreateKind = Literal["confirmed", "synchronous", "rejected", "ambiguous", "not_sent"]
 
 
+@dataclass(frozen=True, slots=True)
+class Spooled:
+    """A large body written to a file as it arrived, its size and sha256 counted on the way
+    (:class:`~jobtrail.domain.results.ResultBytes`): a result is never held in memory whole.
+
+    The file is the taker's: the ledger moves it into its content-addressed store, and whoever
+    does not keep it deletes it (:meth:`discard`).
+    """
+
+    path: Path
+    size: int
+    sha256: str
+
+    def read(self) -> bytes:
+        return self.path.read_bytes()
+
+    def lines(self) -> Iterator[bytes]:
+        with self.path.open("rb") as fh:
+            for line in fh:
+                yield line.rstrip(b"\r\n")
+
+    def windows(self, size: int, overlap: int) -> Iterator[bytes]:
+        with self.path.open("rb") as fh:
+            tail = b""
+            while chunk := fh.read(size):
+                yield tail + chunk
+                tail = chunk[-overlap:] if overlap else b""
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def join_bodies(parts: Sequence[bytes | Spooled], *, spool_over: int) -> bytes | Spooled:
+    """Several fetched bodies as one, each ending in a newline (JSONL files, say): in memory while the
+    total stays under ``spool_over`` bytes, else streamed into a file of its own (the parts' files are
+    discarded). Blocking: run it off the event loop."""
+    total = sum(p.size if isinstance(p, Spooled) else len(p) for p in parts)
+    if total < spool_over and all(isinstance(p, bytes) for p in parts):
+        data = b""
+        for part in parts:
+            assert isinstance(part, bytes)
+            data += part if not data or data.endswith(b"\n") else b"\n" + part
+        return data
+    digest, size, last = hashlib.sha256(), 0, b"\n"
+    with tempfile.NamedTemporaryFile(prefix="jobtrail-fetch-", delete=False) as out:
+        for part in parts:
+            chunks = part.windows(1024 * 1024, 0) if isinstance(part, Spooled) else iter((part,))
+            for n, chunk in enumerate(chunks):
+                piece = b"\n" + chunk if n == 0 and size and last != b"\n" else chunk
+                if piece:
+                    out.write(piece)
+                    digest.update(piece)
+                    size += len(piece)
+                    last = piece[-1:]
+            if isinstance(part, Spooled):
+                part.discard()
+    return Spooled(Path(out.name), size, digest.hexdigest())
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Response:
     """What came back over the wire, before redaction (the store redacts it)."""
@@ -84,6 +146,22 @@ class Response:
     retry_after_s: float | None = None
     #: the undecoded body (result fetches only); never stored as is
     raw: bytes | None = None
+    #: the undecoded body of a large result fetch, in a file instead of ``raw``
+    spooled: Spooled | None = None
+
+    @property
+    def fetched(self) -> bytes | Spooled | None:
+        """The undecoded body, wherever it is."""
+        return self.raw if self.raw is not None else self.spooled
+
+    def content(self) -> bytes | None:
+        """The undecoded body in memory (read back from its file if it was spooled; the file is discarded)."""
+        if self.spooled is None:
+            return self.raw
+        try:
+            return self.spooled.read()
+        finally:
+            self.spooled.discard()
 
     def to_json(self) -> dict[str, Any]:
         return {"http_status": self.http_status, "headers": dict(self.headers), "body": self.body}

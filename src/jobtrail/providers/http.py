@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import os
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -33,6 +36,7 @@ from jobtrail.providers.contract import (
     LookupOutcome,
     ReconcileMode,
     Response,
+    Spooled,
     StatusOutcome,
 )
 from jobtrail.providers.declared import Endpoint, HttpProviderConfig, parse_config
@@ -49,6 +53,10 @@ _MAX_BODY = 16 * 1024 * 1024
 _USER_AGENT = "jobtrail/0.1"
 #: how long a resolved credential is used before it is read again (sooner when the provider refuses it)
 CREDENTIAL_TTL_S = 60.0
+#: a body larger than this is spooled to a file as it arrives (see read_at_most)
+SPOOL_OVER_BYTES = 1024 * 1024
+#: of a large answer that is not a result (an error page), this much is kept
+_ERROR_BODY_KEPT = 64 * 1024
 #: where providers put their request id (generic, OpenAI and Anthropic, AWS JSON and S3 APIs)
 _REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-amzn-requestid", "x-amz-request-id")
 
@@ -59,16 +67,42 @@ def _path_value(value: str, *, keep_slashes: bool) -> str:
     return urllib.parse.quote(value, safe="/" if keep_slashes else "")
 
 
-async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body, or its first ``limit`` bytes: a huge answer is never read whole."""
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | Spooled:
+    """The body, or its first ``limit`` bytes: a huge answer is never read whole.
+
+    A body past :data:`SPOOL_OVER_BYTES` goes to a file as it arrives (written off the event
+    loop, its sha256 counted on the way), so a large result is never held in memory.
+    """
     chunks: list[bytes] = []
     total = 0
-    async for chunk in resp.content.iter_chunked(64 * 1024):
-        chunks.append(chunk)
-        total += len(chunk)
-        if total >= limit:
-            break
-    return b"".join(chunks)[:limit]
+    spool: Any = None
+    digest = hashlib.sha256()
+    try:
+        async for received in resp.content.iter_chunked(64 * 1024):
+            chunk = received[: limit - total]
+            total += len(chunk)
+            if spool is None and total > SPOOL_OVER_BYTES:
+                spool = await asyncio.to_thread(tempfile.NamedTemporaryFile, prefix="jobtrail-fetch-", delete=False)
+                chunks.append(chunk)
+                held, chunks = b"".join(chunks), []
+                digest.update(held)
+                await asyncio.to_thread(spool.write, held)
+            elif spool is not None:
+                digest.update(chunk)
+                await asyncio.to_thread(spool.write, chunk)
+            else:
+                chunks.append(chunk)
+            if total >= limit:
+                break
+    except BaseException:
+        if spool is not None:
+            spool.close()
+            Path(spool.name).unlink(missing_ok=True)
+        raise
+    if spool is None:
+        return b"".join(chunks)
+    await asyncio.to_thread(spool.close)
+    return Spooled(Path(spool.name), total, digest.hexdigest())
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
@@ -258,19 +292,30 @@ class HttpProvider:
 
     def _response(
         self,
-        answer: tuple[int, dict[str, str], bytes] | tuple[str, str],
+        answer: tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str],
         max_bytes: int,
         keep_raw: bool,
     ) -> Response | tuple[str, str]:
         if len(answer) == 2:
             return answer
-        status, raw_headers, raw = answer
+        status, raw_headers, received = answer
         # header bytes that are not UTF-8 arrive as lone surrogates, which no database can store
         resp_headers = {_text(k): _text(v) for k, v in raw_headers.items()}
+        size = received.size if isinstance(received, Spooled) else len(received)
+        spooled: Spooled | None = None
+        raw = received if isinstance(received, bytes) else b""
+        if isinstance(received, Spooled):
+            if keep_raw and 200 <= status < 300:
+                spooled = received  # a result stays in its file (its checks judge its size)
+            else:  # anything else is read back, bounded, and the file dropped
+                with received.path.open("rb") as fh:
+                    raw = fh.read(_ERROR_BODY_KEPT if keep_raw else max_bytes) if keep_raw or size <= max_bytes else b""
+                received.discard()
+                size = len(raw) if keep_raw else size
         body_value: Any
         if keep_raw:
             body_value = None
-        elif len(raw) > max_bytes:
+        elif size > max_bytes:
             body_value = {"_jobtrail": f"body larger than {max_bytes} bytes, not kept"}
         else:
             text = raw.decode("utf-8", errors="replace")
@@ -285,12 +330,13 @@ class HttpProvider:
             body=body_value,
             provider_request_id=request_id,
             retry_after_s=_retry_after(resp_headers),
-            raw=raw if keep_raw else None,
+            raw=raw if keep_raw and spooled is None else None,
+            spooled=spooled,
         )
 
     async def _transport(
         self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
         """The wire: (status, headers, at most ``max_bytes`` of the body), or (error_class, detail).
 
         The deterministic simulation replaces only this method, so everything above the
@@ -305,7 +351,7 @@ class HttpProvider:
 
     async def _foreign_transport(
         self, url: yarl.URL, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
         """A GET to a declared download host: no credential, no provider headers, no redirects."""
         try:
             async with self._foreign_client().get(url, allow_redirects=False) as resp:

@@ -79,7 +79,7 @@ class FakeJob:
     ``result``: ``"ok"``, ``"bad_checksum"``, ``"missing"``, ``"one_time"`` (a second fetch gets 410),
     ``"batch"`` (JSONL with ``items`` lines of which ``failed_items`` failed), ``"large"`` (``size``
     bytes), ``"flaky"`` (the first ``flaky`` fetches get 503), ``"schema_bad"``, ``"binary"`` (PNG
-    bytes), ``"csv"``;
+    bytes), ``"csv"``, ``"large_binary"`` (``size`` bytes);
     ``effects``: report partial effects (items processed) on every status;
     ``ending``: ``"expired"`` (the job expires instead of finishing);
     ``partial``: a cancelled or expired batch serves the half of its items it finished (``result_url``).
@@ -139,6 +139,10 @@ class FakeJob:
                     item["response"] = {"status_code": 200, "body": {"n": n}}
                 lines.append(json.dumps(item))
             return ("\n".join(lines) + "\n").encode(), "application/x-ndjson"
+        if mode == "large_binary":  # ``size`` bytes of an archive, say: never JSON
+            block = hashlib.sha256(self.id.encode()).digest() * 32768  # 1 MiB
+            size = int(opts.get("size", 1_000_000))
+            return (block * (size // len(block) + 1))[:size], "application/octet-stream"
         if mode == "binary":  # an image: not JSON, not even UTF-8
             return b"\x89PNG\r\n\x1a\n" + hashlib.sha256(self.id.encode()).digest() * 64, "image/png"
         if mode == "csv":

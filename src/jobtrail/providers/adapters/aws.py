@@ -41,7 +41,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Secret
 from jobtrail.domain.states import RemoteState, State
-from jobtrail.providers.contract import CreateOutcome, Response, StatusOutcome
+from jobtrail.providers.contract import CreateOutcome, Response, Spooled, StatusOutcome
 from jobtrail.providers.credentials import Credential
 from jobtrail.providers.declared import is_loopback
 from jobtrail.providers.http import HttpProvider, parse_config, read_at_most
@@ -178,7 +178,7 @@ class AwsJsonProvider(HttpProvider):
 
     async def _transport(
         self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
         """Sign the exact bytes, send them; a refused credential is re-read and the request signed again once."""
         payload = body if isinstance(body, bytes) else compact_json(body).encode("utf-8")
         try:
@@ -201,7 +201,7 @@ class AwsJsonProvider(HttpProvider):
 
     async def _signed_send(
         self, method: str, url: str, headers: Mapping[str, str], payload: bytes, max_bytes: int, frozen: Any
-    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
         signed = self._signed(method, url, headers, payload, frozen)
         try:
             async with self._client().request(method, url, headers=signed, data=payload, allow_redirects=False) as resp:
@@ -596,7 +596,9 @@ class AthenaProvider(AwsJsonProvider):
 # -- building from a provider file ------------------------------------------------------------------
 
 
-def _credential_refused(raw: bytes) -> bool:
+def _credential_refused(raw: bytes | Spooled) -> bool:
+    if isinstance(raw, Spooled):  # a credential error is a small body; a large one is something else
+        return False
     try:
         body = parse_json(raw) if raw.strip() else None
     except ValueError:

@@ -46,8 +46,16 @@ from jobtrail.domain.canonical import parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import unusable
 from jobtrail.domain.record import Operation
-from jobtrail.providers.contract import CreateOutcome, LookupOutcome, ReconcileMode, Response, StatusOutcome
-from jobtrail.providers.http import HttpProvider, parse_config, read_at_most
+from jobtrail.providers.contract import (
+    CreateOutcome,
+    LookupOutcome,
+    ReconcileMode,
+    Response,
+    Spooled,
+    StatusOutcome,
+    join_bodies,
+)
+from jobtrail.providers.http import SPOOL_OVER_BYTES, HttpProvider, parse_config, read_at_most
 from jobtrail.providers.kinds import operator_settings
 
 #: the metadata key our idempotency token travels in
@@ -282,20 +290,6 @@ class _OpenAIProvider(HttpProvider):
         }
         return batches, summary, last
 
-    def _response(
-        self, answer: tuple[int, dict[str, str], bytes] | tuple[str, str], max_bytes: int, keep_raw: bool
-    ) -> Response | tuple[str, str]:
-        resp = super()._response(answer, max_bytes, keep_raw)
-        if isinstance(resp, Response):
-            ms = next((v for k, v in resp.headers.items() if k.lower() == "retry-after-ms"), None)
-            try:
-                wait = float(ms) / 1000 if ms is not None else None
-            except ValueError:
-                wait = None
-            if wait is not None and 0 <= wait < 86400:  # OpenAI's own precise form wins, as its SDK does
-                resp = dataclasses.replace(resp, retry_after_s=wait)
-        return resp
-
 
 class OpenAIBatchProvider(_OpenAIProvider):
     """The OpenAI Batch API: token in metadata, reconciliation by listing, two result files."""
@@ -456,29 +450,33 @@ class OpenAIBatchProvider(_OpenAIProvider):
                 }
             )
         budget = self.config.result_spec.max_bytes
-        parts: list[bytes] = []
+        parts: list[bytes | Spooled] = []
         last: Response | None = None
-        for role, file_id in files:
-            url = self._url("/v1/files/{job_id}/content", op, job_id=file_id)
-            sent = await self._send("GET", url, op, keep_raw=True, max_bytes=max(budget, 0))
-            if isinstance(sent, tuple):
-                return Response(body={"error": sent[0], "detail": f"{role} file {file_id}: {sent[1]}"})
-            if sent.http_status != 200 or sent.raw is None:
-                return _error_response(sent, f"{role} file {file_id}")
-            last = sent
-            parts.append(sent.raw)
-            budget -= len(sent.raw)
+        try:
+            for role, file_id in files:
+                url = self._url("/v1/files/{job_id}/content", op, job_id=file_id)
+                sent = await self._send("GET", url, op, keep_raw=True, max_bytes=max(budget, 0))
+                if isinstance(sent, tuple):
+                    return Response(body={"error": sent[0], "detail": f"{role} file {file_id}: {sent[1]}"})
+                fetched = sent.fetched
+                if sent.http_status != 200 or fetched is None:
+                    return _error_response(sent, f"{role} file {file_id}")
+                last = sent
+                parts.append(fetched)
+                budget -= fetched.size if isinstance(fetched, Spooled) else len(fetched)
+        except BaseException:
+            for part in parts:
+                if isinstance(part, Spooled):
+                    part.discard()
+            raise
         assert last is not None
-        data = b""
-        for part in parts:
-            if data and not data.endswith(b"\n"):
-                data += b"\n"
-            data += part
+        data = await asyncio.to_thread(join_bodies, parts, spool_over=SPOOL_OVER_BYTES)
         return Response(
             http_status=200,
             headers={"Content-Type": "application/jsonl"},
             provider_request_id=last.provider_request_id,
-            raw=data,
+            raw=data if isinstance(data, bytes) else None,
+            spooled=data if isinstance(data, Spooled) else None,
         )
 
 
@@ -590,7 +588,7 @@ class OpenAIFileProvider(_OpenAIProvider):
 
     async def _transport(
         self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
         if not isinstance(body, _Upload):
             return await super()._transport(method, url, headers, body, max_bytes)
         form = aiohttp.FormData()
@@ -631,7 +629,7 @@ def _parse_ref(ref: str | None) -> list[tuple[str, str]]:
 
 def _error_response(sent: Response, what: str) -> Response:
     """A failed file read, its error body parsed for the observation (never the raw bytes)."""
-    raw = sent.raw or b""
+    raw = sent.content() or b""
     try:
         body: Any = parse_json(raw[:65536].decode("utf-8", errors="replace")) if raw.strip() else None
     except ValueError:

@@ -26,6 +26,7 @@ the credential-free download or the create's ``Prefer`` header); the contract is
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import hashlib
@@ -192,9 +193,10 @@ class ReplicateProvider(HttpProvider):
         total = 0
         for url in urls:
             got = await super().fetch_result(op, url)
-            if got.http_status != 200 or got.raw is None:
+            raw = await asyncio.to_thread(got.content)  # a bundle is one JSON document: in memory by nature
+            if got.http_status != 200 or raw is None:
                 return got  # nothing stored; the collect flow retries or says why not
-            total += len(got.raw)
+            total += len(raw)
             if total > self.result_spec.max_bytes:
                 return Response(
                     http_status=got.http_status,
@@ -208,9 +210,9 @@ class ReplicateProvider(HttpProvider):
                 {
                     "url": url,
                     "content_type": content_type,
-                    "size": len(got.raw),
-                    "sha256": hashlib.sha256(got.raw).hexdigest(),
-                    "base64": base64.b64encode(got.raw).decode("ascii"),
+                    "size": len(raw),
+                    "sha256": hashlib.sha256(raw).hexdigest(),
+                    "base64": base64.b64encode(raw).decode("ascii"),
                 }
             )
         return _json_result(prediction, canonical_bytes({"output": urls, "files": files}))
