@@ -37,7 +37,14 @@ from jobtrail.domain.states import State
 from jobtrail.flows.observe import adopt_orphans
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import Writer
-from jobtrail.providers.contract import CreateOutcome, LookupOutcome, Provider, ReconcileMode, Response
+from jobtrail.providers.contract import (
+    CreateOutcome,
+    LookupOutcome,
+    Provider,
+    ReconcileMode,
+    Response,
+    slowest_call_s,
+)
 
 log = logging.getLogger("jobtrail")
 
@@ -533,8 +540,16 @@ class CreateFlow:
         not_sent: CreateOutcome | None = None,
         obs_id: int | None = None,
     ) -> Operation:
-        """Record a doubtful or failed attempt and when to try again (Retry-After, else back-off)."""
+        """Record a doubtful or failed attempt and when to try again (Retry-After, else back-off).
+
+        Where a doubtful create is settled by a lookup rather than a replay, the lookup waits out the
+        provider's slowest call first: a request our side gave up on may still be in progress there,
+        and a listing made before it finishes would wrongly prove its job absent.
+        """
         delay = provider.backoff.after(retry_after_s, max(op.attempts, 1), self.rng)
+        reconcile = provider.capabilities.reconcile
+        if evidence is not None and reconcile and reconcile[0] is not ReconcileMode.REPLAY:
+            delay = max(delay, slowest_call_s(provider))
         at = self._now() + int(delay * _US)
         changes = {"next_action_at_us": at, "state_reason": f"{why}; next try at {rfc3339(at)}"}
         if not_sent is not None:

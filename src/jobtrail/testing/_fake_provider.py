@@ -214,6 +214,7 @@ class FakeProvider(ServedInThread):
             "name": "fake",
             "base_url": self.base_url,
             "timeout_s": 2.0,
+            "connect_timeout_s": 0.5,  # loopback: a connection is made at once or never
             "create": {
                 "path": "/v1/jobs",
                 "job_id": "$.id",
