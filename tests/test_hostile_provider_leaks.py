@@ -299,7 +299,7 @@ def test_a_hostile_provider_never_gets_the_credential_stored_shown_or_handed_to_
     assert by_call[("get_result", ids["sync_names"])]["result"] == SYNC_RESULT
     assert by_call[("get_result", ids["honest"])]["result"] == json.loads(HONEST_RESULT)
     assert by_call[("get_result", ids["escaped"])]["result"] is None
-    assert len(by_call[("list_jobs", None)]) == len(ids)
+    assert by_call[("list_jobs", None)]["count"] == by_call[("list_jobs", None)]["total"] == len(ids)
 
 
 def test_the_null_redactor_proves_the_scan_would_see_a_leak(canary: str) -> None:
@@ -399,7 +399,7 @@ def test_an_agent_cannot_see_or_touch_another_agents_operations(db_url: str, can
     ]
     b = asyncio.run(_session(_mcp_params(db_url, provider_file, "agent-b"), calls))
     answers = [answer for answer, _ in b]
-    assert answers[0] == [] and answers[1] == []
+    assert answers[0]["items"] == [] and answers[1]["items"] == [] and answers[0]["total"] == 0
     for i in range(4):  # another agent's operation answers exactly like a missing one
         theirs, nothing = answers[2 + i], answers[6 + i]
         assert "error" in theirs and theirs["error"].replace(a_op, "ID") == nothing["error"].replace(missing, "ID")
@@ -415,9 +415,9 @@ def test_an_agent_cannot_see_or_touch_another_agents_operations(db_url: str, can
 
     # a shared server (the operator's choice) sees both; agent a still sees only its own
     shared = asyncio.run(_session(_mcp_params(db_url, provider_file, "agent-b", "--shared"), [("list_jobs", {})]))
-    assert len(shared[0][0]) == 2
+    assert shared[0][0]["count"] == 2
     mine = asyncio.run(_session(_mcp_params(db_url, provider_file, "agent-a"), [("list_jobs", {})]))
-    assert [o["operation_id"] for o in mine[0][0]] == [a_op]
+    assert [o["operation_id"] for o in mine[0][0]["items"]] == [a_op]
     helped = _cli(db_url, "mcp", "--help")
     assert b"--shared" in helped.stdout and b"only its own" in helped.stdout
 

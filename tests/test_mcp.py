@@ -191,7 +191,9 @@ def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeP
     out = asyncio.run(agent_session(db_url, provider, session_test))
     assert out["asked"]["outcome"] == "requested" and out["status"]["state"] == "cancelled"
     assert fake.counts["cancels"] == 1
-    assert out["waiting"] == [] and [o["operation_key"] for o in out["listed"]] == ["long-1"]
+    assert out["waiting"] == {"count": 0, "total": 0, "items": []}
+    assert out["listed"]["count"] == out["listed"]["total"] == 1
+    assert [o["operation_key"] for o in out["listed"]["items"]] == ["long-1"]
 
 
 @pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier

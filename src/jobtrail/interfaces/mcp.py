@@ -306,16 +306,18 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
 
     @server.tool(
         description=f"List your operations, newest first; filter by state (e.g. needs_attention) or provider. "
-        f"limit is 1 to {MAX_LIST}."
+        f"limit is 1 to {MAX_LIST}. Answers {{count, total, items}}: total says how many match, so a "
+        "list cut by limit says so."
     )
     @_explained
-    async def list_jobs(state: str | None = None, provider: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    async def list_jobs(state: str | None = None, provider: str | None = None, limit: int = 50) -> dict[str, Any]:
         if state is not None and state not in {s.value for s in State}:
             raise UsageError(f"state must be one of {', '.join(s.value for s in State)}, not {state!r}")
         found = await jt.io(
             store.list_operations, state=state, provider=provider, limit=_limit(limit), caller=caller
         )
-        return [brief(op) for op in found]
+        total = await jt.io(store.count_operations, state=state, provider=provider, caller=caller)
+        return listing([brief(op) for op in found], total)
 
     @server.tool(
         description="Wait (at most timeout_s seconds, up to 120) until the operation's state changes or "
@@ -372,17 +374,24 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
 
     @server.tool(
         description="Your operations that wait for a person (needs_attention, unconfirmed cancels, timed-out "
-        "results), with what the person must decide."
+        "results), with what the person must decide. Answers {count, total, items}."
     )
     @_explained
-    async def jobs_needing_a_person() -> list[dict[str, Any]]:
+    async def jobs_needing_a_person() -> dict[str, Any]:
         waiting = []
         for state in _WAITING_FOR_A_PERSON:
             found = await jt.io(store.list_operations, state=state, limit=200, caller=caller)
             waiting += [brief(op) for op in found]
-        return waiting
+        total = await jt.io(store.count_operations, state=list(_WAITING_FOR_A_PERSON), caller=caller)
+        return listing(waiting, total)
 
     return server
+
+
+def listing(items: list[dict[str, Any]], total: int) -> dict[str, Any]:
+    """Every list a tool answers: one object (never a bare list, which arrives as one block per item, or
+    nothing when empty), with how many there are in all."""
+    return {"count": len(items), "total": total, "items": items}
 
 
 # -- the stdio transport, guarded --------------------------------------------------------------------
