@@ -32,11 +32,11 @@ def test_ops_list_show_history_json(tmp_path: Path) -> None:
 
     listed = jobtrail("--db", db, "ops", "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    ids = [o["operation_id"] for o in json.loads(listed.stdout)]
+    ids = [o["operation_id"] for o in json.loads(listed.stdout)["items"]]
     assert ids == [pending.operation_id, done.operation_id]
 
     only = jobtrail("ops", "list", "--state", "failed", "--json", env={"JOBTRAIL_DB": db})
-    assert [o["operation_id"] for o in json.loads(only.stdout)] == [done.operation_id]
+    assert [o["operation_id"] for o in json.loads(only.stdout)["items"]] == [done.operation_id]
 
     shown = json.loads(jobtrail("--db", db, "ops", "show", pending.operation_id, "--json").stdout)
     assert shown["state"] == "create_pending" and shown["operation_key"] == "nightly"
@@ -111,7 +111,7 @@ def test_ops_list_filters_by_key_caller_and_several_states_and_says_when_it_is_c
     def listed(*args: str) -> list[str]:
         out = jobtrail("--db", db, "ops", "list", "--json", *args)
         assert out.returncode == 0, out.stderr
-        return [o["operation_id"] for o in json.loads(out.stdout)]
+        return [o["operation_id"] for o in json.loads(out.stdout)["items"]]
 
     assert listed("--key", "nightly") == [failed.operation_id]
     assert listed("--caller", "alice") == [failed.operation_id]
@@ -119,10 +119,10 @@ def test_ops_list_filters_by_key_caller_and_several_states_and_says_when_it_is_c
     assert listed("--caller", "bob", "--state", "create_pending") == [op.operation_id for op in reversed(pending)]
 
     cut = jobtrail("--db", db, "ops", "list", "--json", "--limit", "2")
-    assert len(json.loads(cut.stdout)) == 2
+    assert {k: v for k, v in json.loads(cut.stdout).items() if k != "items"} == {"count": 2, "total": 5}
     assert "showing the newest 2 of 5 operations; raise --limit" in cut.stderr
     whole = jobtrail("--db", db, "ops", "list", "--json", "--limit", "5")
-    assert len(json.loads(whole.stdout)) == 5 and whole.stderr == ""
+    assert json.loads(whole.stdout)["count"] == 5 and whole.stderr == ""
     table = jobtrail("--db", db, "ops", "list", "--key", "nightly")
     assert "nightly" in table.stdout and failed.operation_id in table.stdout
 
@@ -135,7 +135,7 @@ def test_global_options_work_after_the_command_too(tmp_path: Path) -> None:
     store.close()
     listed = jobtrail("ops", "list", "--json", "--db", db)
     assert listed.returncode == 0, listed.stderr
-    assert [o["operation_id"] for o in json.loads(listed.stdout)] == [op.operation_id]
+    assert [o["operation_id"] for o in json.loads(listed.stdout)["items"]] == [op.operation_id]
     shown = jobtrail("ops", "show", "after", f"--db={db}", "--json")
     assert json.loads(shown.stdout)["operation_id"] == op.operation_id
     missing = jobtrail("ops", "list", "--db", str(tmp_path / "none.db"))

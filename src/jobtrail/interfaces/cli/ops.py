@@ -38,7 +38,9 @@ def ops() -> None:
 @click.option("--caller", help="Only operations this caller submitted.")
 @click.option("--key", help="Only the operation(s) with this key.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of operation objects.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print {count, total, items}: the operation objects, and how many match."
+)
 @click.pass_context
 def ops_list(
     ctx: click.Context,
@@ -58,12 +60,11 @@ def ops_list(
     store = existing_store(ctx)
     filters: dict[str, Any] = {"state": states or None, "provider": provider, "caller": caller, "key": key}
     operations = store.list_operations(limit=limit, **filters)
-    if len(operations) == limit:
-        total = store.count_operations(**filters)
-        if total > limit:
-            click.echo(f"showing the newest {limit} of {total} operations; raise --limit to see more", err=True)
+    total = store.count_operations(**filters) if len(operations) == limit else len(operations)
+    if total > limit:
+        click.echo(f"showing the newest {limit} of {total} operations; raise --limit to see more", err=True)
     if as_json:
-        emit_json([op.to_json() for op in operations])
+        emit_json({"count": len(operations), "total": total, "items": [op.to_json() for op in operations]})
         return
     table = Table(Column("operation", no_wrap=True), "key", "state", "remote job", "next action", "at")
     for op in operations:
