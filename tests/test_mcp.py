@@ -172,6 +172,12 @@ def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeP
                 "submit_job", {"provider": "fake", "request": {"prompt": "long"}, "operation_key": "long-1"}
             )
         )
+        polled = op
+        for _ in range(50):  # the worker polls the running job: the agent sees its progress
+            polled = result_of(await session.call_tool("job_status", {"operation_id": "long-1"}))
+            if polled["progress"] is not None:
+                break
+            await asyncio.sleep(0.1)
         asked = result_of(
             await session.call_tool(
                 "cancel_job", {"operation_id": op["operation_id"], "reason": "the user changed their mind"}
@@ -186,9 +192,13 @@ def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeP
                 break
         waiting = result_of(await session.call_tool("jobs_needing_a_person", {}))
         listed = result_of(await session.call_tool("list_jobs", {"state": "cancelled"}))
-        return {"asked": asked, "status": status, "waiting": waiting, "listed": listed}
+        return {"polled": polled, "asked": asked, "status": status, "waiting": waiting, "listed": listed}
 
     out = asyncio.run(agent_session(db_url, provider, session_test))
+    polled = out["polled"]
+    assert 0 <= polled["progress"] < 1 and polled["last_observed_at"] is not None
+    assert polled["advice"].startswith("wait: a worker will poll the remote job")
+    assert out["status"]["advice"].startswith("nothing: it ended cancelled")
     assert out["asked"]["outcome"] == "requested" and out["status"]["state"] == "cancelled"
     assert fake.counts["cancels"] == 1
     assert out["waiting"] == {"count": 0, "total": 0, "items": []}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.states import State
 
 if TYPE_CHECKING:  # the record's to_json() uses this module: a runtime import back would be a cycle
@@ -42,3 +43,20 @@ def next_action(op: Operation) -> str:  # noqa: PLR0911 - one answer per state, 
     if s is State.NEEDS_ATTENTION:
         return "a person decides (resolve); nothing automatic happens"
     return "nothing: this is an ending"
+
+
+def advice(op: Operation) -> str:
+    """What the caller (an agent, a script) should do now: distinct from :func:`next_action`, which is
+    what a worker does next."""
+    s = op.state
+    if s is State.SUCCEEDED:
+        return "fetch the result (get_result, or jobtrail result)"
+    if s in (State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT):
+        return f"a person must decide: {op.state_reason or s.value}; tell them, and do not retry it yourself"
+    if s in (State.FAILED, State.CANCELLED, State.RESULT_UNAVAILABLE, State.RESULT_VALIDATION_FAILED):
+        return f"nothing: it ended {s.value} (the reason says why); a changed request is a new operation"
+    due = "" if op.next_action_at_us is None else f", next step due {rfc3339(op.next_action_at_us)}"
+    return (
+        f"wait: a worker will {next_action(op)}{due}; do not act on the remote job yourself "
+        "(wait_for_change, or jobtrail wait)"
+    )

@@ -9,7 +9,7 @@ from typing import Any
 
 from jobtrail.domain.canonical import from_us, rfc3339
 from jobtrail.domain.errors import UsageError
-from jobtrail.domain.explain import next_action
+from jobtrail.domain.explain import advice, next_action
 from jobtrail.domain.states import State
 
 DEFAULT_CREATE_DEADLINE = timedelta(hours=1)
@@ -159,6 +159,8 @@ class Operation:
             "cancel_requested_by": self.cancel_requested_by,
             "partial_effects": self.partial_effects,
             "next_action": next_action(self),
+            # what the caller should do now (next_action is what a worker does next)
+            "advice": advice(self),
         }
 
 

@@ -39,7 +39,7 @@ try:
     from mcp.server.mcpserver.exceptions import ToolError
 except ImportError as exc:  # the ``mcp`` extra
     raise missing_extra("mcp", "the MCP server (jobtrail mcp)", exc) from exc
-from jobtrail.domain.explain import next_action
+from jobtrail.domain.explain import advice, next_action
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor, default_redactor, is_credential_field
 from jobtrail.domain.results import ResultMissing, describe, is_json
@@ -250,10 +250,19 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
             "state": op.state.value,
             "reason": None if op.state_reason is None else redact.text(op.state_reason),
             "remote_job_id": None if op.remote_job_id is None else redact.text(op.remote_job_id),
+            "advice": redact.text(advice(op)),
             "next_action": next_action(op),
             "next_action_at": rfc3339(op.next_action_at_us),
             "caller": op.caller,
             "approved_by": op.approved_by,
+        }
+
+    async def status(op: Operation) -> dict[str, Any]:
+        """:func:`brief`, and what the last status read saw: when, and the provider's progress (0..1)."""
+        seen = await jt.io(store.last_seen, op.operation_id)
+        return brief(op) | {
+            "last_observed_at": None if seen is None else rfc3339(seen[0]),
+            "progress": None if seen is None else seen[1],
         }
 
     caller = None if shared else agent
@@ -302,7 +311,7 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
     )
     @_explained
     async def job_status(operation_id: str) -> dict[str, Any]:
-        return brief(await get(operation_id))
+        return await status(await get(operation_id))
 
     @server.tool(
         description=f"List your operations, newest first; filter by state (e.g. needs_attention) or provider. "
@@ -332,7 +341,7 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         while op.state is start.state and op.state not in SETTLED_STATES and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             op = await get(operation_id)
-        return brief(op) | {"changed": op.state is not start.state}
+        return await status(op) | {"changed": op.state is not start.state}
 
     @server.tool(
         description="Ask to cancel a job. The intent is recorded first; a worker sends the cancel once and "

@@ -830,6 +830,18 @@ class Store:
             )
         return None if row is None else {**row, "raw": json.loads(row["raw"])}
 
+    def last_seen(self, operation_id: str) -> tuple[int, float | None] | None:
+        """(when, progress) of the newest status read of the remote job, or None before the first."""
+        obs = t.observations
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(obs.c.fetched_at_us, obs.c.progress)
+                .where(obs.c.operation_id == operation_id, obs.c.kind == "status_poll")
+                .order_by(obs.c.observation_id.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else (int(row[0]), None if row[1] is None else float(row[1]))
+
     def count_observations(self, operation_id: str, kind: str) -> int:
         with self._read() as conn:
             return int(
