@@ -72,7 +72,7 @@ def worker(
 
     \b
     Example:
-      jobtrail --db postgresql://jobs@db/jobs worker --provider openai.toml --concurrency 2000
+      jobtrail --db postgresql://jobs@db/jobs worker --provider examples/openai-batch.toml --concurrency 2000
     """
     import signal
 
@@ -141,7 +141,7 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
 
     \b
     Example:
-      jobtrail webhooks serve --provider openai.toml --host 127.0.0.1 --port 8787
+      jobtrail webhooks serve --provider my-api.toml --host 127.0.0.1 --port 8787
     """
     require_extra("webhooks", "jobtrail webhooks serve", "uvicorn", "starlette", "standardwebhooks")
     import uvicorn
@@ -196,7 +196,7 @@ def mcp(
 
     \b
     Example:
-      jobtrail --db jobs.db mcp --provider openai.toml --agent research-bot --approver alice --with-worker
+      jobtrail --db jobs.db mcp --provider examples/openai-batch.toml --agent research-bot --approver alice --with-worker
     """
     from jobtrail.interfaces.mcp import build_server, serve_stdio
     from jobtrail.runtime.client import AsyncJobtrail
