@@ -196,7 +196,7 @@ def mcp(
 
     \b
     Example:
-      jobtrail --db jobs.db mcp --provider examples/openai-batch.toml --agent research-bot --approver alice --with-worker
+      jobtrail --db jobs.db mcp --provider examples/openai-batch.toml --agent bot --approver alice --with-worker
     """
     from jobtrail.interfaces.mcp import build_server, serve_stdio
     from jobtrail.runtime.client import AsyncJobtrail
