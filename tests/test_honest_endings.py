@@ -74,6 +74,8 @@ def test_partial_output_that_cannot_be_fetched_does_not_hold_the_ending(ledger: 
 class ListingProvider(HttpProvider):
     """The fake, as an API without any reconciliation path that can list its jobs by creation time."""
 
+    lists_candidates = True
+
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
         sent = await self._send("GET", self.config.base_url + "/v1/jobs", op)
         assert not isinstance(sent, tuple)
@@ -113,15 +115,15 @@ def test_a_lost_create_without_reconciliation_names_the_jobs_that_may_be_it(ledg
         fake.stop()
 
 
-def test_a_provider_that_cannot_list_says_so_in_the_reason(ledger: Store) -> None:
+def test_a_provider_that_cannot_list_is_not_asked_to(ledger: Store) -> None:
     fake = FakeProvider(idempotency=False, job_duration_s=5).start()
     try:
         fake.script(Fault.drop())
         provider = HttpProvider(parse_config(_careless(fake)))
         op = lost_create(ledger, provider)
         assert op.state is S.NEEDS_ATTENTION
-        assert "could not be listed (this provider cannot list its jobs by time)" in (op.state_reason or "")
-        assert fake.counts["creates_received"] == 1
+        assert "at-most-once not guaranteed" in (op.state_reason or "") and "listed" not in (op.state_reason or "")
+        assert fake.counts["creates_received"] == 1 and fake.counts["lists"] == 0  # nothing asked that cannot be
     finally:
         fake.stop()
 

@@ -168,7 +168,10 @@ class CreateFlow:
     async def _reconcile(self, op: Operation, provider: Provider, now: int) -> Operation:
         caps = provider.capabilities
         if not caps.reconcile:
-            candidates, listed = await self._candidates(op, provider, now)
+            candidates: tuple[str, ...] = ()
+            listed = ""
+            if getattr(provider, "lists_candidates", False):
+                candidates, listed = await self._candidates(op, provider, now)
             return await self.writer.transition(
                 op,
                 State.NEEDS_ATTENTION,
@@ -183,7 +186,8 @@ class CreateFlow:
                     "next_action_at_us": None,
                     "state_reason": (
                         f"at-most-once not guaranteed by provider {provider.name}: a create may have "
-                        f"reached it. {listed}. Check its console or job list for a job created around "
+                        f"reached it. {listed + '. ' if listed else ''}Check its console or job list for a job "
+                        "created around "
                         f"{rfc3339(op.updated_at_us)} (trace id {op.trace_id}); then resolve to accepted "
                         "with its job id, or to create_pending if none exists"
                     ),

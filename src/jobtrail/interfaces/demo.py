@@ -14,6 +14,8 @@ import asyncio
 import base64
 import os
 import secrets
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -129,13 +131,18 @@ async def _run(db: str, console: Console) -> bool:
     workdir = Path(tempfile.mkdtemp(prefix="jobtrail-demo-"))
     try:
         # 1. creates, one at a time, so each scenario meets its own scripted fault
+        run = time.strftime("%H%M%S")  # each run's keys are its own: a second run adds a second set
         for number, sc in enumerate(scenarios, start=1):
             fake = fakes[sc.provider]
             fake.script(*sc.faults)
             before = (fake.counts["creates_received"], fake.counts["jobs_created"])
             with console.status(f"[{number}/{len(scenarios)}] creating: {sc.title}"):
                 op = await jt.submit(
-                    sc.provider, {"demo": number, "fake": sc.options}, caller="demo", approved_by="demo"
+                    sc.provider,
+                    {"demo": number, "run": run, "fake": sc.options},
+                    key=f"demo-{run}-{number}",
+                    caller="demo",
+                    approved_by="demo",
                 )
                 op = await jt.drive_create(op.operation_id)
             sc.operation_id = op.operation_id
@@ -239,7 +246,7 @@ def _report(store: Store, scenarios: list[Scenario], good: FakeProvider, console
         intents = [e for e in store.history(sc.operation_id) if e.cause == "cancel_intent"]
         if intents and op.state is State.SUCCEEDED:
             why += f" (a cancel was requested by {intents[0].actor}; the job finished first)"
-        reasons.append(f"{number}. {op.state.value}: {why}")
+        reasons.append(f"{number}. {op.operation_key} ({op.operation_id}) {op.state.value}: {why}")
     console.print(table)
     console.print("\n".join(reasons), highlight=False)
     deliveries = Counter(status for _, status in good.webhook_deliveries)
@@ -269,9 +276,25 @@ def run_demo(db: str | None, console: Console | None = None) -> bool:
     console.print(f"jobtrail demo: ledger at [bold]{path}[/bold], fake providers on 127.0.0.1\n")
     started = time.monotonic()
     ok = asyncio.run(_run(path, console))
+    with Store.open(path) as store:
+        last = store.list_operations(limit=1, caller="demo")
+    key = last[0].operation_key if last else "OP_ID"
+    me = f"{_command()} --db {shlex.quote(path)}"
     console.print(
-        f"\nfinished in {time.monotonic() - started:.1f} s. Look around: jobtrail --db {path} ops list  |  "
-        f"jobtrail --db {path} explain OP_ID  |  jobtrail --db {path} audit verify",
+        f"\nfinished in {time.monotonic() - started:.1f} s. Look around:\n  {me} ops list\n  {me} explain {key}\n"
+        f"  {me} audit verify",
         highlight=False,
+        soft_wrap=True,
     )
     return ok
+
+
+def _command() -> str:
+    """How to run jobtrail again as this shell can: ``jobtrail`` when it is on PATH, else as it was run."""
+    program = sys.argv[0]
+    if Path(program).name == "jobtrail":
+        found = shutil.which("jobtrail")
+        if found is not None and Path(found).resolve() == Path(program).resolve():
+            return "jobtrail"
+        return shlex.quote(program)
+    return f"{shlex.quote(sys.executable)} -m jobtrail"
