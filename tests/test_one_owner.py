@@ -116,15 +116,16 @@ def test_submits_beside_two_running_workers_send_each_create_exactly_once(
             mcp = pool.submit(asyncio.run, _mcp_submits(db_url, provider, N))
             api = pool.submit(asyncio.run, _api_submits(db_url, provider, N))
             cli_runs, mcp_answers, api_ops = cli.result(), mcp.result(), api.result()
+        # every submit answered without an error (checked first: a missing operation would only time out)
+        assert [(r.returncode, r.stderr) for r in cli_runs if r.returncode != 0] == []
+        assert [a for a in mcp_answers if "error" in a] == []
+        assert [o for o in api_ops if isinstance(o, BaseException)] == []
         ops = _wait_settled(db_url, 3 * N)
     finally:
         for worker in workers:
             worker.send_signal(signal.SIGTERM)
         stopped = [finish(worker) for worker in workers]
         fake.stop()
-    assert [(r.returncode, r.stderr) for r in cli_runs if r.returncode != 0] == []
-    assert [a for a in mcp_answers if "error" in a] == []
-    assert [o for o in api_ops if isinstance(o, BaseException)] == []
     assert all(code == 0 for code, _, _ in stopped), stopped
     finished = [json.loads(line) for r in cli_runs for line in r.stdout.splitlines()][1::2]
     assert {f["state"] for f in finished} <= {"accepted", "observing", "result_collecting", "succeeded"}

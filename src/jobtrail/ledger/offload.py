@@ -1,6 +1,6 @@
 """Database and file work never runs on the event loop thread.
 
-One wait on a SQLite lock held by another process (up to the 5 s busy
+One wait on a SQLite lock held by another process (up to the 30 s busy
 time-out), a slow PostgreSQL round trip or the fsync of a large result would,
 on the loop, stall every provider call in flight: a slow answer becomes a
 client time-out, a time-out an ambiguous create, and reconciliation work that

@@ -61,7 +61,13 @@ from jobtrail.ledger.chain import (
 log = logging.getLogger("jobtrail")
 
 DEFAULT_DB_ENV = "JOBTRAIL_DB"
-SQLITE_BUSY_TIMEOUT_MS = 5000
+#: how long a SQLite writer waits for the file's write lock before it gives up with an error. Long:
+#: several busy processes on one file may keep it taken most of the time (each writer of a process
+#: queues on the process's lock first, see Store.writing), and a write that waits is better than a
+#: submit that fails. A lock held this long by one process is a stuck process, and the error says so.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: how long a write is expected to wait for the lock when processes share a file (sizes a create's lease)
+EXPECTED_LOCK_WAIT_S = 5.0
 
 #: Columns a change may set besides the state (the state itself only via the machine).
 MUTABLE_COLUMNS = frozenset(

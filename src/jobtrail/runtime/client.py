@@ -27,7 +27,7 @@ from jobtrail.flows.cancel import CancelOutcome, request_cancel
 from jobtrail.flows.create import CREATE_PHASE, CreateFlow
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.results import read_result
-from jobtrail.ledger.store import SQLITE_BUSY_TIMEOUT_MS, Store
+from jobtrail.ledger.store import EXPECTED_LOCK_WAIT_S, Store
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import Provider, ReconcileMode, slowest_call_s
 from jobtrail.providers.http import HttpProvider, load_provider
@@ -278,7 +278,7 @@ class AsyncJobtrail:
                     f"({slowest:g} s: timeout_s + connect_timeout_s)"
                 )
             return self.lease_s
-        return 2 * slowest + 3 * SQLITE_BUSY_TIMEOUT_MS / 1000 + 5
+        return 2 * slowest + 3 * EXPECTED_LOCK_WAIT_S + 5
 
     async def cancel(
         self, operation_id: str, *, requested_by: str, reason: str, expected_effect: str = ""
