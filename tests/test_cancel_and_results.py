@@ -154,7 +154,7 @@ def test_an_ignored_cancel_becomes_unconfirmed_with_a_complete_bundle(
         ledger, cfg, {"task": "stubborn", "fake": {"cancel": "ignore"}}, cancel_deadline=timedelta(seconds=1)
     )
     work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING))
-    request_cancel(ledger, op_id, requested_by="carol", reason="budget")
+    request_cancel(ledger, op_id, requested_by="carol", reason="budget", expected_effect="no further charge")
     work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLATION_UNCONFIRMED))
     op = ledger.get(op_id)
     assert op.state is S.CANCELLATION_UNCONFIRMED and fake.counts["cancels"] == 1
@@ -168,6 +168,12 @@ def test_an_ignored_cancel_becomes_unconfirmed_with_a_complete_bundle(
     assert [h["to"] for h in bundle["history"]][-1] == "cancellation_unconfirmed"
     markdown = bundle_markdown(bundle)
     assert op.remote_job_id in markdown and op.trace_id in markdown
+    # it ends with the decision a person faces, each answer with what to do, and the --expect of the cancel
+    assert bundle["decision"]["question"] == (
+        f"Is job {op.remote_job_id} stopped? The cancel was sent; the provider has not confirmed it."
+    )
+    assert "## The decision" in markdown and "stop it in provider fake's console" in markdown
+    assert "budget (expecting: no further charge)" in markdown
     shown = subprocess.run(
         [sys.executable, "-m", "jobtrail", "--db", db_url, "ops", "escalation", op_id, "--json"],
         capture_output=True,

@@ -16,6 +16,7 @@ from test_cancel_and_results import FAST, config, state_is, submit, work
 from jobtrail import AsyncJobtrail, ConfigError, State, Store
 from jobtrail.domain.record import Operation
 from jobtrail.flows.cancel import request_cancel
+from jobtrail.flows.escalation import escalation_bundle
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.results import read_result, stored_result
 from jobtrail.providers.contract import LookupOutcome, ReconcileMode
@@ -211,3 +212,21 @@ def test_a_large_result_streams_to_its_file_without_being_held_in_memory(
     # 96 MiB held whole (let alone twice) would show; spooled, the worker grows by buffers only
     assert peaks["large"] - peaks["small"] < 32 * 1024, peaks
     assert set(Path(tempfile.gettempdir()).glob("jobtrail-fetch-*")) == spooled_before  # nothing left behind
+
+
+def test_the_escalation_names_the_decision_and_the_command_for_each_answer(ledger: Store) -> None:
+    fake = FakeProvider(idempotency=False, job_duration_s=5).start()
+    try:
+        fake.script(Fault.drop())
+        op = lost_create(ledger, ListingProvider(parse_config(_careless(fake))))
+    finally:
+        fake.stop()
+    (job_id,) = fake.jobs
+    decision = escalation_bundle(ledger, op.operation_id)["decision"]
+    assert op.trace_id in decision["question"] and job_id in decision["question"]
+    commands = [o["then"] for o in decision["options"]]
+    assert commands == [
+        f"jobtrail resolve {op.operation_id} --by YOUR_NAME --reason '...' --to accepted --job-id {job_id}",
+        f"jobtrail resolve {op.operation_id} --by YOUR_NAME --reason '...' --to create_pending",
+        f"jobtrail resolve {op.operation_id} --by YOUR_NAME --reason '...' --to failed",
+    ]

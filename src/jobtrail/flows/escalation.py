@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.explain import next_action
+from jobtrail.domain.record import Operation
+from jobtrail.domain.states import State
 from jobtrail.ledger.store import Store
 
 
@@ -55,6 +58,7 @@ def escalation_bundle(store: Store, operation_id: str) -> dict[str, Any]:
     ]
     return {
         "operation_id": op.operation_id,
+        "decision": _decision(op, history),
         "provider": op.provider,
         "target": op.target,
         "remote_job_id": op.remote_job_id,
@@ -79,6 +83,68 @@ def escalation_bundle(store: Store, operation_id: str) -> dict[str, Any]:
     }
 
 
+def _decision(op: Operation, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The question a person faces, and for each answer the exact command that records it."""
+    ref = op.operation_key or op.operation_id
+    quoted = shlex.quote(ref)
+    resolve = f"jobtrail resolve {quoted} --by YOUR_NAME --reason"
+    if op.state is State.NEEDS_ATTENTION:
+        said: dict[str, Any] = next(
+            (e["evidence"] for e in reversed(history) if e["to"] == State.NEEDS_ATTENTION.value), {}
+        )
+        candidates = [str(c) for c in said.get("candidates", [])]
+        if op.remote_job_id is None:
+            found = candidates or ["JOB_ID"]
+            return {
+                "question": f"Did provider {op.provider} make a job for this operation? Look for trace id "
+                f"{op.trace_id}" + (f" among {', '.join(candidates)}" if candidates else "") + " in its console.",
+                "options": [
+                    *(
+                        {
+                            "if": f"job {job} is this operation's",
+                            "then": f"{resolve} '...' --to accepted --job-id {job}",
+                        }
+                        for job in found
+                    ),
+                    {
+                        "if": "no job exists",
+                        "then": f"{resolve} '...' --to create_pending",
+                        "note": "the create is sent again (with the same token, where the provider takes one)",
+                    },
+                    {"if": "it should not run after all", "then": f"{resolve} '...' --to failed"},
+                ],
+            }
+        return {
+            "question": f"Which job is this operation's? The provider answered with {op.remote_job_id} and "
+            "another (see the history); keep one and cancel the other at the provider.",
+            "options": [
+                {
+                    "if": f"{op.remote_job_id} is the one to keep",
+                    "then": f"{resolve} '...' --to accepted --job-id {op.remote_job_id}",
+                },
+                {"if": "both were stopped at the provider", "then": f"{resolve} '...' --to cancelled"},
+                {"if": "it should not run after all", "then": f"{resolve} '...' --to failed"},
+            ],
+        }
+    if op.state is State.CANCELLATION_UNCONFIRMED:
+        return {
+            "question": f"Is job {op.remote_job_id} stopped? The cancel was sent; the provider has not confirmed it.",
+            "options": [
+                {"if": "it still runs and must stop", "then": f"stop it in provider {op.provider}'s console"},
+                {"if": "it may finish", "then": "nothing: a worker keeps polling slowly and records how it ends"},
+            ],
+        }
+    if op.state is State.RESULT_TIMED_OUT:
+        return {
+            "question": f"Job {op.remote_job_id} ran past its result deadline: wait longer, or stop it?",
+            "options": [
+                {"if": "stop it", "then": f"jobtrail cancel {quoted} --by YOUR_NAME --reason '...' --expect '...'"},
+                {"if": "wait longer", "then": "nothing: a worker keeps polling slowly and records how it ends"},
+            ],
+        }
+    return {"question": "none: " + next_action(op), "options": []}
+
+
 def bundle_markdown(bundle: dict[str, Any]) -> str:
     lines = [
         f"# Escalation: {bundle['operation_id']}",
@@ -92,12 +158,20 @@ def bundle_markdown(bundle: dict[str, Any]) -> str:
         f"- partial effects (damage bound): {json.dumps(bundle['partial_effects'])}",
         f"- provider request ids: {', '.join(bundle['provider_request_ids']) or 'none'}",
         "",
-        "## Cancel attempts and answers",
+        "## The decision",
+        "",
+        bundle["decision"]["question"],
         "",
     ]
     lines += [
+        f"- if {o['if']}: `{o['then']}`" + (f" ({o['note']})" if o.get("note") else "")
+        for o in bundle["decision"]["options"]
+    ]
+    lines += ["", "## Cancel attempts and answers", ""]
+    lines += [
         f"- {c['at']} {c['what']} by {c['actor']}"
         + (f": HTTP {c.get('http_status')}" if c["what"] == "cancel_response" else "")
+        + _intent(c)
         for c in bundle["cancel_attempts"]
     ] or ["- none"]
     lines += ["", "## Requests", "", "| at | kind | HTTP | remote state | request id |", "|---|---|---|---|---|"]
@@ -112,3 +186,12 @@ def bundle_markdown(bundle: dict[str, Any]) -> str:
         for h in bundle["history"]
     ]
     return "\n".join(lines) + "\n"
+
+
+def _intent(attempt: dict[str, Any]) -> str:
+    """Why the cancel was asked for, and what its asker expected (the ``--expect``)."""
+    if attempt["what"] != "cancel_intent":
+        return ""
+    said = attempt.get("evidence") or {}
+    expect = f" (expecting: {said['expected_effect']})" if said.get("expected_effect") else ""
+    return f": {said.get('reason', '')}{expect}"
