@@ -45,6 +45,7 @@ from jobtrail.domain.redact import Redactor, default_redactor, is_credential_fie
 from jobtrail.domain.results import ResultMissing, describe, is_json
 from jobtrail.domain.states import SETTLED_STATES, State
 from jobtrail.ledger.results import read_result
+from jobtrail.runtime.liveness import no_worker
 
 _WAITING_FOR_A_PERSON = (State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT)
 _RESULT_INLINE = 64 * 1024
@@ -258,11 +259,14 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         }
 
     async def status(op: Operation) -> dict[str, Any]:
-        """:func:`brief`, and what the last status read saw: when, and the provider's progress (0..1)."""
+        """:func:`brief`, what the last status read saw (when, the provider's progress 0..1), and whether
+        the operation waits for a worker that is not running."""
         seen = await jt.io(store.last_seen, op.operation_id)
+        missing = await jt.io(no_worker, store, op)
         return brief(op) | {
             "last_observed_at": None if seen is None else rfc3339(seen[0]),
             "progress": None if seen is None else seen[1],
+            "no_worker": missing,
         }
 
     caller = None if shared else agent

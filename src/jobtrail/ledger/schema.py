@@ -174,3 +174,14 @@ task_steps = Table(
     Column("planned_at_us", BigInteger, nullable=False),
     PrimaryKeyConstraint("task_id", "name", name="pk_task_steps"),
 )
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("worker_id", Text, primary_key=True),
+    # the provider names it serves, between commas: ",fake,openai-batch,"
+    Column("providers", Text, nullable=False),
+    Column("started_at_us", BigInteger, nullable=False),
+    Column("seen_at_us", BigInteger, nullable=False),
+    Column("stopped_at_us", BigInteger),
+)

@@ -836,6 +836,31 @@ class Store:
             )
         return None if row is None else {**row, "raw": json.loads(row["raw"])}
 
+    # -- worker liveness -----------------------------------------------------------------------
+
+    def heartbeat(self, worker_id: str, providers: Sequence[str], *, stopped: bool = False) -> None:
+        """Record that ``worker_id`` runs and serves ``providers`` (``stopped``: it has just stopped)."""
+        now = self.clock()
+        served = "," + ",".join(sorted(providers)) + ","
+        workers = t.workers
+        with self.writing("recording a worker's heartbeat") as conn:
+            changes = {"providers": served, "seen_at_us": now, "stopped_at_us": now if stopped else None}
+            updated = conn.execute(sa.update(workers).where(workers.c.worker_id == worker_id).values(**changes))
+            if updated.rowcount == 0:
+                conn.execute(sa.insert(workers).values(worker_id=worker_id, started_at_us=now, **changes))
+
+    def workers_for(self, provider: str) -> list[dict[str, Any]]:
+        """The workers that serve ``provider``, most recently seen first (stopped ones too)."""
+        workers = t.workers
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(workers)
+                .where(workers.c.providers.contains(f",{provider},", autoescape=True))
+                .order_by(workers.c.seen_at_us.desc())
+                .limit(20)
+            ).mappings()
+            return [dict(row) for row in rows]
+
     def last_seen(self, operation_id: str) -> tuple[int, float | None] | None:
         """(when, progress) of the newest status read of the remote job, or None before the first."""
         obs = t.observations

@@ -33,6 +33,7 @@ from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import BatchWriter
 from jobtrail.providers.contract import Provider, slowest_call_s
+from jobtrail.runtime.liveness import HEARTBEAT_S
 
 log = logging.getLogger("jobtrail")
 _US = 1_000_000
@@ -147,7 +148,7 @@ class Worker:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         inflight: set[asyncio.Task[None]] = set()
-        checked = 0.0
+        checked = beat = 0.0
         try:
             while not self._stopping.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
@@ -155,6 +156,9 @@ class Worker:
                 if time.monotonic() - checked >= _FILE_CHECK_S:  # a deleted ledger stops the worker
                     await self.io(self.store.check_file)
                     checked = time.monotonic()
+                if time.monotonic() - beat >= HEARTBEAT_S:  # readers can tell "no worker runs" from "waiting"
+                    await self._heartbeat()
+                    beat = time.monotonic()
                 capacity = self.concurrency - len(inflight)
                 claimed = await self._claim(capacity) if capacity > 0 else []
                 for op in claimed:
@@ -171,11 +175,18 @@ class Worker:
         finally:
             if inflight:
                 await asyncio.gather(*inflight, return_exceptions=True)
+            await self._heartbeat(stopped=True)
             self.stats.transactions = self.writer.transactions
             self.stats.writes = self.writer.writes
             for provider in self.providers.values():
                 await provider.aclose()
         return self.stats
+
+    async def _heartbeat(self, *, stopped: bool = False) -> None:
+        try:
+            await self.io(self.store.heartbeat, self.worker_id, tuple(self.providers), stopped=stopped)
+        except JobtrailError as exc:  # liveness is for readers: a failed beat must not stop the work
+            log.warning("worker %s could not record its heartbeat: %s", self.worker_id, exc)
 
     async def _claim(self, capacity: int) -> list[Operation]:
         try:

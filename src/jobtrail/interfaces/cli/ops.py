@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Column, Table
 
 from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.errors import ConfigError, OperationNotFound
-from jobtrail.domain.explain import next_action
+from jobtrail.domain.explain import advice, next_action
 from jobtrail.domain.states import FINAL_STATES, SETTLED_STATES, State
+
+if TYPE_CHECKING:
+    from jobtrail.domain.record import Operation
+    from jobtrail.ledger.store import Store
 from jobtrail.interfaces.cli.common import (
     EXIT_NEEDS_PERSON,
     EXIT_NEGATIVE,
@@ -63,6 +67,7 @@ def ops_list(
     total = store.count_operations(**filters) if len(operations) == limit else len(operations)
     if total > limit:
         click.echo(f"showing the newest {limit} of {total} operations; raise --limit to see more", err=True)
+    _say_when_no_worker_serves(store, operations)
     if as_json:
         emit_json({"count": len(operations), "total": total, "items": [op.to_json() for op in operations]})
         return
@@ -179,6 +184,8 @@ def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     except OperationNotFound:
         raise ConfigError(f"no operation or task {operation_id!r}; list operations with `jobtrail ops list`") from None
     operation_id = op.operation_id
+    from jobtrail.runtime.liveness import no_worker
+
     doc = {
         "operation_id": op.operation_id,
         "state": op.state.value,
@@ -186,13 +193,34 @@ def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
         "next_action": next_action(op),
         "at": rfc3339(op.next_action_at_us),
         "remote_job_id": op.remote_job_id,
+        "advice": advice(op),
+        "no_worker": no_worker(store, op),
     }
     if as_json:
         emit_json(doc)
     else:
         click.echo(f"{op.operation_id} is {op.state.value}" + (f": {op.state_reason}" if op.state_reason else ""))
         click.echo(f"next: {doc['next_action']}" + (f" at {doc['at']}" if doc["at"] else ""))
+        if doc["no_worker"]:
+            click.echo(f"warning: {doc['no_worker']}")
     sys.exit(EXIT_NEEDS_PERSON if op.state is State.NEEDS_ATTENTION else EXIT_OK)
+
+
+def _say_when_no_worker_serves(store: Store, operations: list[Operation]) -> None:
+    """One stderr line per provider whose listed operations wait, overdue, for a worker that is not running."""
+    from jobtrail.runtime.liveness import no_worker, overdue
+
+    late: dict[str, list[Operation]] = {}
+    for op in operations:
+        if overdue(store, op):
+            late.setdefault(op.provider, []).append(op)
+    for provider, ops in late.items():
+        if no_worker(store, ops[0]):
+            click.echo(
+                f"jobtrail: {len(ops)} listed operation(s) of provider {provider} are overdue and no worker is "
+                "running for it; start one: jobtrail worker --provider <its provider file>",
+                err=True,
+            )
 
 
 #: states in which waiting is over: an ending, or a person must look
@@ -247,6 +275,11 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     if not settled:
         if not as_json:
             click.echo(f"still {op.state.value} after {timeout:g} s; next: {next_action(op)}", err=True)
+        from jobtrail.runtime.liveness import no_worker
+
+        missing = no_worker(store, op)
+        if missing:
+            click.echo(f"jobtrail: {missing}", err=True)
         sys.exit(EXIT_STILL_RUNNING)
     sys.exit(_WAIT_EXIT.get(op.state, EXIT_NEGATIVE))
 
