@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +199,23 @@ def test_a_person_resolves_what_automation_could_not(tmp_path: Path) -> None:
     history = json.loads(jobtrail("--db", db, "ops", "history", op.operation_id, "--json").stdout)
     assert history[-1]["actor"] == "person:alice" and history[-1]["evidence"]["kind"] == "human_decision"
     assert jobtrail("--db", db, "explain", op.operation_id).returncode == 0
+
+
+def test_ops_list_fits_80_columns_with_states_and_keys_whole(tmp_path: Path) -> None:
+    db = str(tmp_path / "ops.db")
+    store = Store.open(db)
+    ops = [
+        op_in(store, S.CANCELLATION_UNCONFIRMED, operation_key="nightly-export-7"),
+        op_in(store, S.RESULT_VALIDATION_FAILED, body={"i": 2}, operation_key="q3-summary"),
+        op_in(store, S.CREATE_PENDING, body={"i": 3}, operation_key="report-2026-12"),
+    ]
+    store.close()
+    on_a_terminal = {"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1", "COLUMNS": "80"}
+    shown = jobtrail("--db", db, "ops", "list", env=on_a_terminal)
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", shown.stdout).splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    for op in ops:
+        row = next(line for line in lines if (op.operation_key or "") in line)  # the key, whole
+        assert f" {op.state.value} " in row  # the state, whole
+    piped = jobtrail("--db", db, "ops", "list", env={"COLUMNS": "80"})  # into a pipe: every id whole
+    assert all(op.operation_id in piped.stdout for op in ops)

@@ -71,17 +71,7 @@ def ops_list(
     if as_json:
         emit_json({"count": len(operations), "total": total, "items": [op.to_json() for op in operations]})
         return
-    table = Table(Column("operation", no_wrap=True), "key", "state", "remote job", "next action", "at")
-    for op in operations:
-        table.add_row(
-            op.operation_id,
-            op.operation_key or "-",
-            op.state.value,
-            op.remote_job_id or "-",
-            next_action(op),
-            "-" if op.state in FINAL_STATES else rfc3339(op.next_action_at_us) or "waits for a person",
-        )
-    console.print(table)
+    _print_operations(operations)
     if not operations:
         console.print("no operations")
 
@@ -204,6 +194,58 @@ def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
         if doc["no_worker"]:
             click.echo(f"warning: {doc['no_worker']}")
     sys.exit(EXIT_NEEDS_PERSON if op.state is State.NEEDS_ATTENTION else EXIT_OK)
+
+
+#: the columns that share what room is left on a terminal (the others are shown whole)
+_SHARED = ("operation", "key", "next action")
+
+
+def _print_operations(operations: list[Operation]) -> None:
+    """The table of ``ops list``. On a terminal it fits its width: states whole, the key before the id
+    (both are accepted cut short nowhere, so give them room first), the next action on one line, the
+    remote job and the date only where there is room. Into a pipe or a file, everything is whole."""
+    terminal = console.is_terminal
+    wide = console.width >= 120 or not terminal
+    rows = [
+        (
+            op.operation_id,
+            op.operation_key or "-",
+            op.state.value,
+            *([op.remote_job_id or "-"] if wide else []),
+            next_action(op),
+            _when(op, wide),
+        )
+        for op in operations
+    ]
+    headers = ["operation", "key", "state", *(["remote job"] if wide else []), "next action", "at"]
+    width = {h: max([len(h), *(len(row[n]) for row in rows)]) for n, h in enumerate(headers)}
+    borders = 3 * len(headers) + 1
+    if terminal:
+        fitted = dict(width)
+        if wide:
+            width["remote job"] = min(fitted["remote job"], 24)
+        room = console.width - borders - sum(w for h, w in width.items() if h not in _SHARED)
+        width["key"] = min(fitted["key"], max(10, room - 10 - 5))
+        width["operation"] = min(fitted["operation"], max(10, room - width["key"] - 5))
+        width["next action"] = min(fitted["next action"], max(5, room - width["key"] - width["operation"]))
+    table = Table(*(Column(h, width=width[h], no_wrap=True, overflow="ellipsis") for h in headers))
+    for row in rows:
+        table.add_row(*row)
+    if terminal:
+        console.print(table)
+    else:  # as wide as the table is, whatever COLUMNS says: a pipe or a file gets every character
+        from rich.console import Console
+
+        Console(width=borders + sum(width.values()) + 2 * len(headers), highlight=False).print(table)
+
+
+def _when(op: Operation, wide: bool) -> str:
+    if op.state in FINAL_STATES:
+        return "-"
+    at = rfc3339(op.next_action_at_us)
+    if at is None:
+        return "a person"
+    return at if wide else at[11:19]  # the time of day: the date when there is room
 
 
 def _say_when_no_worker_serves(store: Store, operations: list[Operation]) -> None:
