@@ -219,3 +219,7 @@ def test_ops_list_fits_80_columns_with_states_and_keys_whole(tmp_path: Path) -> 
         assert f" {op.state.value} " in row  # the state, whole
     piped = jobtrail("--db", db, "ops", "list", env={"COLUMNS": "80"})  # into a pipe: every id whole
     assert all(op.operation_id in piped.stdout for op in ops)
+    history = jobtrail("--db", db, "ops", "history", "nightly-export-7", env=on_a_terminal)
+    rows = re.sub(r"\x1b\[[0-9;]*m", "", history.stdout).splitlines()
+    assert max(len(line) for line in rows) <= 80, "\n".join(rows)
+    assert any(" cancellation_unconfirmed " in line for line in rows)

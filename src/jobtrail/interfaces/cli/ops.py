@@ -129,12 +129,32 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     if as_json:
         emit_json([e.to_json() for e in entries])
         return
-    table = Table("seq", "at", "actor", "from", "to", "cause", "hash")
-    for e in entries:
-        table.add_row(
-            str(e.seq), rfc3339(e.at_us), e.actor, e.from_state or "-", e.to_state, e.cause, e.entry_hash[:12]
+    # on a narrow terminal: each state whole (the "from" of an entry is the "to" above it, so it goes),
+    # the time of day, actor and cause cut to fit; wide, or into a pipe: everything
+    wide = console.width >= 120 or not console.is_terminal
+    if wide:
+        table = Table("seq", "at", "actor", "from", "to", "cause", "hash")
+        for e in entries:
+            table.add_row(
+                str(e.seq), rfc3339(e.at_us), e.actor, e.from_state or "-", e.to_state, e.cause, e.entry_hash[:12]
+            )
+    else:
+        to = max([2, *(len(e.to_state) for e in entries)])
+        table = Table(
+            Column("seq", no_wrap=True),
+            Column("at", no_wrap=True),
+            Column("actor", no_wrap=True, overflow="ellipsis", ratio=1),
+            Column("to", no_wrap=True, min_width=to),
+            Column("cause", no_wrap=True, overflow="ellipsis", ratio=2),
         )
-    console.print(table)
+        for e in entries:
+            table.add_row(str(e.seq), (rfc3339(e.at_us) or "")[11:19], e.actor, e.to_state, e.cause)
+    if console.is_terminal:
+        console.print(table)
+    else:
+        from rich.console import Console
+
+        Console(width=200, highlight=False).print(table)
 
 
 @cli.command()
