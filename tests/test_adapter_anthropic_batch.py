@@ -129,7 +129,7 @@ def test_a_batch_survives_kill_9_of_its_worker_and_ends_as_the_api_says(
     fake.plan(BatchPlan(outcomes=("succeeded", "errored", "succeeded", "expired"), duration_s=2.0))
     provider = provider_file(tmp_path, fake)
     op_id = submit(db_url, config(fake), batch_body(8))
-    doomed = start_worker(db_url, provider, "doomed", "--lease", "4", env={"ANTHROPIC_API_KEY": api_key})
+    doomed = start_worker(db_url, provider, "doomed", "--lease", "8", env={"ANTHROPIC_API_KEY": api_key})
     deadline = time.monotonic() + 20
     while fake.counts["status"] < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -140,7 +140,7 @@ def test_a_batch_survives_kill_9_of_its_worker_and_ends_as_the_api_says(
         mid = store.get(op_id)
         assert mid.state in (S.ACCEPTED, S.OBSERVING) and mid.remote_job_id in fake.batches
 
-    run_worker(db_url, provider, api_key, "survivor", "--lease", "4")
+    run_worker(db_url, provider, api_key, "survivor", "--lease", "8")
 
     batch = fake.batches[mid.remote_job_id]
     with Store.open(db_url) as store:

@@ -252,7 +252,7 @@ class AnthropicBatchFake(ServedInThread):
             "kind": "anthropic-batch",
             "name": "anthropic",
             "base_url": self.base_url,
-            "timeout_s": 2.0,
+            "timeout_s": 5.0,  # its SDK-typed checks are slow on a loaded machine
             "connect_timeout_s": 1.0,
             "poll": {"initial_s": 0.1, "factor": 1.5, "cap_s": 0.3},
             "retry": {"initial_s": 0.05, "factor": 2, "cap_s": 0.2},
