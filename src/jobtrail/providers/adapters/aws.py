@@ -291,6 +291,10 @@ class StepFunctionsProvider(AwsJsonProvider):
         assert m is not None
         self._execution_prefix = f"arn:{m['partition']}:states:{m['region']}:{m['account']}:execution:{m['name']}:"
 
+    def check_request(self, request: Any) -> Any:
+        """Any JSON value: it is the execution's input (the name, jobtrail's token, is set beside it)."""
+        return request
+
     def execution_arn(self, op: Operation) -> str:
         """The execution our token names (a version or alias ARN starts executions of the same machine)."""
         return self._execution_prefix + op.idempotency_token
@@ -473,8 +477,9 @@ class AthenaProvider(AwsJsonProvider):
         self.work_group = work_group
         self.output_location = output_location
 
-    def start_request(self, op: Operation) -> dict[str, Any]:
-        body = op.request_body
+    def check_request(self, request: Any) -> dict[str, Any]:
+        """The query text, or an object with QueryString (and the keys a caller may set)."""
+        body = request
         if isinstance(body, str):
             body = {"QueryString": body}
         if not isinstance(body, dict) or not isinstance(body.get("QueryString"), str):
@@ -488,7 +493,10 @@ class AthenaProvider(AwsJsonProvider):
                 f"provider {self.name}: request key {unknown[0]!r} is not for the caller to set (WorkGroup and "
                 "ResultConfiguration come from the provider file, ClientRequestToken is jobtrail's)"
             )
-        payload = dict(body) | {"ClientRequestToken": op.idempotency_token}
+        return dict(body)
+
+    def start_request(self, op: Operation) -> dict[str, Any]:
+        payload = self.check_request(op.request_body) | {"ClientRequestToken": op.idempotency_token}
         if self.work_group:
             payload["WorkGroup"] = self.work_group
         if self.output_location:
