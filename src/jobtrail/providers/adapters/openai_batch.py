@@ -382,15 +382,12 @@ class OpenAIBatchProvider(_OpenAIProvider):
             for b in batches
             if isinstance(b.get("metadata"), dict) and b["metadata"].get(TOKEN_KEY) == op.idempotency_token
         )
-        summary["matched"] = list(ids)
-        response = dataclasses.replace(last, body=summary)
-        if ids:
-            return LookupOutcome(kind="found", path=mode, response=response, remote_job_ids=ids)
-        return LookupOutcome(
-            kind="absent",
-            path=mode,
-            response=response,
-            detail=f"no batch among the {summary['scanned']} created since the operation carries our token",
+        return _matched(
+            mode,
+            last,
+            summary,
+            ids,
+            f"no batch among the {summary['scanned']} created since the operation carries our token",
         )
 
     lists_candidates = True
@@ -575,15 +572,12 @@ class OpenAIFileProvider(_OpenAIProvider):
         files, summary, last = listed
         prefix = f"jobtrail-{op.idempotency_token}-"
         ids = tuple(str(f["id"]) for f in files if str(f.get("filename", "")).startswith(prefix))
-        summary["matched"] = list(ids)
-        response = dataclasses.replace(last, body=summary)
-        if ids:
-            return LookupOutcome(kind="found", path=mode, response=response, remote_job_ids=ids)
-        return LookupOutcome(
-            kind="absent",
-            path=mode,
-            response=response,
-            detail=f"no file among the {summary['scanned']} uploaded since the operation carries our name",
+        return _matched(
+            mode,
+            last,
+            summary,
+            ids,
+            f"no file among the {summary['scanned']} uploaded since the operation carries our name",
         )
 
     async def _transport(
@@ -644,3 +638,14 @@ def _error_response(sent: Response, what: str) -> Response:
 
 
 __all__ = ["TOKEN_KEY", "OpenAIBatchProvider", "OpenAIFileProvider", "build", "contract", "file_contract"]
+
+
+def _matched(
+    mode: ReconcileMode, last: Response, summary: dict[str, Any], ids: tuple[str, ...], absent: str
+) -> LookupOutcome:
+    """What a listing proved: the jobs that carry our reference (found), or that none does (absent)."""
+    summary["matched"] = list(ids)
+    response = dataclasses.replace(last, body=summary)
+    if ids:
+        return LookupOutcome(kind="found", path=mode, response=response, remote_job_ids=ids)
+    return LookupOutcome(kind="absent", path=mode, response=response, detail=absent)
