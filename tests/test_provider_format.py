@@ -12,7 +12,7 @@ from jobtrail import AsyncJobtrail, ConfigError, State, Store, Worker
 from jobtrail.domain.jsonpath import extract_any
 from jobtrail.domain.record import Operation
 from jobtrail.ledger.results import read_result
-from jobtrail.providers.contract import Response, guarantees
+from jobtrail.providers.contract import ReconcileMode, Response, guarantees
 from jobtrail.providers.http import HttpProvider, _retry_after, parse_config
 from jobtrail.testing import FakeProvider, Fault
 
@@ -205,3 +205,42 @@ def test_providers_check_warns_when_a_finished_jobs_result_has_nowhere_to_come_f
     (warning,) = guarantees(HttpProvider(parse_config(cfg)))["warnings"]
     assert warning.startswith("no [result] path, [result] from_status or [status] result_ref")
     assert guarantees(HttpProvider(parse_config(fake.provider_config())))["warnings"] == []
+
+
+def test_a_list_that_says_more_pages_follow_but_gives_no_way_to_them_proves_nothing(
+    ledger: Store, fake: FakeProvider
+) -> None:
+    cfg = fake.provider_config(
+        create={"token": {"in": "body", "name": "client_reference"}},
+        reconcile={
+            "modes": ["list_by_reference"],
+            "list_path": "/v1/jobs?limit=2",
+            "cursor": "$.no_such_cursor",  # the answer has has_more, but no cursor where the file says
+            "has_more": "$.has_more",
+        },
+    )
+
+    async def go() -> tuple[Any, Any]:
+        async with AsyncJobtrail(store=ledger, providers=[cfg]) as jt:
+            for n in range(3):
+                await jt.drive_create((await jt.submit("fake", {"n": n})).operation_id)
+            mine = await jt.submit("fake", {"n": "mine"})
+            await jt.drive_create(mine.operation_id)
+            provider = jt.providers["fake"]
+            return await provider.lookup(ledger.get(mine.operation_id), ReconcileMode.LIST_BY_REFERENCE), mine
+
+    found, mine = asyncio.run(go())
+    assert found.kind == "unknown" and "more pages follow, but the answer gives no usable cursor" in found.detail
+    assert fake.jobs_for(mine.idempotency_token)  # it exists, on a page the list could not reach
+
+
+def test_a_result_reference_cannot_move_the_credentialed_fetch_to_another_path(
+    ledger: Store, fake: FakeProvider
+) -> None:
+    cfg = fake.provider_config(result={"path": "/v1/jobs/{job_id}/files/{result_ref}"}, status={"result_ref": "$.id"})
+    provider = HttpProvider(parse_config(cfg))
+    op, _ = ledger.create_operation(spec())
+    for hostile in ("..", "../../admin/keys", "a/./b"):
+        got = asyncio.run(provider.fetch_result(with_job(op, "job_1"), hostile))
+        assert got.body["error"] == "refused" and "a . or .. path segment" in got.body["detail"]
+    assert fake.counts["results"] == 0 and not any("admin" in path for _, _, path in fake.requests)

@@ -122,7 +122,8 @@ class Buffer:
         return self.data
 
     def lines(self) -> Iterator[bytes]:
-        return iter(self.data.splitlines())
+        # as a file is read (Spooled.lines): lines end at \n, a \r before it goes
+        return (line.removesuffix(b"\r") for line in self.data.split(b"\n"))
 
     def windows(self, size: int, overlap: int) -> Iterator[bytes]:
         yield self.data
@@ -231,40 +232,43 @@ def _schema(v: Validation, schema: Mapping[str, Any]) -> bool:
 
 
 def _batch(view: ResultBytes, spec: ResultSpec, v: Validation, extra_check: Check | None) -> Validation:
-    assert spec.batch is not None
-    items: list[Any] = []
+    """Per-item outcomes, read a line at a time: only a caller's own check makes the items be kept."""
+    batch = spec.batch
+    assert batch is not None
+    kept: list[Any] | None = [] if extra_check is not None else None
+    count = failures = 0
+    failed: list[Any] = []
+    by_outcome: dict[str, int] = {}
     for number, line in enumerate(view.lines(), start=1):
         if not line.strip():
             continue
         try:
-            items.append(parse_json(line))
+            item = parse_json(line)
         except ValueError:
             v.add("jsonl", False, "one JSON object per line", f"line {number} is not JSON")
             return v
-    batch = spec.batch
-    outcomes = [batch.outcome(item) for item in items]
-    failed = [
-        extract(batch.id_path, item, {}) or f"line:{n}"
-        for n, (item, outcome) in enumerate(zip(items, outcomes, strict=True), start=1)
-        if outcome != "succeeded"
-    ]
-    by_outcome: dict[str, int] = {}
-    for outcome in outcomes:
+        count += 1
+        outcome = batch.outcome(item)
         by_outcome[outcome] = by_outcome.get(outcome, 0) + 1
+        if outcome != "succeeded":
+            failures += 1
+            if len(failed) < FAILED_IDS_LISTED:
+                failed.append(extract(batch.id_path, item, {}) or f"line:{count}")
+        if kept is not None:
+            kept.append(item)
     v.summary = {
-        "items": len(items),
-        "succeeded": len(items) - len(failed),
-        "failed": len(failed),
-        "failed_ids": failed[:FAILED_IDS_LISTED],
+        "items": count,
+        "succeeded": count - failures,
+        "failed": failures,
+        "failed_ids": failed,
         "by_outcome": dict(sorted(by_outcome.items())),
     }
-    v.add("jsonl", True, None, f"{len(items)} items")
-    if spec.min_records and not v.add(
-        "record_count", len(items) >= spec.min_records, f">= {spec.min_records} items", len(items)
-    ):
+    v.add("jsonl", True, None, f"{count} items")
+    if spec.min_records and not v.add("record_count", count >= spec.min_records, f">= {spec.min_records} items", count):
         return v
-    v.document = items
-    _extra(v, extra_check, items)
+    if kept is not None:
+        v.document = kept
+        _extra(v, extra_check, kept)
     return v
 
 

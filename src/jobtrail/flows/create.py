@@ -546,13 +546,15 @@ class CreateFlow:
     ) -> Operation:
         """Record a doubtful or failed attempt and when to try again (Retry-After, else back-off).
 
-        Where a doubtful create is settled by a lookup rather than a replay, the lookup waits out the
-        provider's slowest call first: a request our side gave up on may still be in progress there,
-        and a listing made before it finishes would wrongly prove its job absent.
+        Where a doubtful create is settled by a lookup rather than a replay (or its candidates are
+        listed for a person), the listing waits out the provider's slowest call first: a request our
+        side gave up on may still be in progress there, and a listing made before it finishes would
+        wrongly prove its job absent (or name no candidate).
         """
         delay = provider.backoff.after(retry_after_s, max(op.attempts, 1), self.rng)
         reconcile = provider.capabilities.reconcile
-        if evidence is not None and reconcile and reconcile[0] is not ReconcileMode.REPLAY:
+        listed = bool(reconcile) and reconcile[0] is not ReconcileMode.REPLAY
+        if evidence is not None and (listed or (not reconcile and getattr(provider, "lists_candidates", False))):
             delay = max(delay, slowest_call_s(provider))
         at = self._now() + int(delay * _US)
         changes = {"next_action_at_us": at, "state_reason": f"{why}; next try at {rfc3339(at)}"}

@@ -270,12 +270,16 @@ class ObserveFlow:
         provider says, and the reason names the output that was left behind (and where it is).
         """
         resp = await provider.fetch_result(op, ref)
-        await record_fetch(self.writer, op.operation_id, resp, attempt=1)
-        if resp.http_status != 200 or resp.fetched is None:
-            return None, f"its partial output ({ref}) could not be fetched (HTTP {resp.http_status or 'no answer'})"
-        checked = await self.io(
-            check_and_prepare, self.store, op.operation_id, resp, provider.result_spec, named_check(provider)
-        )
+        try:
+            await record_fetch(self.writer, op.operation_id, resp, attempt=1)
+            if resp.http_status != 200 or resp.fetched is None:
+                why = f"HTTP {resp.http_status or 'no answer'}"
+                return None, f"its partial output ({ref}) could not be fetched ({why})"
+            checked = await self.io(
+                check_and_prepare, self.store, op.operation_id, resp, provider.result_spec, named_check(provider)
+            )
+        finally:
+            discard(resp)
         if checked.stored is None:
             return None, f"its partial output was not stored ({checked.refusal})"
         summary = checked.stored.summary or {}
@@ -362,10 +366,13 @@ class CollectFlow:
         if one_time:  # durable before the fetch: a crash between fetch and store is then visible as such
             op = await self.writer.reschedule(op, {"polls": attempts, "state_reason": "fetching the one-time result"})
         resp = await provider.fetch_result(op, ref)
-        failpoint("collect.after_fetch")
-        await record_fetch(self.writer, op.operation_id, resp, attempt=attempts)
-        if resp.http_status == 200 and resp.fetched is not None:
-            return await self._finish(op, provider, resp, f"fetched {ref or 'result'}")
+        try:
+            failpoint("collect.after_fetch")
+            await record_fetch(self.writer, op.operation_id, resp, attempt=attempts)
+            if resp.http_status == 200 and resp.fetched is not None:
+                return await self._finish(op, provider, resp, f"fetched {ref or 'result'}")
+        finally:  # stored by now, or not to be: a spooled body never outlives its collect step
+            discard(resp)
         why = f"result fetch {attempts} failed (HTTP {resp.http_status or 'no answer'})"
         if isinstance(resp.body, dict) and resp.body.get("error") == "refused":  # no request made; asking again
             return await self._unavailable(op, str(resp.body.get("detail")), None)  # cannot change the answer
@@ -507,6 +514,12 @@ def named_check(provider: Provider) -> Check | None:
     """The result check a provider file names (``[result] check``), if any."""
     named = provider.result_spec.check
     return load_check(named) if named else None
+
+
+def discard(resp: Response) -> None:
+    """Drop a fetched body's spool file, if it has one (again is harmless)."""
+    if resp.spooled is not None:
+        resp.spooled.discard()
 
 
 async def record_fetch(writer: Writer, operation_id: str, resp: Response, *, attempt: int) -> None:

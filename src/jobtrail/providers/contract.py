@@ -110,29 +110,37 @@ class Spooled:
 
 def join_bodies(parts: Sequence[bytes | Spooled], *, spool_over: int) -> bytes | Spooled:
     """Several fetched bodies as one, each ending in a newline (JSONL files, say): in memory while the
-    total stays under ``spool_over`` bytes, else streamed into a file of its own (the parts' files are
-    discarded). Blocking: run it off the event loop."""
-    total = sum(p.size if isinstance(p, Spooled) else len(p) for p in parts)
-    if total < spool_over and all(isinstance(p, bytes) for p in parts):
-        data = b""
+    total stays under ``spool_over`` bytes, else streamed into a file of its own. The parts' files are
+    discarded either way, and a half-written join is removed. Blocking: run it off the event loop."""
+    try:
+        total = sum(p.size if isinstance(p, Spooled) else len(p) for p in parts)
+        if total < spool_over and all(isinstance(p, bytes) for p in parts):
+            data = b""
+            for part in parts:
+                assert isinstance(part, bytes)
+                data += part if not data or data.endswith(b"\n") else b"\n" + part
+            return data
+        digest, size, last = hashlib.sha256(), 0, b"\n"
+        with tempfile.NamedTemporaryFile(prefix="jobtrail-fetch-", delete=False) as out:
+            try:
+                for part in parts:
+                    chunks = part.windows(1024 * 1024, 0) if isinstance(part, Spooled) else iter((part,))
+                    for n, chunk in enumerate(chunks):
+                        piece = b"\n" + chunk if n == 0 and size and last != b"\n" else chunk
+                        if piece:
+                            out.write(piece)
+                            digest.update(piece)
+                            size += len(piece)
+                            last = piece[-1:]
+            except BaseException:
+                out.close()
+                Path(out.name).unlink(missing_ok=True)
+                raise
+        return Spooled(Path(out.name), size, digest.hexdigest())
+    finally:
         for part in parts:
-            assert isinstance(part, bytes)
-            data += part if not data or data.endswith(b"\n") else b"\n" + part
-        return data
-    digest, size, last = hashlib.sha256(), 0, b"\n"
-    with tempfile.NamedTemporaryFile(prefix="jobtrail-fetch-", delete=False) as out:
-        for part in parts:
-            chunks = part.windows(1024 * 1024, 0) if isinstance(part, Spooled) else iter((part,))
-            for n, chunk in enumerate(chunks):
-                piece = b"\n" + chunk if n == 0 and size and last != b"\n" else chunk
-                if piece:
-                    out.write(piece)
-                    digest.update(piece)
-                    size += len(piece)
-                    last = piece[-1:]
             if isinstance(part, Spooled):
                 part.discard()
-    return Spooled(Path(out.name), size, digest.hexdigest())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,7 +26,7 @@ from jobtrail.domain.backoff import parse_retry_after
 from jobtrail.domain.canonical import canonical_bytes, parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.ids import traceparent
-from jobtrail.domain.jsonpath import extract, extract_any, job_id, why_unusable
+from jobtrail.domain.jsonpath import extract, extract_any, job_id, unusable_id, why_unusable
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import default_redactor
 from jobtrail.domain.states import RemoteState
@@ -82,7 +82,8 @@ async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | Spoo
             chunk = received[: limit - total]
             total += len(chunk)
             if spool is None and total > SPOOL_OVER_BYTES:
-                spool = await asyncio.to_thread(tempfile.NamedTemporaryFile, prefix="jobtrail-fetch-", delete=False)
+                # made here, not on a thread: a cancelled await would leave a file nobody knows of
+                spool = tempfile.NamedTemporaryFile(prefix="jobtrail-fetch-", delete=False)  # noqa: SIM115
                 chunks.append(chunk)
                 held, chunks = b"".join(chunks), []
                 digest.update(held)
@@ -285,6 +286,8 @@ class HttpProvider:
             self._credential = None
             fresh = await self._credential_headers()
             if fresh != credential:
+                if isinstance(answer[2], Spooled):
+                    answer[2].discard()
                 answer = await self._transport(
                     method, url, {**self._headers(op), **extra_headers, **fresh}, body, max_bytes + 1
                 )
@@ -305,7 +308,7 @@ class HttpProvider:
         spooled: Spooled | None = None
         raw = received if isinstance(received, bytes) else b""
         if isinstance(received, Spooled):
-            if keep_raw and 200 <= status < 300:
+            if keep_raw and status == 200:
                 spooled = received  # a result stays in its file (its checks judge its size)
             else:  # anything else is read back, bounded, and the file dropped
                 with received.path.open("rb") as fh:
@@ -472,38 +475,41 @@ class HttpProvider:
             return LookupOutcome(kind="unknown", path=mode, detail=f"{sent[0]}: {sent[1]}")
         if mode is ReconcileMode.STATUS_BY_CLIENT_ID:
             return self._by_client_id(sent)
-        id_path = cfg.job_id if cfg.job_id.startswith("$") else "$.id"
         ids: list[str] = []
-        for page in range(cfg.list_paging.max_pages):
-            if sent.http_status != 200:
-                return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
-            items = extract_any(cfg.list_items, sent.body)
-            if not isinstance(items, list):
-                return LookupOutcome(
-                    kind="unknown", path=mode, response=sent, detail=f"no list at {cfg.list_items} in the answer"
-                )
-            ids += [
-                job
-                for item in items
-                if extract(cfg.list_reference, item, {}) == op.idempotency_token
-                and (job := job_id(id_path, item, {})) is not None
-            ]
-            following = self._next_page(sent, endpoint, op)
-            if following is None:
-                break
-            if page + 1 == cfg.list_paging.max_pages:
-                # the list goes on: absence is not proven (a found job still counts)
-                detail = f"more than {cfg.list_paging.max_pages} pages; raise reconcile.max_pages"
-                if not ids:
-                    return LookupOutcome(kind="unknown", path=mode, response=sent, detail=detail)
-                break
-            next_sent = await self._send("GET", following, op, extra_headers=endpoint.headers)
-            if isinstance(next_sent, tuple):
-                return LookupOutcome(kind="unknown", path=mode, detail=f"{next_sent[0]}: {next_sent[1]}")
-            sent = next_sent
+        try:
+            for page in range(cfg.list_paging.max_pages):
+                ids += self._matches(sent, op)
+                following = self._next_page(sent, endpoint, op)
+                if following is None:
+                    break
+                if page + 1 == cfg.list_paging.max_pages:
+                    raise _Unfollowable(f"more than {cfg.list_paging.max_pages} pages; raise reconcile.max_pages")
+                next_sent = await self._send("GET", following, op, extra_headers=endpoint.headers)
+                if isinstance(next_sent, tuple):
+                    raise _Unfollowable(f"{next_sent[0]}: {next_sent[1]}")
+                sent = next_sent
+        except _Unfollowable as exc:
+            if not ids:  # the list was not read whole: a found job still counts, absence does not
+                return LookupOutcome(kind="unknown", path=mode, response=sent, detail=str(exc))
         return LookupOutcome(
             kind="found" if ids else "absent", path=mode, response=sent, remote_job_ids=tuple(dict.fromkeys(ids))
         )
+
+    def _matches(self, sent: Response, op: Operation) -> list[str]:
+        """The ids of the jobs on one page of a reconciliation list that carry our reference."""
+        cfg = self.config
+        if sent.http_status != 200:
+            raise _Unfollowable(f"HTTP {sent.http_status}")
+        items = extract_any(cfg.list_items, sent.body)
+        if not isinstance(items, list):
+            raise _Unfollowable(f"no list at {cfg.list_items} in the answer")
+        id_path = cfg.job_id if cfg.job_id.startswith("$") else "$.id"
+        return [
+            job
+            for item in items
+            if extract(cfg.list_reference, item, {}) == op.idempotency_token
+            and (job := job_id(id_path, item, {})) is not None
+        ]
 
     def _by_client_id(self, sent: Response) -> LookupOutcome:
         mode = ReconcileMode.STATUS_BY_CLIENT_ID
@@ -518,22 +524,33 @@ class HttpProvider:
         return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
 
     def _next_page(self, sent: Response, endpoint: Endpoint, op: Operation) -> str | None:
-        """The next page's URL, or None on the last page (paging declared in ``[reconcile]``)."""
+        """The next page's URL, or None on the last page (paging declared in ``[reconcile]``).
+
+        Raises :class:`_Unfollowable` when the answer says more pages follow but gives no link we
+        may follow: the list was not read whole, so absence is not proven.
+        """
         paging = self.config.list_paging
-        if paging.has_more is not None and extract_any(paging.has_more, sent.body) is not True:
+        more = paging.has_more is None or extract_any(paging.has_more, sent.body) is True
+        if not more:
             return None
         if paging.next_url is not None:
             following = extract(paging.next_url, sent.body, sent.headers)
             if not following:
+                if paging.has_more is not None:
+                    raise _Unfollowable("more pages follow, but the answer gives no usable next link")
                 return None
             try:  # a provider's link: judged by origin, and only the provider's own origin gets the credential
                 target = self.egress.judge(self.egress.resolve_reference(following))
-            except UrlRefused:
-                return None
-            return str(target.url) if target.home else None
+            except UrlRefused as exc:
+                raise _Unfollowable(f"the next page's link is refused ({exc.reason})") from None
+            if not target.home:
+                raise _Unfollowable(f"the next page's link points away from {self.egress.home}")
+            return str(target.url)
         if paging.cursor is not None:
             cursor = extract(paging.cursor, sent.body, sent.headers)
             if not cursor:
+                if paging.has_more is not None:
+                    raise _Unfollowable("more pages follow, but the answer gives no usable cursor")
                 return None
             first = self._url(endpoint.path, op)
             return first + ("&" if "?" in first else "?") + urllib.parse.urlencode({paging.cursor_param: cursor})
@@ -599,6 +616,9 @@ class HttpProvider:
         if cfg.result is not None and cfg.result.names("result_ref"):
             if result_ref is None:
                 return Response(body={"error": "no_reference", "detail": "the status gave no result reference"})
+            why = unusable_id(result_ref)
+            if why is not None:  # it goes into a path on the credential's origin: it may not climb out of it
+                return Response(body={"error": "refused", "detail": f"the result reference is unusable ({why})"})
             sent = await self._send(
                 "GET",
                 self._url(cfg.result.path, op, result_ref=result_ref),
@@ -659,6 +679,10 @@ class HttpProvider:
         return dataclasses.replace(
             sent, headers={**sent.headers, "Content-Type": "application/json"}, raw=canonical_bytes(value)
         )
+
+
+class _Unfollowable(Exception):
+    """A list says more pages follow, and gives no way to them that we may take."""
 
 
 def with_token(body: Any, name: str, token: str, *, provider: str) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from jobtrail.ledger.store import Store
 
 #: how often a running worker records that it runs
 HEARTBEAT_S = 5.0
-#: a worker not seen for this long is taken to be gone
-GONE_AFTER_S = 3 * HEARTBEAT_S
+#: a worker not seen for this long is taken to be gone (longer than a heartbeat may wait for SQLite's lock)
+GONE_AFTER_S = 45.0
 #: an action this late (past its due time) is overdue: a live worker would have taken it
 OVERDUE_AFTER_S = 10.0
 _US = 1_000_000

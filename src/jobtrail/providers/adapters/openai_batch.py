@@ -272,8 +272,15 @@ class _OpenAIProvider(HttpProvider):
                     cursor = body.get("last_id") or (
                         data[-1].get("id") if data and isinstance(data[-1], dict) else None
                     )
-                    if body.get("has_more") is not True or not isinstance(cursor, str) or not data:
+                    if body.get("has_more") is not True:
                         break
+                    if not isinstance(cursor, str) or not data:  # more follow, and no way to them
+                        return LookupOutcome(
+                            kind="unknown",
+                            path=mode,
+                            detail="the list says more pages follow but gives no cursor to them; absence is not "
+                            "proven",
+                        )
                     after = cursor
         except TimeoutError:
             return LookupOutcome(
@@ -449,6 +456,7 @@ class OpenAIBatchProvider(_OpenAIProvider):
         budget = self.config.result_spec.max_bytes
         parts: list[bytes | Spooled] = []
         last: Response | None = None
+        joined = False
         try:
             for role, file_id in files:
                 url = self._url("/v1/files/{job_id}/content", op, job_id=file_id)
@@ -461,13 +469,14 @@ class OpenAIBatchProvider(_OpenAIProvider):
                 last = sent
                 parts.append(fetched)
                 budget -= fetched.size if isinstance(fetched, Spooled) else len(fetched)
-        except BaseException:
-            for part in parts:
-                if isinstance(part, Spooled):
-                    part.discard()
-            raise
-        assert last is not None
-        data = await asyncio.to_thread(join_bodies, parts, spool_over=SPOOL_OVER_BYTES)
+            assert last is not None
+            joined = True  # from here join_bodies owns the parts' files (and discards them)
+            data = await asyncio.to_thread(join_bodies, parts, spool_over=SPOOL_OVER_BYTES)
+        finally:
+            if not joined:  # a later file failed: the ones fetched before it are not kept
+                for part in parts:
+                    if isinstance(part, Spooled):
+                        part.discard()
         return Response(
             http_status=200,
             headers={"Content-Type": "application/jsonl"},
