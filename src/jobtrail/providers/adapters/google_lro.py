@@ -201,8 +201,8 @@ class GoogleLroProvider(HttpProvider):
         name = op.remote_job_id
         if name is None or not usable_name(name):
             return None
-        # slashes stay: they are the resource path (an encoded %2F is a different, unknown resource)
-        return f"{self.config.base_url}/{self.api_version}/{urllib.parse.quote(name, safe='/')}{verb}"
+        # {+job_id}: slashes stay, they are the resource path (an encoded %2F is a different, unknown resource)
+        return self._url(f"/{self.api_version}/{{+job_id}}{verb}", op)
 
     async def status(self, op: Operation) -> StatusOutcome:
         url = self._operation_url(op)

@@ -216,7 +216,8 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
 
 
 class _OpenAIProvider(HttpProvider):
-    """What every OpenAI adapter shares: newest-first cursor paging, and ``retry-after-ms``."""
+    """What every OpenAI adapter shares: newest-first cursor paging (``retry-after-ms`` is read by every
+    provider, see :func:`jobtrail.providers.http._retry_after`)."""
 
     async def _list_recent(
         self, op: Operation, path: str, since_s: float
