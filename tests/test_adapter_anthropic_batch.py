@@ -138,7 +138,8 @@ def test_a_batch_survives_kill_9_of_its_worker_and_ends_as_the_api_says(
     assert doomed.returncode == -signal.SIGKILL
     with Store.open(db_url) as store:
         mid = store.get(op_id)
-        assert mid.state in (S.ACCEPTED, S.OBSERVING) and mid.remote_job_id in fake.batches
+        assert mid.state in (S.ACCEPTED, S.OBSERVING), mid.state_reason
+        assert mid.remote_job_id in fake.batches
 
     run_worker(db_url, provider, api_key, "survivor", "--lease", "8")
 

@@ -19,6 +19,7 @@ import pytest
 from jobtrail import AsyncJobtrail, ConfigError, RemoteState, State, Store
 from jobtrail.domain.backoff import Backoff, parse_retry_after
 from jobtrail.ledger.audit import verify
+from jobtrail.providers.contract import NoAnswer
 from jobtrail.providers.http import load_provider, parse_config
 from jobtrail.testing import FakeProvider, Fault, provider_toml
 
@@ -276,8 +277,8 @@ def test_credentials_never_go_to_a_url_the_provider_hands_back(
     provider = jt.providers["fake"]
     # refused before any connection, with the host and the key that would allow it
     refused = asyncio.run(provider.fetch_result(op, "https://evil.example.net/steal"))
-    assert refused.http_status is None and refused.body["error"] == "refused"
-    assert "evil.example.net" in refused.body["detail"] and "result.download_hosts" in refused.body["detail"]
+    assert isinstance(refused, NoAnswer) and refused.refused
+    assert "evil.example.net" in refused.detail and "result.download_hosts" in refused.detail
     asyncio.run(provider.aclose())
     store.close()
 

@@ -12,7 +12,7 @@ from jobtrail import AsyncJobtrail, ConfigError, State, Store, Worker
 from jobtrail.domain.jsonpath import extract_any
 from jobtrail.domain.record import Operation
 from jobtrail.ledger.results import read_result
-from jobtrail.providers.contract import ReconcileMode, Response, guarantees
+from jobtrail.providers.contract import NoAnswer, ReconcileMode, Response, guarantees
 from jobtrail.providers.http import HttpProvider, _retry_after, parse_config
 from jobtrail.testing import FakeProvider, Fault
 
@@ -242,5 +242,5 @@ def test_a_result_reference_cannot_move_the_credentialed_fetch_to_another_path(
     op, _ = ledger.create_operation(spec())
     for hostile in ("..", "../../admin/keys", "a/./b"):
         got = asyncio.run(provider.fetch_result(with_job(op, "job_1"), hostile))
-        assert got.body["error"] == "refused" and "a . or .. path segment" in got.body["detail"]
+        assert isinstance(got, NoAnswer) and got.refused and "a . or .. path segment" in got.detail
     assert fake.counts["results"] == 0 and not any("admin" in path for _, _, path in fake.requests)

@@ -21,7 +21,7 @@ from jobtrail.domain.states import FINAL_STATES, State
 from jobtrail.flows.create import CREATE_PHASE
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import Writer
-from jobtrail.providers.contract import Provider
+from jobtrail.providers.contract import Provider, Response
 
 _US = 1_000_000
 _RETRIES = 8
@@ -135,27 +135,29 @@ class CancelFlow:
         # durable before the bytes leave: a crash after this line never sends a second cancel
         op = await self.writer.record(op, CancelAttempt(attempt=1), actor=self.actor, changes={"polls": 1})
         failpoint("cancel.after_attempt")
-        resp = await provider.cancel(op)
+        sent = await provider.cancel(op)
         failpoint("cancel.after_response")
         # the next request is timed from the answer (a slow answer must not bring it forward)
         answered = self.store.clock()
         first_poll = answered + int(provider.poll_backoff.delay(1, self.rng) * _US)
+        answer = sent if isinstance(sent, Response) else None
+        request_id = answer.provider_request_id if answer else None
         await self.writer.observe(
             op.operation_id,
             kind="cancel_response",
-            raw=resp.to_json(),
-            http_status=resp.http_status,
-            provider_request_id=resp.provider_request_id,
+            raw=sent.to_json() if answer else {"http_status": None, "headers": {}, "body": sent.to_json()},
+            http_status=answer.http_status if answer else None,
+            provider_request_id=request_id,
             worker=op.lease_owner,
             lease_epoch=op.lease_epoch if op.lease_owner else None,
         )
-        request_ids = (resp.provider_request_id,) if resp.provider_request_id else ()
-        status = resp.http_status or 0
+        request_ids = (request_id,) if request_id else ()
+        status = (answer.http_status if answer else None) or 0
         if 200 <= status < 300:
             return await self.writer.transition(
                 op,
                 State.CANCELLING,
-                CancelAcknowledged(http_status=status, provider_request_id=resp.provider_request_id),
+                CancelAcknowledged(http_status=status, provider_request_id=request_id),
                 actor=self.actor,
                 request_ids=request_ids,
                 changes={
@@ -165,8 +167,8 @@ class CancelFlow:
                     ),
                 },
             )
-        if status == 0 and provider.capabilities.cancel_idempotent:
-            retry = answered + int(provider.backoff.after(resp.retry_after_s, 1, self.rng) * _US)
+        if answer is None and provider.capabilities.cancel_idempotent:
+            retry = answered + int(provider.backoff.after(None, 1, self.rng) * _US)
             return await self.writer.reschedule(
                 op,
                 {

@@ -43,7 +43,7 @@ from jobtrail.ledger.results import carries_secret, prepare_result
 from jobtrail.ledger.store import Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
 from jobtrail.ledger.writer import Writer
-from jobtrail.providers.contract import Provider, Response, Spooled, StatusOutcome
+from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, StatusOutcome
 
 _US = 1_000_000
 #: a result fetch that keeps failing is given up after this many attempts
@@ -272,8 +272,8 @@ class ObserveFlow:
         resp = await provider.fetch_result(op, ref)
         try:
             await record_fetch(self.writer, op.operation_id, resp, attempt=1)
-            if resp.http_status != 200 or resp.fetched is None:
-                why = f"HTTP {resp.http_status or 'no answer'}"
+            if isinstance(resp, NoAnswer) or resp.http_status != 200 or resp.fetched is None:
+                why = f"HTTP {resp.http_status}" if isinstance(resp, Response) else str(resp)
                 return None, f"its partial output ({ref}) could not be fetched ({why})"
             checked = await self.io(
                 check_and_prepare, self.store, op.operation_id, resp, provider.result_spec, named_check(provider)
@@ -369,25 +369,26 @@ class CollectFlow:
         try:
             failpoint("collect.after_fetch")
             await record_fetch(self.writer, op.operation_id, resp, attempt=attempts)
-            if resp.http_status == 200 and resp.fetched is not None:
+            if isinstance(resp, Response) and resp.http_status == 200 and resp.fetched is not None:
                 return await self._finish(op, provider, resp, f"fetched {ref or 'result'}")
         finally:  # stored by now, or not to be: a spooled body never outlives its collect step
             discard(resp)
-        why = f"result fetch {attempts} failed (HTTP {resp.http_status or 'no answer'})"
-        if isinstance(resp.body, dict) and resp.body.get("error") == "refused":  # no request made; asking again
-            return await self._unavailable(op, str(resp.body.get("detail")), None)  # cannot change the answer
+        if isinstance(resp, NoAnswer) and resp.refused:  # no request made; asking again cannot change the answer
+            return await self._unavailable(op, resp.detail, None)
+        status = resp.http_status if isinstance(resp, Response) else None
+        why = f"result fetch {attempts} failed (HTTP {status or 'no answer'})"
         # an error answer, or a connection that was never made, handed nothing over; silence or 410 may have
-        not_sent = resp.http_status is None and isinstance(resp.body, dict) and resp.body.get("error") == "not_sent"
-        maybe_consumed = resp.http_status == 410 or (resp.http_status is None and not not_sent)
+        maybe_consumed = status == 410 or (isinstance(resp, NoAnswer) and not resp.not_sent)
         if (one_time and maybe_consumed) or attempts >= MAX_RESULT_ATTEMPTS:
             give_up = (
                 "a one-time result may have been handed over and cannot be fetched again"
                 if one_time and maybe_consumed
                 else f"gave up after {attempts} attempts"
             )
-            return await self._unavailable(op, f"{why}; {give_up}", resp.http_status)
+            return await self._unavailable(op, f"{why}; {give_up}", status)
         # counted from the answer (Retry-After means "after this answer"), not from when the fetch was sent
-        next_at = self.store.clock() + int(provider.backoff.after(resp.retry_after_s, attempts, self.rng) * _US)
+        retry_after = resp.retry_after_s if isinstance(resp, Response) else None
+        next_at = self.store.clock() + int(provider.backoff.after(retry_after, attempts, self.rng) * _US)
         return await self.writer.reschedule(
             op,
             {"polls": attempts, "next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"},
@@ -516,13 +517,18 @@ def named_check(provider: Provider) -> Check | None:
     return load_check(named) if named else None
 
 
-def discard(resp: Response) -> None:
+def discard(resp: Response | NoAnswer) -> None:
     """Drop a fetched body's spool file, if it has one (again is harmless)."""
-    if resp.spooled is not None:
+    if isinstance(resp, Response) and resp.spooled is not None:
         resp.spooled.discard()
 
 
-async def record_fetch(writer: Writer, operation_id: str, resp: Response, *, attempt: int) -> None:
+async def record_fetch(writer: Writer, operation_id: str, resp: Response | NoAnswer, *, attempt: int) -> None:
+    if isinstance(resp, NoAnswer):
+        raw: dict[str, Any] = {"http_status": None, "headers": {}, "attempt": attempt, "size": None}
+        await writer.observe(operation_id, kind="result_fetch", raw={**raw, "error": resp.to_json()})
+        return
+    fetched = resp.fetched
     await writer.observe(
         operation_id,
         kind="result_fetch",
@@ -530,11 +536,7 @@ async def record_fetch(writer: Writer, operation_id: str, resp: Response, *, att
             "http_status": resp.http_status,
             "headers": dict(resp.headers),
             "attempt": attempt,
-            "size": None
-            if (fetched := resp.fetched) is None
-            else fetched.size
-            if isinstance(fetched, Spooled)
-            else len(fetched),
+            "size": None if fetched is None else fetched.size if isinstance(fetched, Spooled) else len(fetched),
             "error": resp.body,
         },
         http_status=resp.http_status,

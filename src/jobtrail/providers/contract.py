@@ -175,6 +175,51 @@ class Response:
         return {"http_status": self.http_status, "headers": dict(self.headers), "body": self.body}
 
 
+@dataclass(frozen=True, slots=True)
+class NoAnswer:
+    """A request that brought back no HTTP answer: why, in a word (``error_class``), and the detail.
+
+    ``not_sent``: the connection was never made, so nothing reached the provider. ``refused``:
+    jobtrail would not make the request (a URL the operator did not declare, say), so asking again
+    cannot change anything. Anything else (``timeout``, ``connection_reset``,
+    ``incomplete_response``, ...) may have reached the provider.
+    """
+
+    error_class: str
+    detail: str
+    #: what else an observation records about it (the refused host, and where its URL came from)
+    facts: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def not_sent(self) -> bool:
+        return self.error_class == "not_sent"
+
+    @property
+    def refused(self) -> bool:
+        return self.error_class == "refused"
+
+    def create_outcome(self) -> CreateOutcome:
+        """What a create that got no answer proves: nothing was made if it never left, else it may have been."""
+        if self.not_sent:
+            return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=self.detail)
+        return CreateOutcome(kind="ambiguous", error_class=self.error_class, detail=self.detail)
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.error_class, **self.facts, "detail": self.detail}
+
+    def __str__(self) -> str:
+        return f"{self.error_class}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class WireAnswer:
+    """What a transport read off the wire: the status, the headers and at most the body's allowed size."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes | Spooled
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CreateOutcome:
     """The result of one create (or replay) attempt."""
@@ -251,8 +296,8 @@ class Provider(Protocol):
         """Read the remote job's state."""
         ...
 
-    async def cancel(self, op: Operation) -> Response:
-        """Ask the provider to cancel the remote job (once)."""
+    async def cancel(self, op: Operation) -> Response | NoAnswer:
+        """Ask the provider to cancel the remote job (once): the answer, or why there was none."""
         ...
 
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
@@ -261,8 +306,8 @@ class Provider(Protocol):
         list them). They are never adopted: a person decides, with the list in front of them."""
         ...
 
-    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
-        """Fetch the finished job's result."""
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
+        """Fetch the finished job's result: the answer, or why there was none."""
         ...
 
     async def aclose(self) -> None:

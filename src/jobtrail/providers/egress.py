@@ -27,11 +27,12 @@ import re
 import socket
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import yarl
 from aiohttp.abc import AbstractResolver, ResolveResult
+
+from jobtrail.providers.contract import NoAnswer
 
 DOWNLOAD_HOSTS_KEY = "result.download_hosts"
 
@@ -279,11 +280,10 @@ class PublicOnlyResolver(AbstractResolver):
         await self._inner.close()
 
 
-def refusal_body(exc: UrlRefused, *, url_key: str) -> dict[str, Any]:
-    """What an observation records about a refused URL (no request was made)."""
-    return {
-        "error": "refused",
-        "host": exc.host,
-        "source": url_key,
-        "detail": f"no request made to {exc.host or 'that URL'} (from {url_key}): {exc.reason}",
-    }
+def refusal(exc: UrlRefused, *, url_key: str) -> NoAnswer:
+    """A request not made because its URL was refused: what the observation records."""
+    return NoAnswer(
+        "refused",
+        f"no request made to {exc.host or 'that URL'} (from {url_key}): {exc.reason}",
+        {"host": exc.host or "", "source": url_key},
+    )

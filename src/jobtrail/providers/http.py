@@ -34,10 +34,12 @@ from jobtrail.providers.contract import (
     Capabilities,
     CreateOutcome,
     LookupOutcome,
+    NoAnswer,
     ReconcileMode,
     Response,
     Spooled,
     StatusOutcome,
+    WireAnswer,
 )
 from jobtrail.providers.declared import Endpoint, HttpProviderConfig, parse_config
 from jobtrail.providers.egress import (
@@ -45,7 +47,7 @@ from jobtrail.providers.egress import (
     EgressPolicy,
     PublicOnlyResolver,
     UrlRefused,
-    refusal_body,
+    refusal,
 )
 
 _AMBIGUOUS = frozenset({408, 409, 425, 429})
@@ -261,11 +263,9 @@ class HttpProvider:
         extra_headers: Mapping[str, str] = {},
         max_bytes: int = _MAX_BODY,
         keep_raw: bool = False,
-    ) -> Response | tuple[str, str]:
-        """One request to the provider's own origin (credential and provider headers attached).
-
-        Returns the response, or (error_class, detail) with error_class ``not_sent`` when the
-        request provably never left (connection refused/failed)."""
+    ) -> Response | NoAnswer:
+        """One request to the provider's own origin (credential and provider headers attached):
+        the response, or why there was none (:class:`NoAnswer`)."""
         try:
             home = self.egress.judge(url).home
         except UrlRefused as exc:
@@ -280,14 +280,14 @@ class HttpProvider:
         answer = await self._transport(
             method, url, {**self._headers(op), **extra_headers, **credential}, body, max_bytes + 1
         )
-        if answer[0] in (401, 403) and credential:
+        if isinstance(answer, WireAnswer) and answer.status in (401, 403) and credential:
             # refused for its credential, which may have been rotated since it was read: read it again now,
             # and if it changed, send once more (a request refused for its credential was not processed)
             self._credential = None
             fresh = await self._credential_headers()
             if fresh != credential:
-                if isinstance(answer[2], Spooled):
-                    answer[2].discard()
+                if isinstance(answer.body, Spooled):
+                    answer.body.discard()
                 answer = await self._transport(
                     method, url, {**self._headers(op), **extra_headers, **fresh}, body, max_bytes + 1
                 )
@@ -295,13 +295,13 @@ class HttpProvider:
 
     def _response(
         self,
-        answer: tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str],
+        answer: WireAnswer | NoAnswer,
         max_bytes: int,
         keep_raw: bool,
-    ) -> Response | tuple[str, str]:
-        if len(answer) == 2:
+    ) -> Response | NoAnswer:
+        if isinstance(answer, NoAnswer):
             return answer
-        status, raw_headers, received = answer
+        status, raw_headers, received = answer.status, answer.headers, answer.body
         # header bytes that are not UTF-8 arrive as lone surrogates, which no database can store
         resp_headers = {_text(k): _text(v) for k, v in raw_headers.items()}
         size = received.size if isinstance(received, Spooled) else len(received)
@@ -339,8 +339,8 @@ class HttpProvider:
 
     async def _transport(
         self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
-        """The wire: (status, headers, at most ``max_bytes`` of the body), or (error_class, detail).
+    ) -> WireAnswer | NoAnswer:
+        """The wire: the status, headers and at most ``max_bytes`` of the body, or why there was no answer.
 
         The deterministic simulation replaces only this method, so everything above the
         socket (headers, credentials, parsing, classification) is the code that runs for real.
@@ -348,41 +348,39 @@ class HttpProvider:
         try:
             async with self._client().request(method, url, headers=headers, json=body, allow_redirects=False) as resp:
                 raw = await read_at_most(resp, max_bytes)
-                return resp.status, {k: v for k, v in resp.headers.items()}, raw
+                return WireAnswer(resp.status, {k: v for k, v in resp.headers.items()}, raw)
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._failure(exc)
 
-    async def _foreign_transport(
-        self, url: yarl.URL, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
+    async def _foreign_transport(self, url: yarl.URL, max_bytes: int) -> WireAnswer | NoAnswer:
         """A GET to a declared download host: no credential, no provider headers, no redirects."""
         try:
             async with self._foreign_client().get(url, allow_redirects=False) as resp:
                 raw = await read_at_most(resp, max_bytes)
-                return resp.status, {k: v for k, v in resp.headers.items()}, raw
+                return WireAnswer(resp.status, {k: v for k, v in resp.headers.items()}, raw)
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.os_error, AddressRefused):
-                return ("refused", str(exc.os_error))
+                return refusal(UrlRefused(str(exc.os_error), url.host or ""), url_key="status.result_ref")
             return self._failure(exc)
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._failure(exc)
 
-    def _failure(self, exc: BaseException) -> tuple[str, str]:
-        """What a request that got no usable answer tells us: (error class, detail).
+    def _failure(self, exc: BaseException) -> NoAnswer:
+        """What a request that got no usable answer tells us.
 
         Order matters: a connection never made is ``not_sent`` (nothing reached the
         provider), a time-out or a reset after sending may have reached it.
         """
         name = type(exc).__name__
         if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
-            return ("not_sent", f"{name}: {exc}")
+            return NoAnswer("not_sent", f"{name}: {exc}")
         if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
-            return ("timeout", f"no answer within {self.config.timeout_s:g} s ({name})")
+            return NoAnswer("timeout", f"no answer within {self.config.timeout_s:g} s ({name})")
         if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
-            return ("connection_reset", f"{name}: {exc}")
+            return NoAnswer("connection_reset", f"{name}: {exc}")
         if isinstance(exc, aiohttp.ClientPayloadError):
-            return ("incomplete_response", f"{name}: {exc}")
-        return ("client_error", f"{name}: {exc}")
+            return NoAnswer("incomplete_response", f"{name}: {exc}")
+        return NoAnswer("client_error", f"{name}: {exc}")
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -407,10 +405,8 @@ class HttpProvider:
         elif token.where == "body":
             body = with_token(body, token.name, op.idempotency_token, provider=self.name)
         sent = await self._send(cfg.create.method, url, op, body=body, extra_headers=headers)
-        if isinstance(sent, tuple):
-            if sent[0] == "not_sent":
-                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
-            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        if isinstance(sent, NoAnswer):
+            return sent.create_outcome()
         return self.classify_create(sent)
 
     def classify_create(self, resp: Response) -> CreateOutcome:
@@ -471,8 +467,8 @@ class HttpProvider:
         if endpoint is None:
             return LookupOutcome(kind="unknown", path=mode, detail=f"{mode.value} is not configured")
         sent = await self._send(endpoint.method, self._url(endpoint.path, op), op, extra_headers=endpoint.headers)
-        if isinstance(sent, tuple):
-            return LookupOutcome(kind="unknown", path=mode, detail=f"{sent[0]}: {sent[1]}")
+        if isinstance(sent, NoAnswer):
+            return LookupOutcome(kind="unknown", path=mode, detail=str(sent))
         if mode is ReconcileMode.STATUS_BY_CLIENT_ID:
             return self._by_client_id(sent)
         ids: list[str] = []
@@ -485,8 +481,8 @@ class HttpProvider:
                 if page + 1 == cfg.list_paging.max_pages:
                     raise _Unfollowable(f"more than {cfg.list_paging.max_pages} pages; raise reconcile.max_pages")
                 next_sent = await self._send("GET", following, op, extra_headers=endpoint.headers)
-                if isinstance(next_sent, tuple):
-                    raise _Unfollowable(f"{next_sent[0]}: {next_sent[1]}")
+                if isinstance(next_sent, NoAnswer):
+                    raise _Unfollowable(str(next_sent))
                 sent = next_sent
         except _Unfollowable as exc:
             if not ids:  # the list was not read whole: a found job still counts, absence does not
@@ -561,8 +557,8 @@ class HttpProvider:
         if cfg.status is None:
             raise ConfigError(f"provider {self.name} declares no [status] endpoint")
         sent = await self._send(cfg.status.method, self._url(cfg.status.path, op), op, extra_headers=cfg.status.headers)
-        if isinstance(sent, tuple):
-            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent[0])
+        if isinstance(sent, NoAnswer):
+            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent.error_class)
         raw = extract(cfg.state_path, sent.body, sent.headers)
         remote = self._state(sent)
         progress_raw = extract(cfg.progress_path, sent.body, sent.headers)
@@ -595,12 +591,11 @@ class HttpProvider:
         says = self._state(resp)
         return says in (RemoteState.SUCCEEDED, RemoteState.UNKNOWN) or says is None
 
-    async def cancel(self, op: Operation) -> Response:
+    async def cancel(self, op: Operation) -> Response | NoAnswer:
         cfg = self.config
         if cfg.cancel is None:
             raise ConfigError(f"provider {self.name} declares no [cancel] endpoint")
-        sent = await self._send(cfg.cancel.method, self._url(cfg.cancel.path, op), op, extra_headers=cfg.cancel.headers)
-        return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+        return await self._send(cfg.cancel.method, self._url(cfg.cancel.path, op), op, extra_headers=cfg.cancel.headers)
 
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
         """The declarative format lists no jobs by time; built-in adapters for APIs that can do so override this."""
@@ -608,17 +603,17 @@ class HttpProvider:
             kind="unknown", path=ReconcileMode.LIST_BY_REFERENCE, detail="this provider cannot list its jobs by time"
         )
 
-    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
         cfg = self.config
         max_bytes = cfg.result_spec.max_bytes
         if cfg.result_from_status is not None:
             return await self._result_from_status(op)
         if cfg.result is not None and cfg.result.names("result_ref"):
             if result_ref is None:
-                return Response(body={"error": "no_reference", "detail": "the status gave no result reference"})
+                return NoAnswer("no_reference", "the status gave no result reference")
             why = unusable_id(result_ref)
             if why is not None:  # it goes into a path on the credential's origin: it may not climb out of it
-                return Response(body={"error": "refused", "detail": f"the result reference is unusable ({why})"})
+                return NoAnswer("refused", f"the result reference is unusable ({why})")
             sent = await self._send(
                 "GET",
                 self._url(cfg.result.path, op, result_ref=result_ref),
@@ -644,14 +639,11 @@ class HttpProvider:
             try:
                 target = self.egress.judge(self.egress.resolve_reference(result_ref))
             except UrlRefused as exc:
-                return Response(body=refusal_body(exc, url_key="status.result_ref"))
+                return refusal(exc, url_key="status.result_ref")
             if target.home:
                 sent = await self._send("GET", str(target.url), op, keep_raw=True, max_bytes=max_bytes)
             else:
                 answer = await self._foreign_transport(target.url, max_bytes + 1)
-                if answer[0] == "refused":
-                    refused = UrlRefused(str(answer[1]), target.origin.host)
-                    return Response(body=refusal_body(refused, url_key="status.result_ref"))
                 sent = self._response(answer, max_bytes, keep_raw=True)
         if isinstance(sent, Response) and 300 <= (sent.http_status or 0) < 400:
             location = next((v for k, v in sent.headers.items() if k.lower() == "location"), None)
@@ -664,15 +656,15 @@ class HttpProvider:
                 retry_after_s=sent.retry_after_s,
                 body={"error": "redirect", "detail": f"redirect to {shown} not followed"},
             )
-        return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+        return sent
 
-    async def _result_from_status(self, op: Operation) -> Response:
+    async def _result_from_status(self, op: Operation) -> Response | NoAnswer:
         """``[result] from_status``: a final status read, and the value at that path is the result (as JSON)."""
         cfg = self.config
         assert cfg.status is not None and cfg.result_from_status is not None
         sent = await self._send(cfg.status.method, self._url(cfg.status.path, op), op, extra_headers=cfg.status.headers)
-        if isinstance(sent, tuple):
-            return Response(body={"error": sent[0], "detail": sent[1]})
+        if isinstance(sent, NoAnswer):
+            return sent
         value = extract_any(cfg.result_from_status, sent.body) if sent.http_status == 200 else None
         if value is None:
             return dataclasses.replace(sent, http_status=sent.http_status if sent.http_status != 200 else 404)

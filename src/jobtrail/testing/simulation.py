@@ -79,6 +79,7 @@ from jobtrail.interfaces.webhooks import Receiver
 from jobtrail.ledger.offload import inline
 from jobtrail.ledger.results import read_result
 from jobtrail.ledger.store import Store
+from jobtrail.providers.contract import NoAnswer, WireAnswer
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.runtime.worker import WORKED_STATES, Worker
 from jobtrail.testing._fake_provider import signed_headers
@@ -426,7 +427,7 @@ class SimProvider(HttpProvider):
 
     async def _transport(
         self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes] | tuple[str, str]:
+    ) -> WireAnswer | NoAnswer:
         answer = self.world.handle(method, url, headers, body)
         slow = self.world.slow()
         if slow:
@@ -441,10 +442,10 @@ class SimProvider(HttpProvider):
                 parts = urllib.parse.urlsplit(url).path.strip("/").split("/")
                 if parts[-1] == "result":  # a result that never arrived counts as not delivered
                     self.world.undelivered_results.add(urllib.parse.unquote(parts[2]))
-                return ("timeout", f"no answer within {timeout:g} s (simulated)")
+                return NoAnswer("timeout", f"no answer within {timeout:g} s (simulated)")
         if len(answer) == 3:
-            return answer[0], answer[1], answer[2][:max_bytes]
-        return answer
+            return WireAnswer(answer[0], answer[1], answer[2][:max_bytes])
+        return NoAnswer(*answer)
 
 
 def provider_config(rng: Random) -> dict[str, Any]:

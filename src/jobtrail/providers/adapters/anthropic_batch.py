@@ -31,7 +31,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import RemoteState
-from jobtrail.providers.contract import LookupOutcome, ReconcileMode, Response, StatusOutcome
+from jobtrail.providers.contract import LookupOutcome, NoAnswer, ReconcileMode, Response, StatusOutcome
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
 
@@ -181,8 +181,8 @@ class AnthropicBatchProvider(HttpProvider):
             url = f"{self.config.base_url}{BATCHES}?{urllib.parse.urlencode(query)}"
             sent = await self._send("GET", url, op)
             pages += 1
-            if isinstance(sent, tuple):
-                return LookupOutcome(kind="unknown", path=mode, detail=f"listing batches: {sent[0]}: {sent[1]}")
+            if isinstance(sent, NoAnswer):
+                return LookupOutcome(kind="unknown", path=mode, detail=f"listing batches: {sent}")
             last = sent
             body = sent.body
             if sent.http_status != 200 or not isinstance(body, dict) or not isinstance(body.get("data"), list):

@@ -41,7 +41,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Secret
 from jobtrail.domain.states import RemoteState, State
-from jobtrail.providers.contract import CreateOutcome, Response, Spooled, StatusOutcome
+from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, Spooled, StatusOutcome, WireAnswer
 from jobtrail.providers.credentials import Credential
 from jobtrail.providers.declared import is_loopback
 from jobtrail.providers.http import HttpProvider, parse_config, read_at_most
@@ -178,15 +178,15 @@ class AwsJsonProvider(HttpProvider):
 
     async def _transport(
         self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
+    ) -> WireAnswer | NoAnswer:
         """Sign the exact bytes, send them; a refused credential is re-read and the request signed again once."""
         payload = body if isinstance(body, bytes) else compact_json(body).encode("utf-8")
         try:
             frozen = await self._frozen()
         except ConfigError as exc:
-            return ("not_sent", str(exc))
+            return NoAnswer("not_sent", str(exc))
         answer = await self._signed_send(method, url, headers, payload, max_bytes, frozen)
-        if len(answer) == 3 and answer[0] in (400, 403) and _credential_refused(answer[2]):
+        if isinstance(answer, WireAnswer) and answer.status in (400, 403) and _credential_refused(answer.body):
             try:
                 fresh = await self._frozen(again=True)
             except ConfigError:
@@ -201,18 +201,18 @@ class AwsJsonProvider(HttpProvider):
 
     async def _signed_send(
         self, method: str, url: str, headers: Mapping[str, str], payload: bytes, max_bytes: int, frozen: Any
-    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
+    ) -> WireAnswer | NoAnswer:
         signed = self._signed(method, url, headers, payload, frozen)
         try:
             async with self._client().request(method, url, headers=signed, data=payload, allow_redirects=False) as resp:
                 raw = await read_at_most(resp, max_bytes)
-                return resp.status, {k: v for k, v in resp.headers.items()}, raw
+                return WireAnswer(resp.status, {k: v for k, v in resp.headers.items()}, raw)
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._failure(exc)
 
     async def _call(
         self, action: str, op: Operation, payload: Mapping[str, Any], *, max_bytes: int | None = None
-    ) -> Response | tuple[str, str]:
+    ) -> Response | NoAnswer:
         """One AWS JSON call: POST / with its own target header and its own body."""
         extra = {"X-Amz-Target": f"{self.target_prefix}.{action}", "Content-Type": self.content_type}
         data = json.dumps(dict(payload), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
@@ -314,10 +314,8 @@ class StepFunctionsProvider(AwsJsonProvider):
                 "input": self.execution_input(op),
             },
         )
-        if isinstance(sent, tuple):
-            if sent[0] == "not_sent":
-                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
-            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        if isinstance(sent, NoAnswer):
+            return sent.create_outcome()
         status = sent.http_status or 0
         if status == 200:
             arn = sent.body.get("executionArn") if isinstance(sent.body, dict) else None
@@ -347,12 +345,12 @@ class StepFunctionsProvider(AwsJsonProvider):
         arn = self.execution_arn(op)
         described = await self._call("DescribeExecution", op, {"executionArn": arn})
         first = {"StartExecution": refused.body}
-        if isinstance(described, tuple):
+        if isinstance(described, NoAnswer):
             return CreateOutcome(
                 kind="ambiguous",
                 response=dataclasses.replace(refused, body=first),
-                error_class=f"describe_{described[0]}",
-                detail=f"ExecutionAlreadyExists, and DescribeExecution of {arn} got no answer ({described[1]})",
+                error_class=f"describe_{described.error_class}",
+                detail=f"ExecutionAlreadyExists, and DescribeExecution of {arn} got no answer ({described.detail})",
             )
         body = described.body if isinstance(described.body, dict) else {}
         kept = dataclasses.replace(described, body=first | {"DescribeExecution": _trimmed(body)})
@@ -383,8 +381,8 @@ class StepFunctionsProvider(AwsJsonProvider):
 
     async def status(self, op: Operation) -> StatusOutcome:
         sent = await self._call("DescribeExecution", op, {"executionArn": op.remote_job_id or self.execution_arn(op)})
-        if isinstance(sent, tuple):
-            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent[0])
+        if isinstance(sent, NoAnswer):
+            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent.error_class)
         body = sent.body if isinstance(sent.body, dict) else {}
         kept = dataclasses.replace(sent, body=_trimmed(body))
         if sent.http_status != 200:
@@ -400,7 +398,7 @@ class StepFunctionsProvider(AwsJsonProvider):
             provider_time=None if when is None else str(when),
         )
 
-    async def cancel(self, op: Operation) -> Response:
+    async def cancel(self, op: Operation) -> Response | NoAnswer:
         sent = await self._call(
             "StopExecution",
             op,
@@ -409,9 +407,9 @@ class StepFunctionsProvider(AwsJsonProvider):
                 "cause": f"cancelled by jobtrail ({op.operation_id})",
             },
         )
-        return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+        return sent
 
-    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
         """DescribeExecution's ``output`` (a JSON text), as the result's bytes."""
         limit = self.result_spec.max_bytes
         sent = await self._call(
@@ -420,8 +418,8 @@ class StepFunctionsProvider(AwsJsonProvider):
             {"executionArn": op.remote_job_id or self.execution_arn(op)},
             max_bytes=4 * limit + 65536,
         )
-        if isinstance(sent, tuple):
-            return Response(body={"error": sent[0], "detail": sent[1]})
+        if isinstance(sent, NoAnswer):
+            return sent
         body = sent.body if isinstance(sent.body, dict) else {}
         if sent.http_status != 200:
             return dataclasses.replace(sent, body={"error": self._status_error(sent), "detail": aws_error(sent)[1]})
@@ -505,10 +503,8 @@ class AthenaProvider(AwsJsonProvider):
 
     async def create(self, op: Operation) -> CreateOutcome:
         sent = await self._call("StartQueryExecution", op, self.start_request(op))
-        if isinstance(sent, tuple):
-            if sent[0] == "not_sent":
-                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
-            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        if isinstance(sent, NoAnswer):
+            return sent.create_outcome()
         if sent.http_status == 200:
             qid = sent.body.get("QueryExecutionId") if isinstance(sent.body, dict) else None
             if isinstance(qid, str) and qid:
@@ -523,8 +519,8 @@ class AthenaProvider(AwsJsonProvider):
 
     async def status(self, op: Operation) -> StatusOutcome:
         sent = await self._call("GetQueryExecution", op, {"QueryExecutionId": op.remote_job_id or ""})
-        if isinstance(sent, tuple):
-            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent[0])
+        if isinstance(sent, NoAnswer):
+            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent.error_class)
         if sent.http_status != 200:
             return StatusOutcome(
                 remote_state=RemoteState.UNKNOWN, raw_state=None, response=sent, error_class=self._status_error(sent)
@@ -541,11 +537,11 @@ class AthenaProvider(AwsJsonProvider):
             provider_time=None if when is None else str(when),
         )
 
-    async def cancel(self, op: Operation) -> Response:
+    async def cancel(self, op: Operation) -> Response | NoAnswer:
         sent = await self._call("StopQueryExecution", op, {"QueryExecutionId": op.remote_job_id or ""})
-        return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+        return sent
 
-    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
         """Every page of GetQueryResults, as ``{"ResultSetMetadata": ..., "Rows": [...all pages...]}``."""
         limit = self.result_spec.max_bytes
         rows: list[Any] = []
@@ -559,8 +555,8 @@ class AthenaProvider(AwsJsonProvider):
             if next_token:
                 payload["NextToken"] = next_token
             sent = await self._call("GetQueryResults", op, payload, max_bytes=limit)
-            if isinstance(sent, tuple):
-                return Response(body={"error": sent[0], "detail": sent[1], "pages_read": pages})
+            if isinstance(sent, NoAnswer):
+                return NoAnswer(sent.error_class, sent.detail, {"pages_read": str(pages)})
             if sent.http_status != 200:
                 _, message = aws_error(sent)
                 return dataclasses.replace(

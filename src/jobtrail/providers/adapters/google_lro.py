@@ -35,7 +35,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract, parse_path, unusable
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import RemoteState
-from jobtrail.providers.contract import CreateOutcome, Response, StatusOutcome
+from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, StatusOutcome
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
 
@@ -163,10 +163,8 @@ class GoogleLroProvider(HttpProvider):
                 )
             body = {**body, self.request_id_name: rid}
         sent = await self._send(cfg.create.method, url, op, body=body, extra_headers=headers)
-        if isinstance(sent, tuple):
-            if sent[0] == "not_sent":
-                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
-            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        if isinstance(sent, NoAnswer):
+            return sent.create_outcome()
         return self.classify_create(sent)
 
     def classify_create(self, resp: Response) -> CreateOutcome:
@@ -209,8 +207,8 @@ class GoogleLroProvider(HttpProvider):
         if url is None:
             return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class="unusable_name")
         sent = await self._send("GET", url, op)
-        if isinstance(sent, tuple):
-            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent[0])
+        if isinstance(sent, NoAnswer):
+            return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent.error_class)
         if sent.http_status != 200 or not isinstance(sent.body, dict):
             return StatusOutcome(
                 remote_state=RemoteState.UNKNOWN, raw_state=None, response=sent, error_class=f"http_{sent.http_status}"
@@ -236,21 +234,21 @@ class GoogleLroProvider(HttpProvider):
             provider_time=extract("$.metadata.endTime", body, {}) or extract("$.metadata.updateTime", body, {}),
         )
 
-    async def cancel(self, op: Operation) -> Response:
+    async def cancel(self, op: Operation) -> Response | NoAnswer:
         url = self._operation_url(op, ":cancel")
         if url is None:
-            return Response(body={"error": "unusable_name", "detail": "no usable operation name to cancel"})
+            return NoAnswer("refused", "no usable operation name to cancel")
         sent = await self._send("POST", url, op, body={})
-        return sent if isinstance(sent, Response) else Response(body={"error": sent[0], "detail": sent[1]})
+        return sent
 
-    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
         """The finished operation's ``response``, read again from operations.get, as JSON bytes."""
         url = self._operation_url(op)
         if url is None:
-            return Response(body={"error": "unusable_name", "detail": "no usable operation name"})
+            return NoAnswer("refused", "no usable operation name")
         sent = await self._send("GET", url, op)
-        if isinstance(sent, tuple):
-            return Response(body={"error": sent[0], "detail": sent[1]})
+        if isinstance(sent, NoAnswer):
+            return sent
         body = sent.body if isinstance(sent.body, dict) else {}
         if sent.http_status != 200 or body.get("done") is not True or "response" not in body:
             return Response(

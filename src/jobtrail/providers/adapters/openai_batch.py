@@ -49,10 +49,12 @@ from jobtrail.domain.record import Operation
 from jobtrail.providers.contract import (
     CreateOutcome,
     LookupOutcome,
+    NoAnswer,
     ReconcileMode,
     Response,
     Spooled,
     StatusOutcome,
+    WireAnswer,
     join_bodies,
 )
 from jobtrail.providers.http import SPOOL_OVER_BYTES, HttpProvider, parse_config, read_at_most
@@ -244,8 +246,8 @@ class _OpenAIProvider(HttpProvider):
                         url += "&after=" + urllib.parse.quote(after, safe="")
                     sent = await self._send("GET", url, op)
                     pages += 1
-                    if isinstance(sent, tuple):
-                        return LookupOutcome(kind="unknown", path=mode, detail=f"page {pages}: {sent[0]}: {sent[1]}")
+                    if isinstance(sent, NoAnswer):
+                        return LookupOutcome(kind="unknown", path=mode, detail=f"page {pages}: {sent}")
                     last = sent
                     body = sent.body
                     data = body.get("data") if isinstance(body, dict) else None
@@ -369,10 +371,8 @@ class OpenAIBatchProvider(_OpenAIProvider):
             # refused here, before anything left: the record says why, and nothing is retried into a job
             return CreateOutcome(kind="not_sent", error_class="invalid_request", detail=str(exc))
         sent = await self._send("POST", self._url("/v1/batches", op), op, body=body)
-        if isinstance(sent, tuple):
-            if sent[0] == "not_sent":
-                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
-            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        if isinstance(sent, NoAnswer):
+            return sent.create_outcome()
         return self.classify_create(sent)
 
     # -- reconciliation ----------------------------------------------------------------------------
@@ -444,7 +444,7 @@ class OpenAIBatchProvider(_OpenAIProvider):
             effects={"request_counts": counts} if isinstance(counts, dict) else None,
         )
 
-    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
         files = _parse_ref(result_ref)
         if not files:
             return Response(
@@ -462,8 +462,8 @@ class OpenAIBatchProvider(_OpenAIProvider):
             for role, file_id in files:
                 url = self._url("/v1/files/{job_id}/content", op, job_id=file_id)
                 sent = await self._send("GET", url, op, keep_raw=True, max_bytes=max(budget, 0))
-                if isinstance(sent, tuple):
-                    return Response(body={"error": sent[0], "detail": f"{role} file {file_id}: {sent[1]}"})
+                if isinstance(sent, NoAnswer):
+                    return NoAnswer(sent.error_class, f"{role} file {file_id}: {sent.detail}")
                 fetched = sent.fetched
                 if sent.http_status != 200 or fetched is None:
                     return _error_response(sent, f"{role} file {file_id}")
@@ -558,10 +558,8 @@ class OpenAIFileProvider(_OpenAIProvider):
             )
         upload = _Upload(purpose, f"jobtrail-{op.idempotency_token}-{name}", content)
         sent = await self._send("POST", self._url("/v1/files", op), op, body=upload)
-        if isinstance(sent, tuple):
-            if sent[0] == "not_sent":
-                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
-            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        if isinstance(sent, NoAnswer):
+            return sent.create_outcome()
         outcome = self.classify_create(sent)
         if outcome.kind == "confirmed" and isinstance(sent.body, dict):
             # the upload is done when it is answered: the file object is the result
@@ -592,7 +590,7 @@ class OpenAIFileProvider(_OpenAIProvider):
 
     async def _transport(
         self, method: str, url: str, headers: Mapping[str, str], body: Any, max_bytes: int
-    ) -> tuple[int, dict[str, str], bytes | Spooled] | tuple[str, str]:
+    ) -> WireAnswer | NoAnswer:
         if not isinstance(body, _Upload):
             return await super()._transport(method, url, headers, body, max_bytes)
         form = aiohttp.FormData()
@@ -601,7 +599,7 @@ class OpenAIFileProvider(_OpenAIProvider):
         try:
             async with self._client().request(method, url, headers=headers, data=form, allow_redirects=False) as resp:
                 raw = await read_at_most(resp, max_bytes)
-                return resp.status, dict(resp.headers.items()), raw
+                return WireAnswer(resp.status, dict(resp.headers.items()), raw)
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._failure(exc)
 

@@ -40,7 +40,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import unusable
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import RemoteState
-from jobtrail.providers.contract import CreateOutcome, LookupOutcome, ReconcileMode, Response, StatusOutcome
+from jobtrail.providers.contract import CreateOutcome, LookupOutcome, NoAnswer, ReconcileMode, Response, StatusOutcome
 from jobtrail.providers.egress import UrlRefused
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
@@ -124,10 +124,8 @@ class ReplicateProvider(HttpProvider):
         headers = {"Prefer": f"wait={self.wait_s}"} if self.wait_s else {}
         cfg = self.config
         sent = await self._send("POST", self._url(cfg.create.path, op), op, body=op.request_body, extra_headers=headers)
-        if isinstance(sent, tuple):
-            if sent[0] == "not_sent":
-                return CreateOutcome(kind="not_sent", error_class="connection_failed", detail=sent[1])
-            return CreateOutcome(kind="ambiguous", error_class=sent[0], detail=sent[1])
+        if isinstance(sent, NoAnswer):
+            return sent.create_outcome()
         return self.classify_create(sent)
 
     def classify_create(self, resp: Response) -> CreateOutcome:
@@ -165,14 +163,14 @@ class ReplicateProvider(HttpProvider):
         # files are read from the prediction again when the result is collected
         return dataclasses.replace(outcome, result_ref=ref)
 
-    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response:
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
         if result_ref is not None:
             return await super().fetch_result(op, result_ref)
         cfg = self.config
         assert cfg.status is not None
         sent = await self._send("GET", self._url(cfg.status.path, op), op)
-        if isinstance(sent, tuple):
-            return Response(body={"error": sent[0], "detail": sent[1]})
+        if isinstance(sent, NoAnswer):
+            return sent
         body = sent.body if isinstance(sent.body, dict) else {}
         if sent.http_status != 200 or body.get("status") != "succeeded":
             # no bytes handed over (raw stays None): the collect flow retries, or says why not
@@ -187,12 +185,14 @@ class ReplicateProvider(HttpProvider):
             return await super().fetch_result(op, files[0])
         return await self._bundle(op, sent, files)
 
-    async def _bundle(self, op: Operation, prediction: Response, urls: list[str]) -> Response:
+    async def _bundle(self, op: Operation, prediction: Response, urls: list[str]) -> Response | NoAnswer:
         """Every file of a several-file output, as one JSON document (each file base64, with its sha256)."""
         files = []
         total = 0
         for url in urls:
             got = await super().fetch_result(op, url)
+            if isinstance(got, NoAnswer):
+                return got  # nothing stored; the collect flow retries or says why not
             raw = await asyncio.to_thread(got.content)  # a bundle is one JSON document: in memory by nature
             if got.http_status != 200 or raw is None:
                 return got  # nothing stored; the collect flow retries or says why not
@@ -240,9 +240,9 @@ class ReplicateProvider(HttpProvider):
                 )
             sent = await self._send("GET", url, op)
             pages += 1
-            if isinstance(sent, tuple):
+            if isinstance(sent, NoAnswer):
                 return LookupOutcome(
-                    kind="unknown", path=mode, remote_job_ids=tuple(found), detail=f"{sent[0]}: {sent[1]}"
+                    kind="unknown", path=mode, remote_job_ids=tuple(found), detail=str(sent)
                 )
             last = sent
             page = sent.body if isinstance(sent.body, dict) else {}
