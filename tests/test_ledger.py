@@ -208,7 +208,7 @@ def test_batch_applies_many_in_one_transaction_and_skips_only_the_stale(store: S
     results = store.apply(
         [Change(op=op, evidence=CreateAttempt(attempt=1), actor="w", changes={"attempts": 1}) for op in ops]
     )
-    assert [type(r).__name__ for r in results] == ["Operation"] * 2 + ["StaleRecord"] + ["Operation"] * 2
+    assert [type(r).__name__ for r in results] == ["Operation"] * 2 + ["Moved"] + ["Operation"] * 2
     assert all(store.get(op.operation_id).attempts == 1 for op in ops)
     assert verify(store).ok
 
@@ -264,7 +264,7 @@ def test_a_batch_mixing_fenced_and_unfenced_writes_lands_exactly_the_current_one
             for op in (landed, stale, fenced, first)
         ]
     )
-    assert [type(r).__name__ for r in results] == ["Operation", "StaleRecord", "Operation", "StaleRecord"]
+    assert [type(r).__name__ for r in results] == ["Operation", "Moved", "Operation", "Moved"]
     assert "lease epoch" in str(results[3])
     states = [store.get(op.operation_id).state for op in (landed, stale, fenced, first)]
     assert states == [S.OBSERVING, S.ACCEPTED, S.OBSERVING, S.ACCEPTED]

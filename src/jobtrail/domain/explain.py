@@ -17,12 +17,12 @@ def next_action(op: Operation) -> str:  # noqa: PLR0911 - one answer per state, 
     if s is State.CREATE_PENDING:
         if op.attempts == 0:
             return "send the create with the stored token"
-        if op.state_reason and "outcome not yet recorded" in op.state_reason:
-            return (
-                f"reconcile: the outcome of attempt {op.attempts} was never recorded, so ask the provider "
-                "(replay with the same token, or look the job up) before anything is re-sent"
-            )
-        return f"send the create again with the same token (attempt {op.attempts + 1})"
+        # what the create flow does, decided from the history (CreateFlow._attempt_open), not from this text
+        return (
+            f"settle attempt {op.attempts} first: if its outcome was never recorded, ask the provider (replay "
+            f"with the same token, or look the job up) before anything is re-sent; else send attempt "
+            f"{op.attempts + 1} with the same token"
+        )
     if s is State.CREATE_UNKNOWN:
         return "start reconciliation by the provider's path"
     if s is State.RECONCILIATION:
@@ -32,7 +32,7 @@ def next_action(op: Operation) -> str:  # noqa: PLR0911 - one answer per state, 
     if s is State.RESULT_COLLECTING:
         return "fetch, check and store the result"
     if s is State.CANCEL_REQUESTED:
-        return "send the cancel, once" if op.polls == 0 else "poll until the job ends (the cancel was sent)"
+        return "send the cancel, once" if not op.cancel_sent else "poll until the job ends (the cancel was sent)"
     if s is State.CANCELLING:
         return "poll until the provider confirms the cancel"
     if s in (State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from jobtrail.domain.canonical import from_us, rfc3339
 from jobtrail.domain.errors import UsageError
@@ -66,6 +66,21 @@ class OperationSpec:
                 )
 
 
+class Changes(TypedDict, total=False):
+    """What a write may set on an operation besides its state (the state moves only through the machine)."""
+
+    remote_job_id: str | None
+    remote_state: str | None
+    state_reason: str | None
+    attempts: int
+    next_action_at_us: int | None
+    polls: int
+    result_ref: str | None
+    cancel_requested_by: str | None
+    partial_effects: Any
+    cancel_deadline_us: int | None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Operation:
     """One operation record. Immutable: every change goes through the store."""
@@ -97,7 +112,10 @@ class Operation:
     lease_owner: str | None
     lease_expires_at_us: int | None
     lease_epoch: int
-    #: requests made in the current state: status polls while observing, fetches while collecting
+    #: requests sent to the provider in the current state (the count starts afresh in each state and
+    #: paces the back-off): status polls while watching, result fetches while collecting, the cancel
+    #: and then status polls while a cancel is requested. :attr:`fetch_attempts` and :attr:`cancel_sent`
+    #: say what was sent. (The name is the column's, kept for the audit chain that seals it.)
     polls: int = 0
     #: where the finished result lives (a URL, an id, or ``observation:N`` for a stored one)
     result_ref: str | None = None
@@ -105,6 +123,16 @@ class Operation:
     cancel_requested_by: str | None = None
     #: what the provider reported as already done (files written, items processed): the damage bound
     partial_effects: Any = None
+
+    @property
+    def fetch_attempts(self) -> int:
+        """Result fetches sent while collecting."""
+        return self.polls if self.state is State.RESULT_COLLECTING else 0
+
+    @property
+    def cancel_sent(self) -> bool:
+        """Whether the recorded cancel has gone out (or, with no cancel endpoint, been given up on)."""
+        return self.state is State.CANCEL_REQUESTED and self.polls > 0
 
     @property
     def create_deadline(self) -> datetime | None:

@@ -16,7 +16,7 @@ from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.errors import StaleRecord, UsageError
 from jobtrail.domain.evidence import CancelAcknowledged, CancelAttempt, CancelIntent
 from jobtrail.domain.failpoints import failpoint
-from jobtrail.domain.record import Operation
+from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.states import FINAL_STATES, State
 from jobtrail.flows.create import CREATE_PHASE
 from jobtrail.ledger.store import Store
@@ -66,7 +66,7 @@ def request_cancel(
 def _record_intent(store: Store, op: Operation, intent: CancelIntent, actor: str) -> CancelOutcome:
     if op.state in (State.ACCEPTED, State.OBSERVING):
         window = cancel_window_us(op)
-        changes = {
+        changes: Changes = {
             "state_reason": f"cancel requested by {intent.requested_by}: {intent.reason}",
             "cancel_deadline_us": None if window is None else store.clock() + window,
         }
@@ -117,7 +117,7 @@ class CancelFlow:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
 
     async def advance(self, op: Operation, provider: Provider) -> Operation:
-        if op.state is not State.CANCEL_REQUESTED or op.polls > 0:
+        if op.state is not State.CANCEL_REQUESTED or op.cancel_sent:
             return op
         now = self.store.clock()
         if not provider.capabilities.cancel:

@@ -31,7 +31,7 @@ from jobtrail.domain.evidence import (
     SynchronousResult,
 )
 from jobtrail.domain.failpoints import failpoint
-from jobtrail.domain.record import Operation
+from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.redact import REDACTED
 from jobtrail.domain.states import State
 from jobtrail.flows.observe import adopt_orphans
@@ -314,7 +314,7 @@ class CreateFlow:
                 resp.http_status,
                 resp.provider_request_id,
             )
-            changes: dict[str, Any] = {
+            changes: Changes = {
                 "next_action_at_us": self._now(),
                 "state_reason": f"synchronous result stored under this operation (observation {result_obs})",
                 "result_ref": f"observation:{result_obs}",
@@ -557,7 +557,7 @@ class CreateFlow:
         if evidence is not None and (listed or (not reconcile and getattr(provider, "lists_candidates", False))):
             delay = max(delay, slowest_call_s(provider))
         at = self._now() + int(delay * _US)
-        changes = {"next_action_at_us": at, "state_reason": f"{why}; next try at {rfc3339(at)}"}
+        changes: Changes = {"next_action_at_us": at, "state_reason": f"{why}; next try at {rfc3339(at)}"}
         if not_sent is not None:
             return await self.writer.record(
                 op,

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobtrail.domain.canonical import canonical_bytes, rfc3339
-from jobtrail.domain.errors import StaleRecord
 from jobtrail.domain.evidence import (
     CancelIntent,
     DeadlinePassed,
@@ -26,7 +25,7 @@ from jobtrail.domain.evidence import (
     ValidationFailure,
 )
 from jobtrail.domain.failpoints import failpoint
-from jobtrail.domain.record import Operation
+from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.results import (
     NO_CREDENTIALS_CHECK,
     NO_CREDENTIALS_REASON,
@@ -40,7 +39,7 @@ from jobtrail.domain.results import (
 )
 from jobtrail.domain.states import RemoteState, State
 from jobtrail.ledger.results import carries_secret, prepare_result
-from jobtrail.ledger.store import Reschedule, Store, StoredResult
+from jobtrail.ledger.store import Moved, Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, StatusOutcome
@@ -159,7 +158,7 @@ class ObserveFlow:
             provider_time=status.provider_time,
             next_action_at_us=next_at,
         )
-        effects = {"partial_effects": status.effects} if status.effects is not None else {}
+        effects: Changes = {"partial_effects": status.effects} if status.effects is not None else {}
         if status.error_class:
             return await self.writer.reschedule(
                 op,
@@ -204,7 +203,7 @@ class ObserveFlow:
         return await self._end(op, provider, ending, status, evidence, request_ids, effects)
 
     async def _keep_polling(
-        self, op: Operation, status: StatusOutcome, polls: int, next_at: int, effects: dict[str, Any]
+        self, op: Operation, status: StatusOutcome, polls: int, next_at: int, effects: Changes
     ) -> Operation:
         unknown = status.remote_state is RemoteState.UNKNOWN
         waiting: str = "unknown state, still polling" if unknown else status.remote_state.value
@@ -233,7 +232,7 @@ class ObserveFlow:
         status: StatusOutcome,
         evidence: StatusObservation,
         request_ids: tuple[str, ...],
-        effects: dict[str, Any],
+        effects: Changes,
     ) -> Operation:
         """The provider's terminal word, with the partial output a cancelled or expired job left."""
         reason = _ending_reason(op, ending, status.raw_state, status.remote_state)
@@ -353,12 +352,13 @@ class CollectFlow:
         ref = op.result_ref
         if ref is not None and ref.startswith("observation:"):  # a synchronous result, stored at create
             return await self._synchronous(op, provider, int(ref.split(":", 1)[1]))
-        attempts = op.polls + 1
+        attempts = op.fetch_attempts + 1
         one_time = provider.capabilities.result == "one_time"
-        if one_time and op.polls > await self.io(self.store.count_observations, op.operation_id, "result_fetch"):
+        fetched = op.fetch_attempts
+        if one_time and fetched > await self.io(self.store.count_observations, op.operation_id, "result_fetch"):
             return await self._unavailable(
                 op,
-                f"the one-time result was fetched (attempt {op.polls}) but storing it "
+                f"the one-time result was fetched (attempt {fetched}) but storing it "
                 "was never recorded, and the provider does not allow fetching it "
                 "again: it may be lost",
                 None,
@@ -551,7 +551,7 @@ def pull_poll_forward(store: Store, operation_id: str) -> None:
         if op.state not in WATCHED_STATES or (op.next_action_at_us or 0) <= store.clock():
             return
         result = store.apply([Reschedule(op=op, changes={"next_action_at_us": store.clock()})])[0]
-        if not isinstance(result, StaleRecord):
+        if not isinstance(result, Moved):  # landed; a record that moved on is read again
             return
 
 

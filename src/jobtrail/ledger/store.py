@@ -42,7 +42,7 @@ from jobtrail.domain.errors import (
 from jobtrail.domain.evidence import Evidence, OperationCreated, StatusObservation, ValidatedResult
 from jobtrail.domain.ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail.domain.machine import check_transition
-from jobtrail.domain.record import HistoryEntry, Operation, OperationSpec
+from jobtrail.domain.record import Changes, HistoryEntry, Operation, OperationSpec
 from jobtrail.domain.redact import Redactor, default_redactor
 from jobtrail.domain.states import AUTOMATIC_STATES, RemoteState, State
 from jobtrail.ledger import schema as t
@@ -70,20 +70,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 EXPECTED_LOCK_WAIT_S = 5.0
 
 #: Columns a change may set besides the state (the state itself only via the machine).
-MUTABLE_COLUMNS = frozenset(
-    {
-        "remote_job_id",
-        "remote_state",
-        "state_reason",
-        "attempts",
-        "next_action_at_us",
-        "polls",
-        "result_ref",
-        "cancel_requested_by",
-        "partial_effects",
-        "cancel_deadline_us",
-    }
-)
+MUTABLE_COLUMNS = frozenset(Changes.__annotations__)
 
 
 def default_db_path() -> Path:
@@ -135,7 +122,7 @@ class Change:
     evidence: Evidence
     actor: str
     to: State | None = None
-    changes: dict[str, Any] = field(default_factory=dict)
+    changes: Changes = field(default_factory=Changes)
     epoch: int | None = None
     request_ids: Sequence[str] = ()
     #: the validated result this change records (its evidence a ValidatedResult of the same sha256):
@@ -161,7 +148,7 @@ class Reschedule:
     """Update the schedule fields of ``op`` (no state change, no history entry): a poll's outcome."""
 
     op: Operation
-    changes: dict[str, Any] = field(default_factory=dict)
+    changes: Changes = field(default_factory=Changes)
     epoch: int | None = None
 
 
@@ -192,6 +179,19 @@ class Release:
 
 
 Write = Change | Reschedule | Observe | Release
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A change or reschedule that did not land: its record moved on (version or lease epoch) since it
+    was read. The others of its batch still land; the caller raises :attr:`error` (or reads it again)."""
+
+    error: StaleRecord
+
+
+#: what one write of a batch came to, in order: the new record for a change or reschedule (or
+#: :class:`Moved`), the observation id for an :class:`Observe`, None for a :class:`Release`
+Applied = Operation | Moved | int | None
 
 
 class Store:
@@ -435,7 +435,7 @@ class Store:
         evidence: Evidence,
         *,
         actor: str,
-        changes: dict[str, Any] | None = None,
+        changes: Changes | None = None,
         epoch: int | None = None,
         request_ids: Sequence[str] = (),
         result: StoredResult | None = None,
@@ -464,7 +464,7 @@ class Store:
         evidence: Evidence,
         *,
         actor: str,
-        changes: dict[str, Any] | None = None,
+        changes: Changes | None = None,
         epoch: int | None = None,
         request_ids: Sequence[str] = (),
     ) -> Operation:
@@ -481,25 +481,19 @@ class Store:
         )
 
     def _apply_one(self, change: Change) -> Operation:
-        result = self.apply([change])[0]
-        if isinstance(result, StaleRecord):
-            raise result
-        assert isinstance(result, Operation)
-        return result
+        return landed(self.apply([change])[0])
 
-    def apply(self, batch: Sequence[Write]) -> list[Any]:  # noqa: PLR0912 - one transaction for every kind of write
+    def apply(self, batch: Sequence[Write]) -> list[Applied]:  # noqa: PLR0912 - one transaction for every kind of write
         """Apply many writes, of many operations, in one transaction (one commit, one fsync).
 
         Each :class:`Change` is checked by the state machine before anything is
         written; a refused change raises and nothing of the batch is written. A
-        change or reschedule whose record moved on (version, or lease epoch) is
-        returned as :class:`StaleRecord` and the others still land. Results come
-        back in order: the new :class:`Operation` for a change or reschedule,
-        the observation id for an :class:`Observe`, None for a :class:`Release`.
+        change or reschedule whose record moved on (version, or lease epoch) comes
+        back as :class:`Moved` and the others still land (see :data:`Applied`).
         """
         now = self.clock()
         prepared = [self._prepare(item, now) for item in batch]
-        results: list[Any] = [None] * len(prepared)
+        results: list[Applied] = [None] * len(prepared)
         history_rows: list[dict[str, Any]] = []
         observation_rows: list[dict[str, Any]] = []
         observation_slots: list[int] = []
@@ -560,7 +554,7 @@ class Store:
                 else:
                     ok = update["b_operation_id"] in landed
                 if not ok:
-                    results[slot] = self._stale(conn, item)
+                    results[slot] = Moved(self._stale(conn, item))
                 else:
                     if entry is not None:
                         history_rows.append(entry)
@@ -792,8 +786,9 @@ class Store:
 
     def add_observation(self, operation_id: str, *, kind: str, raw: Any, **fields: Any) -> int:
         """Store one outside fact with its redacted raw response; returns its id."""
-        result: int = self.apply([Observe(operation_id=operation_id, kind=kind, raw=raw, **fields)])[0]
-        return result
+        observation_id = self.apply([Observe(operation_id=operation_id, kind=kind, raw=raw, **fields)])[0]
+        assert isinstance(observation_id, int)
+        return observation_id
 
     def _observation_row(self, item: Observe, now: int) -> dict[str, Any]:
         redact = self.redactor
@@ -1406,3 +1401,11 @@ def _explain_db_error(engine: Engine, doing: str, exc: Exception) -> str:
 
 
 __all__ = ["Change", "Store", "default_db_path", "resolve_db_url", "to_us"]
+
+
+def landed(result: Applied) -> Operation:
+    """The new record of a change or reschedule that landed; raises StaleRecord for one that did not."""
+    if isinstance(result, Moved):
+        raise result.error
+    assert isinstance(result, Operation), f"not a change's outcome: {result!r}"
+    return result

@@ -14,12 +14,25 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from jobtrail.domain.errors import StaleRecord, StorageError
+from jobtrail.domain.errors import StorageError
 from jobtrail.domain.evidence import Evidence
-from jobtrail.domain.record import Operation
+from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.states import State
 from jobtrail.ledger.offload import Offload, threads
-from jobtrail.ledger.store import Change, Observe, Release, Reschedule, Store, StoredResult, Write
+from jobtrail.ledger.store import (
+    Applied,
+    Change,
+    Observe,
+    Release,
+    Reschedule,
+    Store,
+    StoredResult,
+    Write,
+    landed,
+)
+
+#: one write's outcome from a group commit: what it came to, or the error that refused it alone
+Outcome = Applied | Exception
 
 #: callers woken per loop turn after a commit (see BatchWriter._settle)
 _WAKE_PER_TURN = 32
@@ -33,7 +46,7 @@ class Writer:
         #: where blocking reads and writes run (threads; inline only in the simulation)
         self.io = io
 
-    async def apply(self, item: Write) -> Any:
+    async def apply(self, item: Write) -> Applied:
         return (await self.io(self.store.apply, [item]))[0]
 
     async def transition(
@@ -43,7 +56,7 @@ class Writer:
         evidence: Evidence,
         *,
         actor: str,
-        changes: dict[str, Any] | None = None,
+        changes: Changes | None = None,
         request_ids: Sequence[str] = (),
         result: StoredResult | None = None,
     ) -> Operation:
@@ -51,7 +64,7 @@ class Writer:
         change = Change(
             op=op, to=to, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids, result=result
         )
-        return _operation(await self.apply(change))
+        return landed(await self.apply(change))
 
     async def record(
         self,
@@ -59,17 +72,18 @@ class Writer:
         evidence: Evidence,
         *,
         actor: str,
-        changes: dict[str, Any] | None = None,
+        changes: Changes | None = None,
         request_ids: Sequence[str] = (),
     ) -> Operation:
         return await self.transition(op, None, evidence, actor=actor, changes=changes, request_ids=request_ids)
 
-    async def reschedule(self, op: Operation, changes: dict[str, Any]) -> Operation:
-        return _operation(await self.apply(Reschedule(op=op, changes=changes)))
+    async def reschedule(self, op: Operation, changes: Changes) -> Operation:
+        return landed(await self.apply(Reschedule(op=op, changes=changes)))
 
     async def observe(self, operation_id: str, *, kind: str, raw: Any, **fields: Any) -> int:
-        result: int = await self.apply(Observe(operation_id=operation_id, kind=kind, raw=raw, **fields))
-        return result
+        observation_id = await self.apply(Observe(operation_id=operation_id, kind=kind, raw=raw, **fields))
+        assert isinstance(observation_id, int)
+        return observation_id
 
     async def release(self, op: Operation) -> None:
         await self.apply(Release(operation_id=op.operation_id, epoch=op.lease_epoch))
@@ -85,15 +99,15 @@ class BatchWriter(Writer):
 
     def __init__(self, store: Store, *, io: Offload = threads) -> None:
         super().__init__(store, io=io)
-        self._pending: list[tuple[Write, asyncio.Future[Any]]] = []
+        self._pending: list[tuple[Write, asyncio.Future[Applied]]] = []
         self._committing = False
         self._commits: set[asyncio.Task[None]] = set()
         self.transactions = 0
         self.writes = 0
 
-    async def apply(self, item: Write) -> Any:
+    async def apply(self, item: Write) -> Applied:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[Applied] = loop.create_future()
         self._pending.append((item, future))
         if not self._committing:
             self._committing = True
@@ -107,11 +121,11 @@ class BatchWriter(Writer):
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
 
-    async def _commit(self, batch: list[tuple[Write, asyncio.Future[Any]]]) -> None:
+    async def _commit(self, batch: list[tuple[Write, asyncio.Future[Applied]]]) -> None:
         try:
-            outcomes = await self.io(self._apply_all, [item for item, _ in batch])
+            outcomes: list[Outcome] = await self.io(self._apply_all, [item for item, _ in batch])
         except Exception as exc:  # the database itself failed: every caller hears it
-            outcomes = [(False, exc)] * len(batch)
+            outcomes = [exc] * len(batch)
         except BaseException:  # cancelled (the loop is closing): nobody may hang on a future
             for _, future in batch:
                 future.cancel()
@@ -120,20 +134,20 @@ class BatchWriter(Writer):
         self._settle(batch, outcomes)
         self._next()
 
-    def _settle(self, batch: list[tuple[Write, asyncio.Future[Any]]], outcomes: list[tuple[bool, Any]]) -> None:
+    def _settle(self, batch: list[tuple[Write, asyncio.Future[Applied]]], outcomes: list[Outcome]) -> None:
         """Wake the writers, a bounded number per loop turn.
 
         A commit that waited (on a lock held elsewhere, say) may complete hundreds of
         writes at once; waking every caller in one turn would hold the loop for all
         of their next steps, and timers (time-outs of calls in flight) would wait.
         """
-        for (_, future), (ok, value) in zip(batch[:_WAKE_PER_TURN], outcomes[:_WAKE_PER_TURN], strict=True):
+        for (_, future), outcome in zip(batch[:_WAKE_PER_TURN], outcomes[:_WAKE_PER_TURN], strict=True):
             if future.done():
                 continue
-            if ok:
-                future.set_result(value)
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
             else:
-                future.set_exception(value)
+                future.set_result(outcome)
         if len(batch) > _WAKE_PER_TURN:
             asyncio.get_running_loop().call_soon(self._settle, batch[_WAKE_PER_TURN:], outcomes[_WAKE_PER_TURN:])
 
@@ -143,7 +157,7 @@ class BatchWriter(Writer):
         else:
             self._committing = False
 
-    def _apply_all(self, items: list[Write]) -> list[tuple[bool, Any]]:
+    def _apply_all(self, items: list[Write]) -> list[Outcome]:
         """One transaction for all; if it fails, each on its own so each caller gets its own answer."""
         try:
             results = self.store.apply(items)
@@ -156,20 +170,13 @@ class BatchWriter(Writer):
         else:
             self.transactions += 1
             self.writes += len(items)
-            return [(True, result) for result in results]
-        outcomes: list[tuple[bool, Any]] = []
+            return list(results)
+        outcomes: list[Outcome] = []
         for item in items:
             try:
-                outcomes.append((True, self.store.apply([item])[0]))
+                outcomes.append(self.store.apply([item])[0])
                 self.transactions += 1
                 self.writes += 1
             except Exception as exc:
-                outcomes.append((False, exc))
+                outcomes.append(exc)
         return outcomes
-
-
-def _operation(result: Any) -> Operation:
-    if isinstance(result, StaleRecord):
-        raise result
-    assert isinstance(result, Operation)
-    return result

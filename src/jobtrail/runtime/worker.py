@@ -262,7 +262,7 @@ class Worker:
             return await self.create.advance(op, provider)
         if op.state is State.RESULT_COLLECTING:
             return await self.collect.advance(op, provider)
-        if op.state is State.CANCEL_REQUESTED and op.polls == 0:
+        if op.state is State.CANCEL_REQUESTED and not op.cancel_sent:
             return await self.cancel.advance(op, provider)
         return await self.observe.advance(op, provider)
 

@@ -15,7 +15,7 @@ import click
 from jobtrail.domain.canonical import parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.explain import next_action
-from jobtrail.domain.record import Operation
+from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.states import State
 from jobtrail.interfaces.cli.common import EXIT_NEEDS_PERSON, EXIT_NEGATIVE, EXIT_OK, cli, emit_json, open_store
 
@@ -192,7 +192,7 @@ def resolve(
     store = open_store(ctx)
     op = store.resolve(operation_id)  # an id, or the operation's key
     operation_id = op.operation_id
-    changes: dict[str, Any] = {"state_reason": f"resolved by {decided_by}: {reason}"}
+    changes: Changes = {"state_reason": f"resolved by {decided_by}: {reason}"}
     if job_id:
         changes["remote_job_id"] = job_id
     moved = store.transition(
