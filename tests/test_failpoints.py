@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail.domain.failpoints import FAILPOINTS, FailpointHit, failpoint, set_handler
+from jobtrail.domain.failpoints import FAILPOINTS, FailpointHit, failpoint, failpoint_handler
 from jobtrail.flows.cancel import CancelFlow
 from jobtrail.flows.observe import CollectFlow, ObserveFlow
 from jobtrail.ledger.writer import Writer
@@ -75,17 +76,27 @@ def test_failpoints_are_inert_unless_switched_on(monkeypatch: pytest.MonkeyPatch
         failpoint("create.after_response")
 
 
-def test_a_handler_replaces_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The simulation's hook: called at every point reached, whatever the environment says."""
+def test_a_handler_replaces_the_environment_only_where_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulation's hook: called at every point reached in its own context, whatever the environment
+    says; code running elsewhere in the process (another thread) still obeys the environment."""
     monkeypatch.setenv("JOBTRAIL_FAILPOINTS", "create.after_response=raise")
     seen: list[str] = []
-    old = set_handler(seen.append)
-    try:
+    elsewhere: list[BaseException] = []
+
+    def other_thread() -> None:
+        try:
+            failpoint("create.after_response")
+        except FailpointHit as exc:
+            elsewhere.append(exc)
+
+    with failpoint_handler(seen.append):
         failpoint("create.after_response")  # the handler decides, and it does not raise
         failpoint("collect.after_fetch")
-    finally:
-        set_handler(old)
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
     assert seen == ["create.after_response", "collect.after_fetch"]
+    assert len(elsewhere) == 1  # the plain thread never saw the handler
     with pytest.raises(FailpointHit):
         failpoint("create.after_response")
 

@@ -4,9 +4,10 @@
 makes the named point kill the process (``os._exit(137)``, like ``kill -9``) or
 raise :class:`FailpointHit`. Each name is listed in :data:`FAILPOINTS`.
 
-The deterministic simulation installs a handler instead (:func:`set_handler`):
+The deterministic simulation installs a handler instead (:func:`failpoint_handler`):
 it is called with the point's name at every point reached and may raise to
-"crash" the simulated worker there.
+"crash" the simulated worker there. The handler is a context variable, so it
+reaches only the code that simulation runs, not the rest of the process.
 
 Leases are never renewed during an action (an action that outlives its lease
 has its writes refused), so there is no lease-renewal point: the simulation
@@ -16,7 +17,9 @@ expires leases by moving its clock instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 FAILPOINTS = {
     "task.after_plan": "a task step's key is durable, its operation not yet submitted",
@@ -32,24 +35,29 @@ FAILPOINTS = {
     "collect.after_fetch": "the result is fetched, nothing of it stored",
 }
 
-_handler: Callable[[str], None] | None = None
+_handler: ContextVar[Callable[[str], None] | None] = ContextVar("jobtrail_failpoint_handler", default=None)
 
 
 class FailpointHit(Exception):
     """Raised by a failpoint switched to ``raise``."""
 
 
-def set_handler(handler: Callable[[str], None] | None) -> Callable[[str], None] | None:
-    """Call ``handler(name)`` at every failpoint reached (None: back to the environment). Returns the old one."""
-    global _handler
-    old, _handler = _handler, handler
-    return old
+@contextmanager
+def failpoint_handler(handler: Callable[[str], None]) -> Iterator[None]:
+    """Within this block (and the tasks and threads it starts), call ``handler(name)`` at every failpoint
+    reached instead of reading ``JOBTRAIL_FAILPOINTS``."""
+    reset = _handler.set(handler)
+    try:
+        yield
+    finally:
+        _handler.reset(reset)
 
 
 def failpoint(name: str) -> None:
     assert name in FAILPOINTS, name
-    if _handler is not None:
-        _handler(name)
+    handler = _handler.get()
+    if handler is not None:
+        handler(name)
         return
     spec = os.environ.get("JOBTRAIL_FAILPOINTS")
     if not spec:

@@ -5,17 +5,20 @@ from __future__ import annotations
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
-#: where random bits come from; only the deterministic simulation replaces it (see :func:`use_entropy`)
-_randbits: Callable[[int], int] = secrets.randbits
+#: where random bits come from: the OS, except inside a deterministic simulation's
+#: :func:`seeded_entropy` (a context variable, so it reaches only the code that simulation runs)
+_entropy: ContextVar[Callable[[int], int]] = ContextVar("jobtrail_entropy", default=secrets.randbits)
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
 def _ulid(now_ms: int | None = None) -> str:
     ms = int(time.time() * 1000) if now_ms is None else now_ms
-    value = (ms << 80) | _randbits(80)
+    value = (ms << 80) | _entropy.get()(80)
     chars = []
     for _ in range(26):
         chars.append(_CROCKFORD[value & 31])
@@ -30,13 +33,13 @@ def new_operation_id(now_ms: int | None = None) -> str:
 
 def new_idempotency_token() -> str:
     """128 random bits, hex. Never reused for another request fingerprint."""
-    return f"{_randbits(128):032x}"
+    return f"{_entropy.get()(128):032x}"
 
 
 def new_trace_id() -> str:
     """A W3C trace-context trace id: 32 lowercase hex, never all zeros."""
     while True:
-        trace_id = f"{_randbits(128):032x}"
+        trace_id = f"{_entropy.get()(128):032x}"
         if trace_id != "0" * 32:
             return trace_id
 
@@ -48,10 +51,13 @@ def traceparent(trace_id: str) -> str:
     return f"00-{trace_id}-{span_id}-01"
 
 
-def use_entropy(randbits: Callable[[int], int] | None) -> None:
-    """Draw ids and tokens from ``randbits`` (a seeded simulation's), or from the OS again (None).
-
-    Never in production: tokens must be unpredictable.
-    """
-    global _randbits  # noqa: PLW0603 - one process-wide source, by design
-    _randbits = randbits or secrets.randbits
+@contextmanager
+def seeded_entropy(randbits: Callable[[int], int]) -> Iterator[None]:
+    """Within this block (and the tasks and threads it starts), draw ids and tokens from ``randbits``:
+    a seeded simulation's, so that a seed replays exactly. Never in production: tokens must be
+    unpredictable."""
+    reset = _entropy.set(randbits)
+    try:
+        yield
+    finally:
+        _entropy.reset(reset)

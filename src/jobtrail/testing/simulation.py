@@ -898,14 +898,12 @@ def run_seed(
     old_level = _log.level
     _log.setLevel(logging.INFO)
     sim = _Sim(seed, ledger.url, migrate=ledger.migrate, ignore_keys=ignore_keys)
-    old_handler = _failpoints.set_handler(sim._failpoint)
-    _ids.use_entropy(Random(seed).getrandbits)  # ids and tokens too, so claim order replays on every engine
     try:
-        steps = asyncio.run(_drive(sim, max_steps))
+        # ids and tokens too, so claim order replays on every engine
+        with _failpoints.failpoint_handler(sim._failpoint), _ids.seeded_entropy(Random(seed).getrandbits):
+            steps = asyncio.run(_drive(sim, max_steps))
         violations = check(sim, ledger, capture.buffer.getvalue())
     finally:
-        _failpoints.set_handler(old_handler)
-        _ids.use_entropy(None)
         _log.removeHandler(capture)
         _log.setLevel(old_level)
         sim.store.close()
