@@ -181,7 +181,7 @@ def test_history_without_its_operation_row(store: Store, victim: Operation) -> N
 
 
 def test_keyed_anchor_detects_its_own_alteration(store: Store, victim: Operation) -> None:
-    key = Secret("anchor-key-0123456789")
+    key = Secret("anchor-key-0123456789", redactor=store.redactor)
     anchor = make_anchor(store, key=key, key_name="K")
     assert verify(store, anchor=anchor, key=key).ok
     anchor["heads"] = anchor["heads"][:1]

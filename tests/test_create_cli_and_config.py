@@ -18,6 +18,7 @@ import pytest
 
 from jobtrail import AsyncJobtrail, ConfigError, RemoteState, State, Store
 from jobtrail.domain.backoff import Backoff, parse_retry_after
+from jobtrail.domain.redact import Redactor
 from jobtrail.ledger.audit import verify
 from jobtrail.providers.contract import NoAnswer
 from jobtrail.providers.http import load_provider, parse_config
@@ -509,4 +510,4 @@ def test_parse_config_accepts_a_dict_with_a_callable_credential() -> None:
         }
     )
     assert config.credential is not None and config.credential.describe() == "callable"
-    assert "from-a-vault-1234" not in repr(config.credential.resolve())
+    assert "from-a-vault-1234" not in repr(config.credential.resolve(Redactor()))

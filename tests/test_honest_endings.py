@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +153,9 @@ def test_a_schema_on_a_result_that_is_not_json_is_refused_at_load(fake: FakeProv
         parse_config(config(fake, result={"content_type": "text/csv", "schema": {"type": "object"}}))
 
 
-def _worker_peak_rss_kib(db_url: str, provider: Path) -> int:
-    """Run a worker until settled in a child process; the child's peak resident memory."""
+def _worker_peak_rss_kib(db_url: str, provider: Path, spool: Path) -> int:
+    """Run a worker until settled in a child process (its temporary files in ``spool``); the child's peak
+    resident memory."""
     measure = (
         "import resource, subprocess, sys; "
         "code = subprocess.run(sys.argv[1:]).returncode; "
@@ -180,6 +181,7 @@ def _worker_peak_rss_kib(db_url: str, provider: Path) -> int:
         capture_output=True,
         text=True,
         timeout=180,
+        env={**os.environ, "TMPDIR": str(spool)},
     )
     assert run.returncode == 0, run.stderr
     return int(run.stdout.split()[-1])
@@ -194,7 +196,8 @@ def test_a_large_result_streams_to_its_file_without_being_held_in_memory(
         result={"content_type": "application/octet-stream", "max_bytes": 256 * 1024 * 1024},
         **FAST,
     )
-    spooled_before = set(Path(tempfile.gettempdir()).glob("jobtrail-fetch-*"))
+    spool = tmp_path / "spool"  # the worker's own temporary directory: what it leaves there is its own
+    spool.mkdir()
     peaks = {}
     for name, size in (("small", 100_000), ("large", 96 * 1024 * 1024)):
         with Store.open(db_url) as store:
@@ -202,7 +205,7 @@ def test_a_large_result_streams_to_its_file_without_being_held_in_memory(
                 result={"content_type": "application/octet-stream", "max_bytes": 256 * 1024 * 1024}, **FAST
             )
             op_id = submit(store, cfg, {"fake": {"result": "large_binary", "size": size}, "n": name})
-        peaks[name] = _worker_peak_rss_kib(db_url, provider)
+        peaks[name] = _worker_peak_rss_kib(db_url, provider, spool)
         with Store.open(db_url) as store:
             op = store.get(op_id)
             assert op.state is S.SUCCEEDED, op.state_reason
@@ -211,7 +214,7 @@ def test_a_large_result_streams_to_its_file_without_being_held_in_memory(
         assert row["size"] == size and hashlib.sha256(kept).hexdigest() == hashlib.sha256(served).hexdigest()
     # 96 MiB held whole (let alone twice) would show; spooled, the worker grows by buffers only
     assert peaks["large"] - peaks["small"] < 32 * 1024, peaks
-    assert set(Path(tempfile.gettempdir()).glob("jobtrail-fetch-*")) == spooled_before  # nothing left behind
+    assert not list(spool.iterdir())  # nothing left behind
 
 
 def test_the_escalation_names_the_decision_and_the_command_for_each_answer(ledger: Store) -> None:

@@ -26,7 +26,7 @@ from aiohttp import web
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract
-from jobtrail.domain.redact import Secret
+from jobtrail.domain.redact import Redactor, Secret
 from jobtrail.ledger.results import read_result
 from jobtrail.providers.contract import guarantees
 from jobtrail.providers.egress import (
@@ -420,12 +420,20 @@ def test_a_state_carrying_the_credential_is_not_stored(store: Store, canary: str
 
 def test_extract_refuses_values_carrying_a_registered_credential() -> None:
     value = "echo-" + secrets.token_hex(12)
-    Secret(value)  # registers it, as resolving a credential does
+    providers = Redactor()
+    Secret(value, redactor=providers)  # registers it, as the provider resolving its credential does
     body = {"id": f"job_{value}", "status": value, "ok": "job_1"}
-    assert extract("$.id", body, {}) is None
-    assert extract("$.status", body, {}) is None
-    assert extract("header:X-Job", None, {"X-Job": value}) is None
-    assert extract("$.ok", body, {}) == "job_1"
+    assert extract("$.id", body, {}, providers) is None
+    assert extract("$.status", body, {}, providers) is None
+    assert extract("header:X-Job", None, {"X-Job": value}, providers) is None
+    assert extract("$.ok", body, {}, providers) == "job_1"
+    # a ledger that the provider forwards to learns the value, and masks it in what it stores
+    ledger = Redactor()
+    providers.forward_to(ledger)
+    assert value not in ledger.text(f"job {value}")
+    late = "late-" + secrets.token_hex(12)
+    Secret(late, redactor=providers)  # resolved after the link (a rotated credential): forwarded too
+    assert late not in ledger.text(f"job {late}")
 
 
 # -- configuration errors at load time -------------------------------------------------------------------

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-import jobtrail.domain.redact as redact_mod
 from jobtrail import (
     ConflictingJobIds,
     CreateAttempt,
@@ -128,7 +127,7 @@ def _plant_and_run(store: Store, log_file: Path) -> list[str]:
             "problem",
         )
     }
-    injected = Secret(c["injected"])
+    injected = Secret(c["injected"], redactor=store.redactor)  # as a provider of this ledger resolves it
     handler = logging.FileHandler(log_file)
     logger = logging.getLogger("jobtrail")
     logger.addHandler(handler)
@@ -223,8 +222,8 @@ def _hits(store: Store, canaries: list[str], log_file: Path, caplog: pytest.LogC
 
 
 def test_canary_secrets_reach_neither_storage_nor_logs(db_url: str, tmp_path: Path, caplog) -> None:
-    install_log_redaction()
     store = Store.open(db_url)
+    install_log_redaction(store.redactor)
     canaries = _plant_and_run(store, tmp_path / "jobtrail.log")
     assert _hits(store, canaries, tmp_path / "jobtrail.log", caplog) == []
     store.close()
@@ -234,10 +233,9 @@ def test_canary_scan_fails_when_the_redactor_is_off(
     db_url: str, tmp_path: Path, caplog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The scan is real: with redaction switched off it finds the planted secrets."""
-    install_log_redaction()
     null = NullRedactor()
-    monkeypatch.setattr(redact_mod, "default_redactor", null)
     store = Store.open(db_url, redactor=null)
+    install_log_redaction(store.redactor)
     canaries = _plant_and_run(store, tmp_path / "jobtrail.log")
     hits = _hits(store, canaries, tmp_path / "jobtrail.log", caplog)
     assert any("in database" in h for h in hits)

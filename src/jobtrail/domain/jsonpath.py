@@ -11,41 +11,45 @@ import jsonpath_rfc9535 as rfc9535
 from jsonpath_rfc9535.selectors import IndexSelector, NameSelector
 
 from jobtrail.domain.errors import ConfigError
-from jobtrail.domain.redact import default_redactor
+from jobtrail.domain.redact import Redactor, looks_secret
 
 #: longest identifier, state, reference or time accepted from a provider
 MAX_TEXT = 2048
 
 
-def extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
+def extract(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
     """Read a value by ``$.a.b[0]`` (JSON) or ``header:Name``; None when absent or unusable.
 
     Unusable: control characters (no id, state or reference has them, and PostgreSQL text cannot
     hold NUL), U+FFFD (the answer was not UTF-8, so the value is not what the provider meant),
     more than :data:`MAX_TEXT` characters, or a credential in it (a provider that echoes the
-    credential as a job id or state must not get it stored, shown or put into a URL).
+    credential as a job id or state must not get it stored, shown or put into a URL): by its form,
+    and, given the provider's ``redactor``, the values it resolved.
     """
     text = _extract(path, body, headers)
-    if text is None or unusable(text):
+    if text is None or unusable(text, redactor):
         return None
     return text
 
 
-def unusable(text: str) -> str | None:
-    """Why a provider-supplied id, state or reference cannot be used (None: it can)."""
+def unusable(text: str, redactor: Redactor | None = None) -> str | None:
+    """Why a provider-supplied id, state or reference cannot be used (None: it can); ``redactor`` knows
+    the provider's own credential values."""
     if len(text) > MAX_TEXT:
         return f"longer than {MAX_TEXT} characters"
     if "\ufffd" in text or any(_is_control(c) for c in text):
         return "control characters or bytes that are not UTF-8"
-    if default_redactor.secret_paths(text):
+    if looks_secret(text) or (redactor is not None and redactor.secret_paths(text)):
         return "it carries a credential"
     return None
 
 
-def why_unusable(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
+def why_unusable(
+    path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None
+) -> str | None:
     """Why the job id at ``path`` was not usable, when one is there (for a reason text; never the value)."""
     text = _extract(path, body, headers)
-    return None if text is None else unusable_id(text)
+    return None if text is None else unusable_id(text, redactor)
 
 
 def _is_control(char: str) -> bool:
@@ -70,18 +74,18 @@ def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | N
     return str(found)
 
 
-def unusable_id(text: str) -> str | None:
+def unusable_id(text: str, redactor: Redactor | None = None) -> str | None:
     """Why a provider's job id cannot be used: as :func:`unusable`, or a ``.`` or ``..`` segment, which
     would move the requests it is put into to another path (URL normalisation removes dot segments)."""
     if any(segment in (".", "..") for segment in text.split("/")):
         return "a . or .. path segment"
-    return unusable(text)
+    return unusable(text, redactor)
 
 
-def job_id(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
+def job_id(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
     """The job id at ``path`` (see :func:`extract`), None when absent or unusable (:func:`unusable_id`)."""
     text = _extract(path, body, headers)
-    return None if text is None or unusable_id(text) else text
+    return None if text is None or unusable_id(text, redactor) else text
 
 
 def extract_any(path: str | None, body: Any) -> Any:

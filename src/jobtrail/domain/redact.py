@@ -23,6 +23,7 @@ import logging
 import re
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn, TypeVar
 
@@ -246,15 +247,16 @@ def is_secret_name(name: str) -> bool:
 class Secret:
     """A resolved credential. Its repr is masked; it refuses to be pickled or stored.
 
-    Creating one registers its value (and encodings of it) with the default
-    redactor, so the exact value is masked anywhere it might leak.
+    Creating one registers its value (and encodings of it) with the redactor of
+    whoever resolved it (a provider's, which passes it on to the ledgers it writes
+    to), so the exact value is masked anywhere it might leak.
     """
 
     __slots__ = ("_value",)
 
-    def __init__(self, value: str, *, redactor: Redactor | None = None) -> None:
+    def __init__(self, value: str, *, redactor: Redactor) -> None:
         self._value = value
-        (redactor or default_redactor).register(value)
+        redactor.register(value)
 
     def reveal(self) -> str:
         """The value, for the one place that puts it on the wire."""
@@ -322,17 +324,24 @@ class Redactor:
         self._texts: dict[str, str] = {}
         #: looks_like_credential() of short strings already seen (provider ids and states, on every answer)
         self._looks: dict[str, bool] = {}
+        #: the values registered here, and the redactors that learn each of them too (see forward_to)
+        self._values: list[str] = []
+        self._forward: weakref.WeakSet[Redactor] = weakref.WeakSet()
 
     # -- registration of injected credentials ---------------------------------
 
     def register(self, value: str) -> None:
-        """Mask this exact value (and its common encodings) from now on."""
+        """Mask this exact value (and its common encodings) from now on, here and in every redactor
+        this one forwards to."""
         if len(value) < 4:
             return
+        for other in list(self._forward):
+            other.register(value)
         with self._lock:
             new = _encodings(value) - self._exact
             if not new:
                 return
+            self._values.append(value)
             self._exact |= new
             # longest first, so a base64 form is not half-masked by a shorter one
             self._ordered = sorted(self._exact, key=len, reverse=True)
@@ -405,6 +414,17 @@ class Redactor:
         joined = "".join(pieces)
         # short values would match by accident in a long concatenation
         return any(form in joined for form in self._detect if len(form) >= 8)
+
+    def forward_to(self, other: Redactor) -> None:
+        """Let ``other`` mask every value registered here, now and later: a provider's redactor forwards
+        to the ledger's, so whatever the provider resolves is masked in what the ledger stores."""
+        if other is self:
+            return
+        with self._lock:
+            self._forward.add(other)
+            values = list(self._values)
+        for value in values:
+            other.register(value)
 
     def register_basic(self, user: str, password: str) -> None:
         """Also mask the Basic-auth form ``base64(user:password)``."""
@@ -660,26 +680,39 @@ def _header_allowed(lower: str) -> bool:
     return lower in _HEADER_ALLOW or lower.endswith(_HEADER_ALLOW_SUFFIX) or lower.startswith(_HEADER_ALLOW_PREFIX)
 
 
-#: The process-wide redactor; every :class:`Secret` registers here.
-default_redactor = Redactor()
+#: holds no secret (nothing registers with it): masks what looks like a credential by its form alone
+_FORMS_ONLY = Redactor()
+
+
+def looks_secret(text: str) -> bool:
+    """Does ``text`` look like a credential by its form alone (a known key format, a secret-named
+    query parameter)? Registered values are found by a redactor that knows them."""
+    return bool(_FORMS_ONLY.secret_paths(text))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with userinfo and secret-named query parameters masked (for messages)."""
+    return _FORMS_ONLY.url(url)
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that redacts the fully formatted message of every record."""
+    """A logging filter that redacts the fully formatted message of every record, with every redactor
+    that joined it (:func:`install_log_redaction`) and by form."""
 
-    def __init__(self, redactor: Redactor | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._redactor = redactor
+        self.redactors: weakref.WeakSet[Redactor] = weakref.WeakSet()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        # looked up per record, so a Secret created later is masked too
-        redactor = self._redactor or default_redactor
         message = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             message = f"{message} ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
             record.exc_info = None
             record.exc_text = None
-        record.msg = redactor.text(message)
+        # looked up per record, so a credential resolved later is masked too
+        for redactor in [*self.redactors, _FORMS_ONLY]:
+            message = redactor.text(message)
+        record.msg = message
         record.args = None
         return True
 
@@ -688,8 +721,13 @@ _FILTERED_LOGGERS = ("jobtrail", "aiohttp.client", "aiohttp.server", "aiohttp.ac
 
 
 def install_log_redaction(redactor: Redactor | None = None) -> None:
-    """Put the redacting filter on our loggers and the HTTP stack's (idempotent)."""
+    """Put the redacting filter on our loggers and the HTTP stack's (idempotent), and have it mask what
+    ``redactor`` knows too (a ledger's: it learns every credential its providers resolve)."""
     for name in _FILTERED_LOGGERS:
         logger = logging.getLogger(name)
-        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
-            logger.addFilter(RedactingFilter(redactor))
+        existing = next((f for f in logger.filters if isinstance(f, RedactingFilter)), None)
+        if existing is None:
+            existing = RedactingFilter()
+            logger.addFilter(existing)
+        if redactor is not None:
+            existing.redactors.add(redactor)

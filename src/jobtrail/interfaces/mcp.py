@@ -41,7 +41,7 @@ except ImportError as exc:  # the ``mcp`` extra
     raise missing_extra("mcp", "the MCP server (jobtrail mcp)", exc) from exc
 from jobtrail.domain.explain import advice, next_action
 from jobtrail.domain.record import Operation
-from jobtrail.domain.redact import Redactor, default_redactor, is_credential_field
+from jobtrail.domain.redact import Redactor, is_credential_field, looks_secret
 from jobtrail.domain.results import ResultMissing, describe, is_json
 from jobtrail.domain.states import SETTLED_STATES, State
 from jobtrail.ledger.results import read_result
@@ -123,10 +123,10 @@ def guard_request(request: Any, *, url_fields: Iterable[str] = (), redactors: It
         raise UsageError("request must be a JSON object (the body the provider's create endpoint takes)")
     _depth_and_size(request)
     allowed = tuple(url_fields)
-    checkers = tuple(redactors) or (default_redactor,)
+    checkers = tuple(redactors)
 
     def carries_credential(text: str) -> bool:
-        return any(r.looks_like_credential(text) for r in checkers)
+        return looks_secret(text) or any(r.looks_like_credential(text) for r in checkers)
 
     stack: list[tuple[str, Any]] = [("$", request)]
     while stack:
@@ -206,14 +206,14 @@ def _register_credentials(jt: AsyncJobtrail) -> None:
             continue
         # not resolvable yet: the worker says so when it sends, and there is nothing to compare against
         with contextlib.suppress(JobtrailError):
-            credential.resolve()  # registers the value with the redactor
+            credential.resolve(provider.redactor)  # registers the value, and the ledger's redactor learns it
 
 
 def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared: bool = False) -> MCPServer:  # noqa: PLR0915 - declares every tool
     """The MCP tools, acting for ``agent`` (only its operations unless ``shared``)."""
     server = MCPServer(name="jobtrail", instructions=INSTRUCTIONS)
     store = jt.store
-    redactors = (store.redactor,) if store.redactor is default_redactor else (store.redactor, default_redactor)
+    redactors = (store.redactor,)
     _register_credentials(jt)
     prefix = f"{agent}/"
 

@@ -64,7 +64,7 @@ class Receiver:
         self.store = store
         self.io = io
         self.configs = dict(configs)
-        self._secrets = {name: cfg.resolve_secrets() for name, cfg in self.configs.items()}
+        self._secrets = {name: cfg.resolve_secrets(store.redactor) for name, cfg in self.configs.items()}
 
     async def handle(self, request: Request) -> JSONResponse:
         name = request.path_params["provider"]

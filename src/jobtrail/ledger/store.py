@@ -43,7 +43,7 @@ from jobtrail.domain.evidence import Evidence, OperationCreated, StatusObservati
 from jobtrail.domain.ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail.domain.machine import check_transition
 from jobtrail.domain.record import Changes, HistoryEntry, Operation, OperationSpec
-from jobtrail.domain.redact import Redactor, default_redactor
+from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import AUTOMATIC_STATES, RemoteState, State
 from jobtrail.ledger import schema as t
 from jobtrail.ledger.chain import (
@@ -205,7 +205,7 @@ class Store:
         clock: Callable[[], int] = _now_us,
     ) -> None:
         self.engine = engine
-        self.redactor = redactor or default_redactor
+        self.redactor = redactor or Redactor()
         self.clock = clock
         self.dialect = engine.dialect.name
         #: (device, inode) of the SQLite file, once seen (see :meth:`check_file`)

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 from jobtrail.domain.backoff import Backoff
 from jobtrail.domain.canonical import span_text
 from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import Redactor
 from jobtrail.domain.results import ResultSpec
 from jobtrail.domain.states import RemoteState
 
@@ -283,6 +284,9 @@ class Provider(Protocol):
     poll_backoff: Backoff
     #: what a valid result looks like
     result_spec: ResultSpec
+    #: learns every credential value the provider resolves; a ledger the provider writes through is
+    #: told them too (:meth:`~jobtrail.domain.redact.Redactor.forward_to`)
+    redactor: Redactor
 
     async def create(self, op: Operation) -> CreateOutcome:
         """Send the create with ``op.idempotency_token`` and ``op.trace_id``."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobtrail.domain.errors import ConfigError
-from jobtrail.domain.redact import Secret, default_redactor
+from jobtrail.domain.redact import Redactor, Secret
 
 CredentialSource = str | Callable[[], str]
 
@@ -29,7 +29,8 @@ class Credential:
     def describe(self) -> str:
         return self.ref if isinstance(self.ref, str) else "callable"
 
-    def resolve(self) -> Secret:
+    def resolve(self, redactor: Redactor) -> Secret:
+        """Read the value now; ``redactor`` (the provider's) masks it from then on."""
         ref = self.ref
         if callable(ref):
             value = ref()
@@ -53,9 +54,9 @@ class Credential:
                 raise ConfigError(f"credential {ref}: no password stored for {service}/{user}")
         else:
             raise ConfigError(f"credential {ref!r}: use env:NAME, file:PATH or keyring:SERVICE/USER")
-        secret = Secret(value)
+        secret = Secret(value, redactor=redactor)
         if self.scheme.startswith("basic:"):
-            default_redactor.register_basic(self.scheme[6:], value)
+            redactor.register_basic(self.scheme[6:], value)
         return secret
 
     def headers(self, secret: Secret) -> dict[str, str]:

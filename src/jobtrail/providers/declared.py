@@ -22,7 +22,7 @@ from typing import Any
 from jobtrail.domain.backoff import Backoff
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import parse_path
-from jobtrail.domain.redact import default_redactor, is_secret_name
+from jobtrail.domain.redact import is_secret_name, redact_url
 from jobtrail.domain.results import BatchFormat, ResultSpec, is_json
 from jobtrail.domain.states import RemoteState
 from jobtrail.providers.config import Section
@@ -193,14 +193,14 @@ def _base(top: Section) -> dict[str, Any]:
         top.fail(
             "base_url",
             "a URL without user:password (reference the credential by name instead)",
-            default_redactor.url(base_url),
+            redact_url(base_url),
         )
     try:
         origin_of(base_url)
     except UrlRefused as exc:
         top.fail("base_url", f"an absolute http(s) URL ({exc.reason})", base_url)
     if parts.query or parts.fragment:
-        top.fail("base_url", "a URL without a query or fragment", default_redactor.url(base_url))
+        top.fail("base_url", "a URL without a query or fragment", redact_url(base_url))
     return {
         "name": top.text("name", 'the provider\'s name, e.g. "openai-batches"'),
         "base_url": base_url.rstrip("/"),

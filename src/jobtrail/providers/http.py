@@ -28,7 +28,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.ids import traceparent
 from jobtrail.domain.jsonpath import extract, extract_any, job_id, unusable_id, why_unusable
 from jobtrail.domain.record import Operation
-from jobtrail.domain.redact import default_redactor
+from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
 from jobtrail.providers.contract import (
     Capabilities,
@@ -154,8 +154,9 @@ class HttpProvider:
     #: why the adapter's guarantees hold (shown by ``jobtrail providers check``)
     contract_note = ""
 
-    def __init__(self, config: HttpProviderConfig) -> None:
+    def __init__(self, config: HttpProviderConfig, *, redactor: Redactor | None = None) -> None:
         self.config = config
+        self.redactor = redactor or Redactor()
         self.name = config.name
         self.target = config.target
         self.create_endpoint = f"{config.create.method} {config.create.path}"
@@ -248,7 +249,8 @@ class HttpProvider:
         if self._credential is not None and now - self._credential[0] < CREDENTIAL_TTL_S:
             return self._credential[1]
         inline = callable(credential.ref) or credential.ref.startswith("env:")
-        secret = credential.resolve() if inline else await asyncio.to_thread(credential.resolve)
+        resolve = credential.resolve
+        secret = resolve(self.redactor) if inline else await asyncio.to_thread(resolve, self.redactor)
         headers = credential.headers(secret)
         self._credential = (now, headers)
         return headers
@@ -275,7 +277,7 @@ class HttpProvider:
         if not home:
             # provider-file paths are checked at load and answers are judged before they get here:
             # reaching this line is a bug, and the credential must not go out because of it
-            raise ConfigError(f"refusing to send a request to {default_redactor.url(url)}: {why}")
+            raise ConfigError(f"refusing to send a request to {self.redactor.url(url)}: {why}")
         credential = await self._credential_headers()
         answer = await self._transport(
             method, url, {**self._headers(op), **extra_headers, **credential}, body, max_bytes + 1
@@ -426,7 +428,7 @@ class HttpProvider:
             # never followed: a redirected POST may or may not have made a job, and re-sending it
             # only repeats the redirect, so the create stops for a person (see CreateFlow)
             location = next((v for k, v in resp.headers.items() if k.lower() == "location"), None)
-            where = default_redactor.url(location) if location else "no Location header"
+            where = self.redactor.url(location) if location else "no Location header"
             return CreateOutcome(
                 kind="ambiguous",
                 response=resp,
@@ -440,14 +442,14 @@ class HttpProvider:
                 ),
             )
         if 200 <= status < 300:
-            remote_id = job_id(cfg.job_id, resp.body, resp.headers)
-            status_url = extract(cfg.status_url, resp.body, resp.headers)
+            remote_id = job_id(cfg.job_id, resp.body, resp.headers, self.redactor)
+            status_url = extract(cfg.status_url, resp.body, resp.headers, self.redactor)
             result = extract_any(cfg.sync_result, resp.body) if cfg.sync_result and self._finished(resp) else None
             if result is not None:
                 return CreateOutcome(kind="synchronous", response=resp, remote_job_id=remote_id, result=result)
             if remote_id:
                 return CreateOutcome(kind="confirmed", response=resp, remote_job_id=remote_id, status_url=status_url)
-            unusable = why_unusable(cfg.job_id, resp.body, resp.headers)
+            unusable = why_unusable(cfg.job_id, resp.body, resp.headers, self.redactor)
             return CreateOutcome(
                 kind="ambiguous",
                 response=resp,
@@ -503,8 +505,8 @@ class HttpProvider:
         return [
             job
             for item in items
-            if extract(cfg.list_reference, item, {}) == op.idempotency_token
-            and (job := job_id(id_path, item, {})) is not None
+            if extract(cfg.list_reference, item, {}, self.redactor) == op.idempotency_token
+            and (job := job_id(id_path, item, {}, self.redactor)) is not None
         ]
 
     def _by_client_id(self, sent: Response) -> LookupOutcome:
@@ -514,7 +516,7 @@ class HttpProvider:
                 kind="absent", path=mode, response=sent, detail="the provider has no job for our client id"
             )
         id_path = self.config.job_id if self.config.job_id.startswith("$") else "$.id"
-        found = job_id(id_path, sent.body, sent.headers)
+        found = job_id(id_path, sent.body, sent.headers, self.redactor)
         if sent.http_status == 200 and found:
             return LookupOutcome(kind="found", path=mode, response=sent, remote_job_ids=(found,))
         return LookupOutcome(kind="unknown", path=mode, response=sent, detail=f"HTTP {sent.http_status}")
@@ -530,7 +532,7 @@ class HttpProvider:
         if not more:
             return None
         if paging.next_url is not None:
-            following = extract(paging.next_url, sent.body, sent.headers)
+            following = extract(paging.next_url, sent.body, sent.headers, self.redactor)
             if not following:
                 if paging.has_more is not None:
                     raise _Unfollowable("more pages follow, but the answer gives no usable next link")
@@ -543,7 +545,7 @@ class HttpProvider:
                 raise _Unfollowable(f"the next page's link points away from {self.egress.home}")
             return str(target.url)
         if paging.cursor is not None:
-            cursor = extract(paging.cursor, sent.body, sent.headers)
+            cursor = extract(paging.cursor, sent.body, sent.headers, self.redactor)
             if not cursor:
                 if paging.has_more is not None:
                     raise _Unfollowable("more pages follow, but the answer gives no usable cursor")
@@ -559,9 +561,9 @@ class HttpProvider:
         sent = await self._send(cfg.status.method, self._url(cfg.status.path, op), op, extra_headers=cfg.status.headers)
         if isinstance(sent, NoAnswer):
             return StatusOutcome(remote_state=RemoteState.UNKNOWN, raw_state=None, error_class=sent.error_class)
-        raw = extract(cfg.state_path, sent.body, sent.headers)
+        raw = extract(cfg.state_path, sent.body, sent.headers, self.redactor)
         remote = self._state(sent)
-        progress_raw = extract(cfg.progress_path, sent.body, sent.headers)
+        progress_raw = extract(cfg.progress_path, sent.body, sent.headers, self.redactor)
         try:
             progress = float(progress_raw) if progress_raw is not None else None
         except ValueError:
@@ -571,8 +573,8 @@ class HttpProvider:
             raw_state=raw,
             response=sent,
             progress=progress,
-            result_ref=extract(cfg.result_ref_path, sent.body, sent.headers),
-            provider_time=extract(cfg.time_path, sent.body, sent.headers),
+            result_ref=extract(cfg.result_ref_path, sent.body, sent.headers, self.redactor),
+            provider_time=extract(cfg.time_path, sent.body, sent.headers, self.redactor),
             effects=extract_any(cfg.effects_path, sent.body),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
         )
@@ -582,7 +584,7 @@ class HttpProvider:
         for rule in self.config.state_rules:
             if rule.holds(extract_any(rule.path, sent.body)):
                 return rule.state
-        return self.capabilities.normalise(extract(self.config.state_path, sent.body, sent.headers))
+        return self.capabilities.normalise(extract(self.config.state_path, sent.body, sent.headers, self.redactor))
 
     def _finished(self, resp: Response) -> bool:
         """A create answer carries a finished job unless the state it reports (if any) says otherwise."""
@@ -611,7 +613,7 @@ class HttpProvider:
         if cfg.result is not None and cfg.result.names("result_ref"):
             if result_ref is None:
                 return NoAnswer("no_reference", "the status gave no result reference")
-            why = unusable_id(result_ref)
+            why = unusable_id(result_ref, self.redactor)
             if why is not None:  # it goes into a path on the credential's origin: it may not climb out of it
                 return NoAnswer("refused", f"the result reference is unusable ({why})")
             sent = await self._send(
@@ -647,7 +649,7 @@ class HttpProvider:
                 sent = self._response(answer, max_bytes, keep_raw=True)
         if isinstance(sent, Response) and 300 <= (sent.http_status or 0) < 400:
             location = next((v for k, v in sent.headers.items() if k.lower() == "location"), None)
-            shown = default_redactor.url(location) if location else "no Location header"
+            shown = self.redactor.url(location) if location else "no Location header"
             # the raw body stays out; the observation says why nothing was stored
             return Response(
                 http_status=sent.http_status,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from jobtrail.domain.redact import Secret
+from jobtrail.domain.redact import Redactor, Secret
 from jobtrail.providers.config import Section
 from jobtrail.providers.credentials import Credential
 
@@ -37,8 +37,8 @@ class WebhookConfig:
     #: the longest a delivery may take to arrive whole (a slow drip is cut off, not waited for)
     read_timeout_s: float = 10.0
 
-    def resolve_secrets(self) -> list[Secret]:
-        return [Credential(ref, "bearer").resolve() for ref in self.secrets]
+    def resolve_secrets(self, redactor: Redactor) -> list[Secret]:
+        return [Credential(ref, "bearer").resolve(redactor) for ref in self.secrets]
 
 
 def parse_webhooks(section: Section) -> WebhookConfig:

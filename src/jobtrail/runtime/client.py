@@ -23,6 +23,7 @@ from jobtrail.domain.record import (
     Operation,
     OperationSpec,
 )
+from jobtrail.domain.redact import install_log_redaction
 from jobtrail.flows.cancel import CancelOutcome, request_cancel
 from jobtrail.flows.create import CREATE_PHASE, CreateFlow
 from jobtrail.ledger.offload import Offload, threads
@@ -93,6 +94,9 @@ class AsyncJobtrail:
     def add_provider(self, provider: Provider | str | os.PathLike[str] | Mapping[str, Any]) -> Provider:
         if isinstance(provider, str | os.PathLike | Mapping):
             provider = load_provider(provider)
+        # whatever credential the provider resolves, this ledger masks in what it stores, and so do the logs
+        provider.redactor.forward_to(self.store.redactor)
+        install_log_redaction(self.store.redactor)
         self.providers[provider.name] = provider
         return provider
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.errors import ConfigError, JobtrailError, StaleRecord
 from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import install_log_redaction
 from jobtrail.domain.results import Check
 from jobtrail.domain.states import AUTOMATIC_STATES, ESCALATED_STATES, State
 from jobtrail.flows.cancel import CancelFlow
@@ -103,6 +104,10 @@ class Worker:
     ) -> None:
         self.store = store
         self.providers = dict(providers)
+        for provider in self.providers.values():
+            # whatever credential a provider resolves, the ledger masks in what it stores, and so do the logs
+            provider.redactor.forward_to(store.redactor)
+        install_log_redaction(store.redactor)
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
         slowest_anywhere = max((slowest_call_s(p) for p in self.providers.values()), default=0.0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from jobtrail.domain.errors import ConfigError, JobtrailError
-from jobtrail.domain.redact import Secret
+from jobtrail.domain.redact import Redactor, Secret
 from jobtrail.interfaces.cli.common import EXIT_NEGATIVE, EXIT_OK, EXIT_USAGE, cli, emit_json, existing_store, fail
 
 
@@ -19,13 +19,13 @@ def audit() -> None:
     """Check the tamper-evident history and export anchors."""
 
 
-def _key_from_env(name: str | None) -> Secret | None:
+def _key_from_env(name: str | None, redactor: Redactor) -> Secret | None:
     if name is None:
         return None
     value = os.environ.get(name)
     if not value:
         raise ConfigError(f"--key-env {name}: the environment variable {name} is not set")
-    return Secret(value)
+    return Secret(value, redactor=redactor)
 
 
 @audit.command("verify")
@@ -44,7 +44,8 @@ def audit_verify(ctx: click.Context, anchor_path: str | None, key_env: str | Non
 
     try:
         anchor = load_anchor(anchor_path) if anchor_path else None
-        report = verify(existing_store(ctx), anchor=anchor, key=_key_from_env(key_env))
+        store = existing_store(ctx)
+        report = verify(store, anchor=anchor, key=_key_from_env(key_env, store.redactor))
     except JobtrailError as exc:
         if as_json:
             emit_json({"ok": None, "error": str(exc)})
@@ -86,7 +87,8 @@ def audit_anchor(ctx: click.Context, out: str, key_env: str | None, as_json: boo
     """
     from jobtrail.ledger.audit import make_anchor
 
-    anchor = make_anchor(existing_store(ctx), key=_key_from_env(key_env), key_name=key_env)
+    store = existing_store(ctx)
+    anchor = make_anchor(store, key=_key_from_env(key_env, store.redactor), key_name=key_env)
     text = json.dumps(anchor, indent=1, sort_keys=True)
     if out == "-":
         click.echo(text)

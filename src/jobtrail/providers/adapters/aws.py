@@ -164,7 +164,7 @@ class AwsJsonProvider(HttpProvider):
         )
         for value in (frozen.secret_key, frozen.token):
             if value and value not in self._registered:
-                Secret(value)  # registers it (and its encodings) with the default redactor
+                Secret(value, redactor=self.redactor)  # registers it (and its encodings) with the provider's redactor
                 self._registered.add(value)
         return frozen
 
