@@ -135,6 +135,14 @@ class Operation:
         return self.state is State.CANCEL_REQUESTED and self.polls > 0
 
     @property
+    def cancel_window_us(self) -> int | None:
+        """How long a cancel may take, as the operation was submitted with it (until the cancel is asked
+        for, ``cancel_deadline_us`` holds the window from creation; then the deadline counts from the ask)."""
+        if self.cancel_deadline_us is None:
+            return None
+        return max(self.cancel_deadline_us - self.created_at_us, 0)
+
+    @property
     def create_deadline(self) -> datetime | None:
         return None if self.create_deadline_us is None else from_us(self.create_deadline_us)
 

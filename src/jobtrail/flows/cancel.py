@@ -17,8 +17,7 @@ from jobtrail.domain.errors import StaleRecord, UsageError
 from jobtrail.domain.evidence import CancelAcknowledged, CancelAttempt, CancelIntent
 from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Changes, Operation
-from jobtrail.domain.states import FINAL_STATES, State
-from jobtrail.flows.create import CREATE_PHASE
+from jobtrail.domain.states import CREATE_PHASE, FINAL_STATES, State
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import Provider, Response
@@ -35,13 +34,6 @@ class CancelOutcome:
     #: "requested" (new intent), "already_requested", "deferred" (no job id yet), "already_ended"
     outcome: str
     message: str
-
-
-def cancel_window_us(op: Operation) -> int | None:
-    """How long a cancel may take, as the operation was submitted with it."""
-    if op.cancel_deadline_us is None:
-        return None
-    return max(op.cancel_deadline_us - op.created_at_us, 0)
 
 
 def request_cancel(
@@ -65,7 +57,7 @@ def request_cancel(
 
 def _record_intent(store: Store, op: Operation, intent: CancelIntent, actor: str) -> CancelOutcome:
     if op.state in (State.ACCEPTED, State.OBSERVING):
-        window = cancel_window_us(op)
+        window = op.cancel_window_us
         changes: Changes = {
             "state_reason": f"cancel requested by {intent.requested_by}: {intent.reason}",
             "cancel_deadline_us": None if window is None else store.clock() + window,

@@ -33,7 +33,7 @@ from jobtrail.domain.evidence import (
 from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.redact import REDACTED
-from jobtrail.domain.states import State
+from jobtrail.domain.states import CREATE_PHASE, State
 from jobtrail.flows.observe import adopt_orphans
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import Writer
@@ -48,7 +48,6 @@ from jobtrail.providers.contract import (
 
 log = logging.getLogger("jobtrail")
 
-CREATE_PHASE = frozenset({State.CREATE_PENDING, State.CREATE_UNKNOWN, State.RECONCILIATION})
 _US = 1_000_000
 #: how far a provider's clock may be off ours when it lists jobs by creation time
 _CLOCK_SKEW_US = 60 * _US

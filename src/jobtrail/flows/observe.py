@@ -37,7 +37,7 @@ from jobtrail.domain.results import (
     load_check,
     validate,
 )
-from jobtrail.domain.states import RemoteState, State
+from jobtrail.domain.states import ESCALATED_STATES, RemoteState, State
 from jobtrail.ledger.results import carries_secret, prepare_result
 from jobtrail.ledger.store import Moved, Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
@@ -69,7 +69,6 @@ WATCHED_STATES = frozenset(
 )
 _CANCEL_STATES = frozenset({State.CANCEL_REQUESTED, State.CANCELLING, State.CANCELLATION_UNCONFIRMED})
 #: states a person has been told about: polled at the back-off's cap, not faster
-_SLOW_STATES = frozenset({State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT})
 
 
 class ObserveFlow:
@@ -141,7 +140,7 @@ class ObserveFlow:
         # ahead of the time the provider asked for
         answered = self.store.clock()
         delay = provider.poll_backoff.after(resp.retry_after_s, polls, self.rng)
-        if op.state in _SLOW_STATES:  # a person has been told: the slow pace, or later if the provider asks
+        if op.state in ESCALATED_STATES:  # a person has been told: the slow pace, or later if the provider asks
             delay = max(provider.poll_backoff.cap_s, delay)
         next_at = answered + int(delay * _US)
         await self.writer.observe(
@@ -287,7 +286,7 @@ class ObserveFlow:
 
     async def _deferred_cancel(self, op: Operation, now: int) -> Operation:
         """The cancel asked for before the job id was known: its time has come."""
-        window = op.cancel_deadline_us - op.created_at_us if op.cancel_deadline_us is not None else None
+        window = op.cancel_window_us
         intent = CancelIntent(
             requested_by=op.cancel_requested_by or "unknown",
             reason="cancel requested before the create was confirmed",

@@ -27,6 +27,7 @@ from jobtrail.domain.canonical import canonical_bytes, parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.ids import traceparent
 from jobtrail.domain.jsonpath import extract, extract_any, job_id, unusable_id, why_unusable
+from jobtrail.domain.machine import AMBIGUOUS_HTTP_STATUSES
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
@@ -50,7 +51,6 @@ from jobtrail.providers.egress import (
     refusal,
 )
 
-_AMBIGUOUS = frozenset({408, 409, 425, 429})
 _MAX_BODY = 16 * 1024 * 1024
 _USER_AGENT = "jobtrail/0.1"
 #: how long a resolved credential is used before it is read again (sooner when the provider refuses it)
@@ -459,7 +459,7 @@ class HttpProvider:
                 else f"HTTP {status} with an unusable job id at {cfg.job_id} ({unusable}; not stored); "
                 "the job may exist",
             )
-        if 400 <= status < 500 and status not in _AMBIGUOUS:
+        if 400 <= status < 500 and status not in AMBIGUOUS_HTTP_STATUSES:
             return CreateOutcome(kind="rejected", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}")
         return CreateOutcome(kind="ambiguous", response=resp, error_class=f"http_{status}", detail=f"HTTP {status}")
 

@@ -24,8 +24,9 @@ from jobtrail.domain.record import (
     OperationSpec,
 )
 from jobtrail.domain.redact import install_log_redaction
+from jobtrail.domain.states import CREATE_PHASE
 from jobtrail.flows.cancel import CancelOutcome, request_cancel
-from jobtrail.flows.create import CREATE_PHASE, CreateFlow
+from jobtrail.flows.create import CreateFlow
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.results import read_result
 from jobtrail.ledger.store import EXPECTED_LOCK_WAIT_S, Store

@@ -26,9 +26,10 @@ from jobtrail.domain.errors import ConfigError, JobtrailError, StaleRecord
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import install_log_redaction
 from jobtrail.domain.results import Check
-from jobtrail.domain.states import AUTOMATIC_STATES, ESCALATED_STATES, State
+from jobtrail.domain.states import AUTOMATIC_STATES, ESCALATED_STATES
+from jobtrail.domain.steps import Step, next_step
 from jobtrail.flows.cancel import CancelFlow
-from jobtrail.flows.create import CREATE_PHASE, CreateFlow
+from jobtrail.flows.create import CreateFlow
 from jobtrail.flows.observe import CollectFlow, ObserveFlow
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
@@ -263,11 +264,12 @@ class Worker:
         return op.lease_expires_at_us - self.store.clock() > self._slowest_us[op.provider]
 
     async def _step(self, op: Operation, provider: Provider) -> Operation:
-        if op.state in CREATE_PHASE:
+        step = next_step(op)
+        if step is Step.CREATE:
             return await self.create.advance(op, provider)
-        if op.state is State.RESULT_COLLECTING:
+        if step is Step.COLLECT:
             return await self.collect.advance(op, provider)
-        if op.state is State.CANCEL_REQUESTED and not op.cancel_sent:
+        if step is Step.SEND_CANCEL:
             return await self.cancel.advance(op, provider)
         return await self.observe.advance(op, provider)
 
