@@ -120,12 +120,16 @@ def build(op: Operation, history: list[HistoryEntry], observations: list[dict[st
         if at is not None
     ]
     marks.append(Mark("now", now_us, True))
-    times = [e.at_us for e in events] + [m.at_us for m in marks] + [op.created_at_us]
-    start, end = min(times), max(times)
+    lived = [e.at_us for e in events] + [now_us, op.created_at_us]
+    start = min(lived + [m.at_us for m in marks])
+    # a deadline far past everything that happened (a day-long result deadline on a job that took
+    # seconds) would squeeze the whole life into one pixel: past twice the life so far, it sits at the edge
+    horizon = max(lived) + max(max(lived) - start, 1)
+    end = max([*lived, *(m.at_us for m in marks if m.at_us <= horizon)])
     span = max(end - start, 1)
 
     def x(at: int) -> float:
-        return round(2 + 96 * (at - start) / span, 2)  # 2 % margins keep the end marks visible
+        return round(2 + 96 * min(at - start, span) / span, 2)  # 2 % margins keep the end marks visible
 
     return Timeline(
         events=[Event(e.at_us, e.kind, e.title, e.detail, e.actor, x(e.at_us), e.seq) for e in events],
