@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 _US = 1_000_000
 #: a name or a reason longer than this is refused (the history keeps what a person typed, not a file)
 _MAX_NAME, _MAX_REASON = 100, 2000
+#: how long the list's provider choices are reused before the ledger is asked again
+_IN_USE_S = 30.0
 #: what a person typed into the search box is cut here: the search is a lookup, not a scan
 _MAX_TEXT = 200
 
@@ -67,6 +69,8 @@ class Pages:
         self.anchor_key = anchor_key
         self.provider_reports = [_provider_report(path) for path in provider_files]
         self.last_audit: dict[str, Any] | None = None
+        #: (when, names): the providers in use change rarely, and finding them reads a whole index
+        self._in_use: tuple[float, list[str]] = (0.0, [])
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -146,9 +150,16 @@ class Pages:
             counts=[(s.value, counts[s]) for s in State if s in counts],
             needing=browse.needs_person(store, limit=5),
             waiting=waiting,
-            providers=browse.providers_in_use(store),
+            providers=self._providers_in_use(),
             **context,
         )
+
+    def _providers_in_use(self) -> list[str]:
+        at, names = self._in_use
+        if time.monotonic() - at > _IN_USE_S:
+            names = browse.providers_in_use(self.store)
+            self._in_use = (time.monotonic(), names)
+        return names
 
     # -- one operation ----------------------------------------------------------------------------
 
@@ -248,7 +259,7 @@ class Pages:
         if (gate := self._gate(request)) is not None:
             return gate
         return self._render(
-            request, "providers.html", reports=self.provider_reports, in_use=browse.providers_in_use(self.store)
+            request, "providers.html", reports=self.provider_reports, in_use=self._providers_in_use()
         )
 
     def audit(self, request: Request) -> Response:

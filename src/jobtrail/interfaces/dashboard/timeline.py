@@ -50,6 +50,8 @@ class Mark:
     at_us: int
     passed: bool
     x: float = 0.0
+    #: so far past everything else that it is drawn at the axis's right edge, not to scale
+    beyond: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,9 @@ def build(op: Operation, history: list[HistoryEntry], observations: list[dict[st
 
     return Timeline(
         events=[Event(e.at_us, e.kind, e.title, e.detail, e.actor, x(e.at_us), e.seq) for e in events],
-        marks=[Mark(m.name, m.at_us, m.passed, x(m.at_us)) for m in sorted(marks, key=lambda m: m.at_us)],
+        marks=[
+            Mark(m.name, m.at_us, m.passed, x(m.at_us), m.at_us > end) for m in sorted(marks, key=lambda m: m.at_us)
+        ],
         start_us=start,
         end_us=end,
         omitted=omitted,
