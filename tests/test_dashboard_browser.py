@@ -229,3 +229,20 @@ def test_a_request_without_the_token_or_from_another_origin_is_refused(browser: 
             assert "not sent from this dashboard" in page.inner_text("body")
     assert ledger.get(op_id).state is S.NEEDS_ATTENTION
     assert all("mallory" not in e.actor for e in ledger.history(op_id))
+
+
+@pytest.mark.long
+def test_htmx_refreshes_a_live_timeline_under_the_content_security_policy(browser: Any, ledger: Store) -> None:
+    """The vendored htmx runs under the CSP (no inline script, no eval) and brings new events in by itself."""
+    op = op_in(ledger, S.OBSERVING, operation_key="live")
+    with serve(ledger) as base:
+        page = browser.new_page()
+        problems: list[str] = []
+        page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+        page.goto(f"{base}/ops/{op.operation_id}")
+        before = page.locator("#timeline li.ev").count()
+        ledger.add_observation(op.operation_id, kind="status_poll", raw={}, http_status=200, remote_state="running")
+        # (Playwright's wait_for_function evaluates a string: the CSP forbids that too)
+        page.locator("#timeline li.ev").nth(before).wait_for(timeout=15_000)
+        assert "status read" in page.locator("#timeline li.ev").last.inner_text()
+        assert problems == []

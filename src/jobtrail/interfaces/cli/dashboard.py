@@ -47,7 +47,7 @@ def dashboard(
 
     \b
     Example:
-      jobtrail --db jobs.db dashboard --port 8790                                  # read-only
+      jobtrail --db jobs.db dashboard                                        # read-only
       jobtrail --db jobs.db dashboard --token-env JOBTRAIL_DASHBOARD_TOKEN   # people may decide
     """
     require_extra("dashboard", "jobtrail dashboard", "uvicorn", "starlette", "jinja2", "python_multipart")
