@@ -227,11 +227,15 @@ def test_a_person_decides_only_signed_in_from_the_dashboard_with_its_csrf_token(
     assert evidence["kind"] == "human_decision" and evidence["reason"] == "kept b, cancelled a by hand"
 
 
-def test_workers_providers_and_audit_pages(store: Store) -> None:
+def test_workers_providers_and_audit_pages(store: Store, tmp_path: Path) -> None:
+    from jobtrail.ledger.audit import make_anchor
+
     op_in(store, S.SUCCEEDED)
     store.heartbeat("host-a:1", ["fake"])
     store.heartbeat("host-b:2", ["other"], stopped=True)
-    app = dashboard_app(store, provider_files=[str(EXAMPLE)])
+    anchor = tmp_path / "anchor.json"
+    anchor.write_text(json.dumps(make_anchor(store)))
+    app = dashboard_app(store, provider_files=[str(EXAMPLE)], anchor_path=str(anchor))
     with serve_app(app) as base:
         workers = call(base, "GET", "/workers").text
         assert "host-a:1" in workers and "running" in workers and "host-b:2" in workers and "stopped" in workers
@@ -239,7 +243,11 @@ def test_workers_providers_and_audit_pages(store: Store) -> None:
         assert "at-most-once creation" in providers and "cancel" in providers  # what `providers check` shows
         assert "Last run" not in call(base, "GET", "/audit").text  # the whole-ledger check runs when asked
         audit = call(base, "GET", "/audit?run=1").text
-        assert "<b>OK</b> 1 operations" in audit
+        assert "<b>OK</b> 1 operations" in audit and "anchor matches" in audit
+        forged = json.loads(anchor.read_text())
+        forged["root"] = "0" * 64
+        anchor.write_text(json.dumps(forged))  # an anchor this ledger does not match: the page says so
+        assert "TAMPERED" in call(base, "GET", "/audit?run=1").text
 
 
 def test_healthz_on_the_dashboard_and_the_webhook_receiver(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
