@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jobtrail.ledger.browse import schema_health
+from jobtrail.ledger.migrate import schema_health
 
 if TYPE_CHECKING:
     from starlette.responses import Response

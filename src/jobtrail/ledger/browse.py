@@ -134,24 +134,6 @@ def recent_workers(store: Store, *, limit: int = 100) -> list[dict[str, Any]]:
         return [{**row, "providers": [p for p in str(row["providers"]).split(",") if p]} for row in rows]
 
 
-def schema_health(store: Store) -> tuple[bool, str]:
-    """(fine, what): the database answers and its schema is the one this code expects."""
-    from jobtrail.domain.errors import StorageError
-    from jobtrail.ledger.migrate import current_revision, head_revision
-
-    try:
-        with store._read() as conn:
-            revision = current_revision(conn)
-    except StorageError as exc:
-        return False, f"database unreachable: {exc}"
-    if revision != head_revision():
-        return False, (
-            f"schema is at revision {revision or 'none'}, this jobtrail expects {head_revision()}: "
-            "run a command that opens the ledger for writing (a worker, `jobtrail ops list`) to upgrade it"
-        )
-    return True, f"schema at revision {revision}"
-
-
 __all__: Sequence[str] = (
     "MAX_PAGE",
     "PERSON_STATES",
@@ -163,5 +145,4 @@ __all__: Sequence[str] = (
     "needs_person",
     "providers_in_use",
     "recent_workers",
-    "schema_health",
 )

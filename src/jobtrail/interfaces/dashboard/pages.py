@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobtrail.domain.canonical import rfc3339
-from jobtrail.domain.errors import JobtrailError, OperationNotFound
+from jobtrail.domain.errors import JobtrailError
 from jobtrail.domain.explain import advice, next_action
 from jobtrail.domain.redact import Secret
 from jobtrail.domain.states import FINAL_STATES, State
@@ -169,7 +169,7 @@ class Pages:
         store = self.store
         try:
             op = store.resolve(request.path_params["operation_id"])
-        except (OperationNotFound, JobtrailError) as exc:
+        except JobtrailError as exc:  # no such id or key, or a key several providers use
             return self._render(request, "refused.html", status=404, why=str(exc))
         history = store.history(op.operation_id)
         timeline = build(op, history, store.observations(op.operation_id), store.clock())
@@ -218,7 +218,7 @@ class Pages:
         name = str(form.get("by", "")).strip()
         reason = str(form.get("reason", "")).strip()
         job_id = str(form.get("job_id", "")).strip() or None
-        problem = None
+        problem, status = None, 400
         if to_state not in DECISIONS:
             problem = f"choose one of {', '.join(DECISIONS)}"
         elif not name or len(name) > _MAX_NAME:
@@ -231,11 +231,11 @@ class Pages:
                 op = await run_in_threadpool(
                     decide, self.store, ref, to_state, decided_by=f"{name} (dashboard)", reason=reason, job_id=job_id
                 )
-            except JobtrailError as exc:
-                problem = str(exc)
+            except JobtrailError as exc:  # the state machine's refusal, or no such operation
+                problem, status = str(exc), 409
             else:
                 return RedirectResponse(f"/ops/{op.operation_id}", status_code=303)
-        return await run_in_threadpool(self.queue, request, error=f"{ref}: {problem}", status=409)
+        return await run_in_threadpool(self.queue, request, error=f"{ref}: {problem}", status=status)
 
     # -- workers, providers, audit ------------------------------------------------------------------
 
