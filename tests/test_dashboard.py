@@ -287,3 +287,24 @@ def test_the_command_needs_its_extra_and_help_stays_light(tmp_path: Path) -> Non
     )
     light = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert light.stdout.strip() == "[]"
+
+
+def test_a_long_life_shows_both_ends_of_its_timeline_and_says_how_much_is_left_out(store: Store) -> None:
+    """A job polled for days has thousands of reads: the page reads the first and the last, never all."""
+    from jobtrail.ledger.store import Observe
+
+    op = op_in(store, S.OBSERVING, operation_key="polled")
+    store.apply(
+        [
+            Observe(operation_id=op.operation_id, kind="status_poll", raw={}, http_status=200, raw_state=f"poll {i}")
+            for i in range(1000)
+        ]
+    )
+    with serve(store) as base:
+        page = call(base, "GET", "/ops/polled").text
+    assert "… 650 events left out …" in page
+    assert "(poll 0)" in page and "(poll 49)" in page and "(poll 50)" not in page
+    assert "(poll 699)" not in page and "(poll 700)" in page and "(poll 999)" in page
+    assert page.index("(poll 49)") < page.index("events left out") < page.index("(poll 700)")
+    seqs = [int(s) for s in re.findall(r'data-seq="(\d+)"', page)]
+    assert seqs == [e.seq for e in store.history(op.operation_id)]

@@ -134,6 +134,26 @@ def recent_workers(store: Store, *, limit: int = 100) -> list[dict[str, Any]]:
         return [{**row, "providers": [p for p in str(row["providers"]).split(",") if p]} for row in rows]
 
 
+def observation_window(
+    store: Store, operation_id: str, *, head: int = 50, tail: int = 300
+) -> tuple[list[dict[str, Any]], int]:
+    """The first ``head`` and the last ``tail`` observations of one operation, oldest first, and how many
+    lie between them (left out): a job polled for a week has thousands, and a page needs the ends."""
+    import json
+
+    obs = t.observations
+    mine = obs.c.operation_id == operation_id
+    with store._read() as conn:
+        total = int(conn.execute(sa.select(sa.func.count()).select_from(obs).where(mine)).scalar_one())
+        if total <= head + tail:
+            rows = conn.execute(sa.select(obs).where(mine).order_by(obs.c.observation_id)).mappings().all()
+        else:
+            first = conn.execute(sa.select(obs).where(mine).order_by(obs.c.observation_id).limit(head))
+            last = conn.execute(sa.select(obs).where(mine).order_by(obs.c.observation_id.desc()).limit(tail))
+            rows = [*first.mappings().all(), *reversed(last.mappings().all())]
+    return [{**row, "raw": json.loads(row["raw"])} for row in rows], max(0, total - head - tail)
+
+
 __all__: Sequence[str] = (
     "MAX_PAGE",
     "PERSON_STATES",
@@ -143,6 +163,7 @@ __all__: Sequence[str] = (
     "counts_by_state",
     "list_page",
     "needs_person",
+    "observation_window",
     "providers_in_use",
     "recent_workers",
 )

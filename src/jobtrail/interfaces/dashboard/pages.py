@@ -172,7 +172,8 @@ class Pages:
         except JobtrailError as exc:  # no such id or key, or a key several providers use
             return self._render(request, "refused.html", status=404, why=str(exc))
         history = store.history(op.operation_id)
-        timeline = build(op, history, store.observations(op.operation_id), store.clock())
+        observations, left_out = browse.observation_window(store, op.operation_id)
+        timeline = build(op, history, observations, store.clock(), left_out=left_out)
         context: dict[str, Any] = {"op": op, "timeline": timeline, "live": op.state not in FINAL_STATES}
         if request.headers.get("hx-request") and request.query_params.get("part") == "timeline":
             return self._render(request, "_timeline.html", **context)

@@ -13,8 +13,9 @@ from typing import Any
 from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.record import HistoryEntry, Operation
 
-#: past this many events the middle is left out (a job polled for days has thousands of reads)
-MAX_EVENTS = 400
+#: past this many events the middle is left out (the page reads at most 350 observations, see
+#: ledger.browse.observation_window; this cuts a history that is itself very long)
+MAX_EVENTS = 500
 _KEEP_HEAD = 50
 
 #: what an observation's kind means to a person reading the timeline
@@ -32,7 +33,7 @@ _OBSERVATION = {
 @dataclass(frozen=True, slots=True)
 class Event:
     at_us: int
-    #: history | attempt | observation | webhook
+    #: history | attempt | observation | webhook | gap (events left out)
     kind: str
     title: str
     detail: str
@@ -103,15 +104,34 @@ def _observation_event(obs: dict[str, Any]) -> Event:
     )
 
 
-def build(op: Operation, history: list[HistoryEntry], observations: list[dict[str, Any]], now_us: int) -> Timeline:
-    """The timeline of ``op``, oldest first (history in its own order where times tie)."""
-    events = [_history_event(e) for e in history] + [_observation_event(o) for o in observations]
+def build(
+    op: Operation,
+    history: list[HistoryEntry],
+    observations: list[dict[str, Any]],
+    now_us: int,
+    *,
+    left_out: int = 0,
+) -> Timeline:
+    """The timeline of ``op``, oldest first (history in its own order where times tie); ``left_out``
+    observations were not read (the middle of a long life)."""
+    seen = [_observation_event(o) for o in observations]
+    events = [_history_event(e) for e in history] + seen
     # a stable sort: history entries keep their sequence, observations their ids, at equal times
     events.sort(key=lambda e: e.at_us)
-    omitted = 0
+    # where the timeline skips events, as (index of the last event before the gap, how many it skips)
+    gaps: list[tuple[int, int]] = []
+    if left_out and len(seen) >= _KEEP_HEAD:
+        last_read = seen[_KEEP_HEAD - 1]
+        gaps.append((next(i for i, e in enumerate(events) if e is last_read), left_out))
     if len(events) > MAX_EVENTS:
-        omitted = len(events) - MAX_EVENTS
+        cut = len(events) - MAX_EVENTS
+        # a window's gap past the head is counted with the cut (said once, where the cut is)
+        later = sum(n for i, n in gaps if i >= _KEEP_HEAD)
+        gaps = [(i, n) for i, n in gaps if i < _KEEP_HEAD] + [(_KEEP_HEAD - 1, cut + later)]
         events = events[:_KEEP_HEAD] + events[-(MAX_EVENTS - _KEEP_HEAD) :]
+    omitted = sum(n for _, n in gaps)
+    for i, n in sorted(gaps, reverse=True):
+        events.insert(i + 1, Event(events[i].at_us, "gap", f"… {n} events left out …", "", ""))
     marks = [
         Mark(f"{name} deadline", at, at <= now_us)
         for name, at in (
