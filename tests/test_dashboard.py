@@ -227,6 +227,23 @@ def test_a_person_decides_only_signed_in_from_the_dashboard_with_its_csrf_token(
     assert evidence["kind"] == "human_decision" and evidence["reason"] == "kept b, cancelled a by hand"
 
 
+def test_behind_a_tls_proxy_forms_from_the_public_origin_are_accepted(store: Store) -> None:
+    """--origin names the origin people use when a proxy forwards plain HTTP; other origins stay refused."""
+    op_id = stuck(store)
+    app = dashboard_app(store, token=Secret(TOKEN), public_origin="https://dash.example.com")
+    with serve_app(app) as base:
+        signed = call(base, "POST", "/login", form={"token": TOKEN}, Origin="https://dash.example.com")
+        assert signed.status == 303 and "secure" in signed.headers["set-cookie"].lower()
+        cookie = signed.headers["set-cookie"].split(";")[0]
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', call(base, "GET", "/queue", Cookie=cookie).text)
+        assert csrf is not None
+        form = {"to_state": "failed", "by": "alice", "reason": "never ran", "csrf": csrf.group(1)}
+        path = f"/ops/{op_id}/resolve"
+        assert call(base, "POST", path, form=form, Cookie=cookie, Origin="https://evil.example.com").status == 403
+        assert call(base, "POST", path, form=form, Cookie=cookie, Origin="https://dash.example.com").status == 303
+    assert store.get(op_id).state is S.FAILED
+
+
 def test_workers_providers_and_audit_pages(store: Store, tmp_path: Path) -> None:
     from jobtrail.ledger.audit import make_anchor
 

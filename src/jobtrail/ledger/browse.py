@@ -9,6 +9,7 @@ of request bodies or reasons. Migration 0009 adds the indexes these queries use.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,8 +140,6 @@ def observation_window(
 ) -> tuple[list[dict[str, Any]], int]:
     """The first ``head`` and the last ``tail`` observations of one operation, oldest first, and how many
     lie between them (left out): a job polled for a week has thousands, and a page needs the ends."""
-    import json
-
     obs = t.observations
     mine = obs.c.operation_id == operation_id
     with store._read() as conn:

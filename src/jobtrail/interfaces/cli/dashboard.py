@@ -31,6 +31,13 @@ if TYPE_CHECKING:
     type=click.Path(dir_okay=False),
     help="Provider file whose guarantees the providers page shows (repeatable).",
 )
+@click.option(
+    "--origin",
+    "public_origin",
+    metavar="URL",
+    help="The origin people use (https://host[:port]) when a TLS proxy in front forwards plain HTTP; "
+    "forms from it are accepted.",
+)
 @click.option("--anchor", "anchor_path", type=click.Path(dir_okay=False), help="Anchor the audit page checks against.")
 @click.option("--anchor-key-env", metavar="NAME", help="Environment variable holding the anchor's HMAC key.")
 @click.pass_context
@@ -42,6 +49,7 @@ def dashboard(
     provider_files: tuple[str, ...],
     anchor_path: str | None,
     anchor_key_env: str | None,
+    public_origin: str | None,
 ) -> None:
     """Serve the dashboard: operations, timelines, the needs-a-person queue, workers, providers, audit.
 
@@ -62,6 +70,7 @@ def dashboard(
         provider_files=provider_files,
         anchor_path=anchor_path,
         anchor_key=_secret(anchor_key_env, "--anchor-key-env"),
+        public_origin=public_origin,
     )
     mode = "sign in with the token to record decisions" if token is not None else "read-only (no --token-env)"
     click.echo(f"dashboard on http://{host}:{port}/ ({mode})")

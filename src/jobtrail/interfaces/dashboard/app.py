@@ -69,11 +69,13 @@ def dashboard_app(
     provider_files: Sequence[str] = (),
     anchor_path: str | None = None,
     anchor_key: Secret | None = None,
+    public_origin: str | None = None,
 ) -> Starlette:
     """The dashboard over ``store``: read-only unless ``token`` is given (then it asks for it first).
 
     ``provider_files`` are shown with their guarantees; ``anchor_path`` (and its HMAC key) is the
-    anchor the audit page checks the ledger against.
+    anchor the audit page checks the ledger against; ``public_origin`` (``https://host[:port]``) is the
+    origin people reach the dashboard by when a TLS proxy in front of it forwards plain HTTP.
     """
     require_extra("dashboard", "the dashboard", "starlette", "jinja2", "python_multipart")
     from starlette.applications import Starlette
@@ -90,6 +92,7 @@ def dashboard_app(
         provider_files=provider_files,
         anchor_path=anchor_path,
         anchor_key=anchor_key,
+        public_origin=public_origin,
     )
     routes = [
         Route("/", pages.operations, methods=["GET"]),

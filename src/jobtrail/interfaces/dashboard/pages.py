@@ -54,6 +54,7 @@ class Pages:
         provider_files: Sequence[str] = (),
         anchor_path: str | None = None,
         anchor_key: Secret | None = None,
+        public_origin: str | None = None,
     ) -> None:
         import jinja2
 
@@ -66,6 +67,7 @@ class Pages:
         )
         self.env.globals.update(when=when, next_action=next_action, states=[s.value for s in State])
         self.anchor_path = anchor_path
+        self.public_origin = public_origin
         self.anchor_key = anchor_key
         self.provider_reports = [_provider_report(path) for path in provider_files]
         self.last_audit: dict[str, Any] | None = None
@@ -105,7 +107,7 @@ class Pages:
         sid = self.access.session(request)
         if sid is None:
             return "sign in with the access token first"
-        if not same_origin(request):
+        if not same_origin(request, self.public_origin):
             return "the form was not sent from this dashboard (its Origin or Referer is another site's)"
         if not self.access.csrf_matches(sid, str(form.get("csrf", ""))):
             return "the form's CSRF token is missing or stale: reload the page and send it again"
@@ -296,7 +298,7 @@ class Pages:
         form = await request.form()
         if not self.access.writable:
             return self._refused(request, "this dashboard is read-only: it has no access token to sign in with")
-        if not same_origin(request):
+        if not same_origin(request, self.public_origin):
             return self._refused(request, "the sign-in form was not sent from this dashboard")
         if not self.access.token_matches(str(form.get("token", ""))):
             await asyncio.sleep(0.5)  # each wrong guess costs the guesser half a second
@@ -308,7 +310,7 @@ class Pages:
             max_age=SESSION_S,
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=request.url.scheme == "https" or (self.public_origin or "").startswith("https://"),
         )
         return answer
 

@@ -75,15 +75,17 @@ def own_origin(request: Request) -> str:
     return f"{request.url.scheme}://{request.headers.get('host', '')}"
 
 
-def same_origin(request: Request) -> bool:
+def same_origin(request: Request, public_origin: str | None = None) -> bool:
     """Whether a POST comes from a page of this dashboard: its Origin (else its Referer) is ours.
 
-    A request with neither is refused: every browser sends Origin on a POST form, and a
-    client that strips both cannot be told apart from a forged one.
+    Ours is the origin the request reached, or ``public_origin`` (``--origin``), the one people use
+    when a TLS proxy in front forwards plain HTTP. A request with neither header is refused: every
+    browser sends Origin on a POST form, and a client that strips both cannot be told apart from a
+    forged one.
     """
-    mine = own_origin(request)
+    mine = {own_origin(request), *([public_origin.rstrip("/")] if public_origin else [])}
     origin = request.headers.get("origin")
     if origin is not None:
-        return origin == mine
+        return origin in mine
     referer = request.headers.get("referer")
-    return referer is not None and (referer == mine or referer.startswith(mine + "/"))
+    return referer is not None and any(referer == m or referer.startswith(m + "/") for m in mine)
