@@ -1,5 +1,6 @@
 """Webhook receiver (ASGI, Starlette): verified, de-duplicated, and never trusted alone.
 
+``GET /healthz`` answers 200 while the database is reachable and its schema current, else 503.
 ``POST /webhooks/{provider}`` takes Standard Webhooks deliveries. An event is
 verified (``webhook-id``, ``webhook-timestamp`` within the tolerance,
 ``webhook-signature`` v1 HMAC-SHA256 over the exact bytes, against every
@@ -25,6 +26,7 @@ from jobtrail.domain.canonical import compact_json, parse_json, rfc3339
 from jobtrail.domain.errors import ConfigError, StorageError, require_extra
 from jobtrail.domain.jsonpath import extract
 from jobtrail.flows.observe import pull_poll_forward
+from jobtrail.interfaces.health import health_response
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.webhook_events import count_refusal, match_operation, newest_event_time, record_event
@@ -33,7 +35,7 @@ from jobtrail.providers.webhooks import Refused, WebhookConfig, check_headers, v
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
 
 # Starlette and standardwebhooks come with the ``webhooks`` extra and are imported where the
 # receiver runs: a worker reading a provider file's [webhooks] table needs neither.
@@ -175,4 +177,13 @@ def webhook_app(store: Store, configs: Mapping[str, WebhookConfig], *, io: Offlo
     if not configs:
         raise ConfigError('no provider declares [webhooks]; add secrets = ["env:NAME"] to a provider file')
     receiver = Receiver(store, configs, io=io)
-    return Starlette(routes=[Route("/webhooks/{provider}", receiver.handle, methods=["POST"])])
+
+    def healthz(request: Request) -> Response:  # sync: Starlette runs it in its thread pool, off the loop
+        return health_response(store)
+
+    return Starlette(
+        routes=[
+            Route("/webhooks/{provider}", receiver.handle, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+    )

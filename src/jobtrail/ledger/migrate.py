@@ -17,10 +17,12 @@ from sqlalchemy.engine import Connection
 if TYPE_CHECKING:
     from alembic.config import Config
 
+    from jobtrail.ledger.store import Store
+
 _SCRIPTS = Path(__file__).parent / "migrations"
 
 #: the newest revision under migrations/versions (tests/test_migrations.py checks it against Alembic's own head)
-HEAD = "0008"
+HEAD = "0009"
 
 
 @cache
@@ -64,3 +66,20 @@ def upgrade(conn: Connection, revision: str = "head") -> None:
     cfg = _config()
     cfg.attributes["connection"] = conn
     command.upgrade(cfg, revision)
+
+
+def schema_health(store: Store) -> tuple[bool, str]:
+    """(fine, what): the database answers and its schema is the one this code expects (``/healthz``)."""
+    from jobtrail.domain.errors import StorageError
+
+    try:
+        with store._read() as conn:
+            revision = current_revision(conn)
+    except StorageError as exc:
+        return False, f"database unreachable: {exc}"
+    if revision != HEAD:
+        return False, (
+            f"schema is at revision {revision or 'none'}, this jobtrail expects {HEAD}: "
+            "run a command that opens the ledger for writing (a worker, `jobtrail ops list`) to upgrade it"
+        )
+    return True, f"schema at revision {revision}"

@@ -15,7 +15,7 @@ import click
 from jobtrail.domain.canonical import parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.explain import next_action
-from jobtrail.domain.record import Changes, Operation
+from jobtrail.domain.record import Operation
 from jobtrail.domain.states import State
 from jobtrail.interfaces.cli.common import EXIT_NEEDS_PERSON, EXIT_NEGATIVE, EXIT_OK, cli, emit_json, open_store
 
@@ -163,7 +163,7 @@ def submit(
     "--to",
     "to_state",
     required=True,
-    type=click.Choice(["accepted", "create_pending", "failed", "cancelled"]),
+    type=click.Choice(["accepted", "create_pending", "failed", "cancelled"]),  # flows.resolve.DECISIONS
     help="What you decided: accepted (give --job-id), create_pending (send again with the same "
     "token), failed, cancelled.",
 )
@@ -187,21 +187,9 @@ def resolve(
     Example:
       jobtrail resolve op_01J9... --to accepted --job-id batch_abc --by alice --reason "found it in the console"
     """
-    from jobtrail.domain.evidence import HumanDecision
+    from jobtrail.flows.resolve import decide
 
-    store = open_store(ctx)
-    op = store.resolve(operation_id)  # an id, or the operation's key
-    operation_id = op.operation_id
-    changes: Changes = {"state_reason": f"resolved by {decided_by}: {reason}"}
-    if job_id:
-        changes["remote_job_id"] = job_id
-    moved = store.transition(
-        op,
-        State(to_state),
-        HumanDecision(decided_by=decided_by, reason=reason, remote_job_id=job_id),
-        actor=f"person:{decided_by}",
-        changes=changes,
-    )
+    moved = decide(open_store(ctx), operation_id, to_state, decided_by=decided_by, reason=reason, job_id=job_id)
     if as_json:
         emit_json(moved.to_json())
     else:

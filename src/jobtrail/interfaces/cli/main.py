@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from jobtrail.domain.errors import OperationalError
-from jobtrail.interfaces.cli import audit, intent, ops, providers, results, serve
+from jobtrail.interfaces.cli import audit, dashboard, intent, ops, providers, results, serve
 from jobtrail.interfaces.cli.common import EXIT_USAGE, cli, fail
 
 #: the modules whose commands register themselves on the root group when imported
-COMMAND_GROUPS = (ops, intent, results, providers, serve, audit)
+COMMAND_GROUPS = (ops, intent, results, providers, serve, audit, dashboard)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,34 @@
+"""A person's decision on an operation automation could not settle (``jobtrail resolve``, the dashboard).
+
+One code path for every way a person decides, so the history reads the same whoever typed it:
+the actor is ``person:NAME``, the evidence a :class:`HumanDecision` with who and why, and the
+state machine refuses a decision its rules do not allow (accepted without the job id, say).
+"""
+
+from __future__ import annotations
+
+from jobtrail.domain.evidence import HumanDecision
+from jobtrail.domain.record import Changes, Operation
+from jobtrail.domain.states import State
+from jobtrail.ledger.store import Store
+
+#: what a person may decide: accepted (with the job id they confirmed), create_pending (send again with
+#: the same token), failed, cancelled
+DECISIONS = ("accepted", "create_pending", "failed", "cancelled")
+
+
+def decide(
+    store: Store, ref: str, to_state: str, *, decided_by: str, reason: str, job_id: str | None = None
+) -> Operation:
+    """Record ``decided_by``'s decision on the operation ``ref`` (an id or key) and move it to ``to_state``."""
+    op = store.resolve(ref)  # an id, or the operation's key
+    changes: Changes = {"state_reason": f"resolved by {decided_by}: {reason}"}
+    if job_id:
+        changes["remote_job_id"] = job_id
+    return store.transition(
+        op,
+        State(to_state),
+        HumanDecision(decided_by=decided_by, reason=reason, remote_job_id=job_id),
+        actor=f"person:{decided_by}",
+        changes=changes,
+    )

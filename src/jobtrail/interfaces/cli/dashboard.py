@@ -1,0 +1,91 @@
+"""``dashboard``: the web pages over the ledger (the ``dashboard`` extra)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import click
+
+from jobtrail.domain.errors import ConfigError, require_extra
+from jobtrail.interfaces.cli.common import cli, existing_store
+
+if TYPE_CHECKING:
+    from jobtrail.domain.redact import Redactor, Secret
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (keep it local).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8790, show_default=True)
+@click.option(
+    "--token-env",
+    metavar="NAME",
+    help="Environment variable holding the access token. Without it the pages only read; with it a person "
+    "signs in with the token and may record decisions.",
+)
+@click.option(
+    "--provider",
+    "provider_files",
+    multiple=True,
+    envvar="JOBTRAIL_PROVIDERS",
+    type=click.Path(dir_okay=False),
+    help="Provider file whose guarantees the providers page shows (repeatable).",
+)
+@click.option(
+    "--origin",
+    "public_origin",
+    metavar="URL",
+    help="The origin people use (https://host[:port]) when a TLS proxy in front forwards plain HTTP; "
+    "forms from it are accepted.",
+)
+@click.option("--anchor", "anchor_path", type=click.Path(dir_okay=False), help="Anchor the audit page checks against.")
+@click.option("--anchor-key-env", metavar="NAME", help="Environment variable holding the anchor's HMAC key.")
+@click.pass_context
+def dashboard(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    token_env: str | None,
+    provider_files: tuple[str, ...],
+    anchor_path: str | None,
+    anchor_key_env: str | None,
+    public_origin: str | None,
+) -> None:
+    """Serve the dashboard: operations, timelines, the needs-a-person queue, workers, providers, audit.
+
+    \b
+    Example:
+      jobtrail --db jobs.db dashboard                                        # read-only
+      jobtrail --db jobs.db dashboard --token-env JOBTRAIL_DASHBOARD_TOKEN   # people may decide
+    """
+    require_extra("dashboard", "jobtrail dashboard", "uvicorn", "starlette", "jinja2", "python_multipart")
+    import uvicorn
+
+    from jobtrail.interfaces.dashboard import dashboard_app
+
+    store = existing_store(ctx)
+    token = _secret(token_env, "--token-env", store.redactor)
+    app = dashboard_app(
+        store,
+        token=token,
+        provider_files=provider_files,
+        anchor_path=anchor_path,
+        anchor_key=_secret(anchor_key_env, "--anchor-key-env", store.redactor),
+        public_origin=public_origin,
+    )
+    mode = "sign in with the token to record decisions" if token is not None else "read-only (no --token-env)"
+    click.echo(f"dashboard on http://{host}:{port}/ ({mode})")
+    # uvicorn's access log would print every URL; the pages' URLs carry no secret, but its noise helps no one
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def _secret(name: str | None, option: str, redactor: Redactor) -> Secret | None:
+    """The value of environment variable ``name``, masked by ``redactor`` (the ledger's) from now on."""
+    from jobtrail.domain.redact import Secret
+
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"{option} {name}: the environment variable {name} is not set (or empty)")
+    return Secret(value, redactor=redactor)

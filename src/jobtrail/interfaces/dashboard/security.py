@@ -1,0 +1,91 @@
+"""Who may write through the dashboard, and how a form proves it came from the dashboard itself.
+
+Without an access token the dashboard only reads: no form is shown and every POST but the
+login's is refused. With one (``--token-env NAME``), a person signs in once with the token and
+gets a session cookie (HttpOnly, SameSite=Strict); every page then needs it, and every POST must
+carry the session, come from the dashboard's own origin (``Origin``, else ``Referer``) and carry
+the session's CSRF token in its form. Sessions and CSRF tokens are HMACs under a key made at
+start: they need no storage, and a restart signs everyone out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from jobtrail.domain.redact import Secret
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+SESSION_COOKIE = "jobtrail_session"
+#: a session lasts a working day; then sign in again
+SESSION_S = 12 * 3600
+
+
+class Access:
+    """The access token (or none: read-only) and the per-process key that signs sessions."""
+
+    def __init__(self, token: Secret | None) -> None:
+        self._token = token
+        self._key = secrets.token_bytes(32)
+
+    @property
+    def writable(self) -> bool:
+        return self._token is not None
+
+    def token_matches(self, given: str) -> bool:
+        if self._token is None:
+            return False
+        return hmac.compare_digest(given.encode(), self._token.reveal().encode())
+
+    def _mac(self, purpose: str, value: str) -> str:
+        return hmac.new(self._key, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
+
+    def new_session(self) -> str:
+        """A fresh session cookie value: a random id and its signature."""
+        sid = f"{secrets.token_hex(16)}-{int(time.time())}"
+        return f"{sid}.{self._mac('session', sid)}"
+
+    def session(self, request: Request) -> str | None:
+        """The signed-in session id of ``request``, or None."""
+        if self._token is None:
+            return None
+        value = request.cookies.get(SESSION_COOKIE, "")
+        sid, _, mac = value.partition(".")
+        if not sid or not hmac.compare_digest(mac, self._mac("session", sid)):
+            return None
+        issued = sid.rpartition("-")[2]
+        if not issued.isdigit() or time.time() - int(issued) > SESSION_S:
+            return None
+        return sid
+
+    def csrf_token(self, sid: str) -> str:
+        return self._mac("csrf", sid)
+
+    def csrf_matches(self, sid: str, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self.csrf_token(sid).encode())
+
+
+def own_origin(request: Request) -> str:
+    """The origin the browser used to reach this dashboard (scheme and the Host it sent)."""
+    return f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
+def same_origin(request: Request, public_origin: str | None = None) -> bool:
+    """Whether a POST comes from a page of this dashboard: its Origin (else its Referer) is ours.
+
+    Ours is the origin the request reached, or ``public_origin`` (``--origin``), the one people use
+    when a TLS proxy in front forwards plain HTTP. A request with neither header is refused: every
+    browser sends Origin on a POST form, and a client that strips both cannot be told apart from a
+    forged one.
+    """
+    mine = {own_origin(request), *([public_origin.rstrip("/")] if public_origin else [])}
+    origin = request.headers.get("origin")
+    if origin is not None:
+        return origin in mine
+    referer = request.headers.get("referer")
+    return referer is not None and any(referer == m or referer.startswith(m + "/") for m in mine)
