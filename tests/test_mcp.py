@@ -269,7 +269,7 @@ def test_the_full_story_across_a_killed_server(db_url: str, fake: FakeProvider, 
     assert out["again"]["operation_id"] == op.operation_id
     assert out["asked"]["outcome"] == "requested"
     assert (
-        out["final"]["state"] == "succeeded" and "finished before the cancel" in (out["final"]["reason"] or "")
-    ) or "result stored" in (out["final"]["reason"] or "")
+        out["final"]["state"] == "succeeded" and "finished before the cancel" in (out["final"]["state_reason"] or "")
+    ) or "result stored" in (out["final"]["state_reason"] or "")
     assert out["result"]["result"]["output"]["echo"]["prompt"] == "story"
     assert fake.counts["jobs_created"] == 1 and fake.counts["cancels"] == 1
