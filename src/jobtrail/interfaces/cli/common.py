@@ -40,7 +40,8 @@ def fail(message: str, code: int) -> NoReturn:
     """One line on stderr and the exit code; under ``--json`` also ``{"error": {...}}`` on stdout."""
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.find_root().meta.get("jobtrail.json"):
-        emit_json({"error": {"message": message, "exit_code": code}})
+        # one line: a command that prints JSON lines (submit) stays JSON lines when it fails
+        click.echo(json.dumps({"error": {"message": message, "exit_code": code}}, ensure_ascii=False))
     click.echo(f"jobtrail: {message}", err=True)
     sys.exit(code)
 

@@ -1,0 +1,162 @@
+"""The agent's story told with the command line's ``--json`` only: real ``jobtrail`` processes, a real
+fake provider, a real worker process. An agent that lost its memory finds its operation by key, learns
+from one status what to do, sees progress, gets ``created: false`` on a repeat, cancels, waits and
+collects; every answer has the documented shape (jobtrail.interfaces.shapes), checked strictly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_shapes import check
+
+from jobtrail.interfaces.shapes import (
+    CancelAnswerJson,
+    ErrorJson,
+    HistoryListJson,
+    OperationListJson,
+    OperationShownJson,
+    ResultJson,
+    StatusJson,
+    SubmitJson,
+    WaitJson,
+)
+from jobtrail.testing import FakeProvider
+
+POLL = {"initial_s": 0.1, "factor": 1, "cap_s": 0.2}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    provider = FakeProvider(job_duration_s=30).start()
+    yield provider
+    provider.stop()
+
+
+class Agent:
+    """Runs ``jobtrail --db DB ... --json`` as an agent would: exit code and parsed stdout, nothing else."""
+
+    def __init__(self, db: str, provider: Path) -> None:
+        self.db = db
+        self.provider = provider
+
+    def run(self, *args: str) -> tuple[int, Any]:
+        done = subprocess.run(
+            [sys.executable, "-m", "jobtrail", "--db", self.db, *args, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env={**os.environ, "USER": "research-bot"},
+        )
+        lines = done.stdout.strip().splitlines()
+        doc = [json.loads(line) for line in lines] if args[0] == "submit" else json.loads(done.stdout)
+        return done.returncode, doc
+
+    def submit(self, request: dict[str, Any], key: str) -> tuple[int, list[Any]]:
+        return self.run("submit", "--provider", str(self.provider), "--request", json.dumps(request), "--key", key)
+
+
+@pytest.fixture
+def worker(db_url: str, fake: FakeProvider, tmp_path: Path) -> Iterator[Path]:
+    """A real worker process for the whole story (its progress lines go to a file, never a full pipe)."""
+    provider = fake.write_provider_file(tmp_path / "fake.toml", connect_timeout_s=1.0, poll=POLL)
+    with (tmp_path / "worker.out").open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobtrail", "--db", db_url, "worker", "--provider", str(provider), "--id", "w1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
+        try:
+            yield provider
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def submitted(agent: Agent, request: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
+    """``submit --json``: a first line {event: submitted, ...}, then the operation with ``created``."""
+    code, lines = agent.submit(request, key)
+    first, last = lines
+    assert first["event"] == "submitted" and first["operation_id"] == last["operation_id"]
+    assert last.pop("event") == "create_finished"
+    return code, check(last, SubmitJson)
+
+
+def progress_seen(agent: Agent, key: str) -> dict[str, Any]:
+    for _ in range(100):
+        code, status = agent.run("explain", key)
+        assert code == 0
+        check(status, StatusJson)
+        if status["progress"] is not None:
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"no progress seen: {status}")
+
+
+@pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
+def test_an_agent_with_only_the_cli_submits_finds_cancels_waits_and_collects(
+    db_url: str, fake: FakeProvider, worker: Path
+) -> None:
+    """Two jobs: one the agent cancels; one that finishes as the cancel arrives, so it succeeded, explain
+    says who asked and that the cancel lost the race, and the result is there."""
+    agent = Agent(db_url, worker)
+    request = {"prompt": "summarise"}
+    code, op = submitted(agent, request, "report-1")
+    assert code == 0 and op["created"] is True and op["state"] == "accepted" and op["caller"] == "research-bot"
+    code, race = submitted(agent, {"prompt": "race", "fake": {"cancel": "finish_first"}}, "race-1")
+    assert code == 0 and race["created"] is True
+
+    # the agent lost its memory: it has its key, and one status says what to do
+    status = progress_seen(agent, "report-1")
+    assert status["operation_id"] == op["operation_id"] and 0 <= status["progress"] < 1
+    assert status["next_action"].startswith("poll the remote job") and status["advice"].startswith("wait:")
+    assert status["cancel"] is None and status["no_worker"] is None
+
+    code, again = submitted(agent, request, "report-1")
+    assert code == 0 and again["created"] is False and again["operation_id"] == op["operation_id"]
+    code, changed = agent.submit({"prompt": "something else"}, "report-1")
+    (refused,) = changed
+    check(refused, ErrorJson)
+    assert code == refused["error"]["exit_code"] == 2 and "a changed request is a new operation" in str(refused)
+
+    code, listed = agent.run("ops", "list", "--state", "accepted", "--state", "observing", "--provider", "fake")
+    assert code == 0 and check(listed, OperationListJson)["total"] == 2
+    code, shown = agent.run("ops", "show", "report-1")
+    assert code == 0 and check(shown, OperationShownJson)["result"] is None
+    code, history = agent.run("ops", "history", "report-1")
+    assert code == 0 and check(history, HistoryListJson)["count"] == history["total"] >= 2
+
+    for key, by in (("race-1", "alice"), ("report-1", "agent:research-bot")):
+        code, asked = agent.run("cancel", key, "--by", by, "--reason", "not needed")
+        assert code == 0 and check(asked, CancelAnswerJson)["outcome"] == "requested"
+        assert asked["operation"]["cancel_requested_by"] == by
+    code, waited = agent.run("wait", "report-1", "--timeout", "60")
+    assert code == 0 and check(waited, WaitJson)["state"] == "cancelled" and waited["settled"]
+    assert waited["cancel"]["standing"] == "confirmed" and waited["cancel"]["requested_by"] == "agent:research-bot"
+    code, result = agent.run("result", "report-1")
+    assert code == 1 and check(result, ResultJson)["result"] is None and result["why"]
+
+    # the cancel that lost the race
+    code, waited = agent.run("wait", "race-1", "--timeout", "60")
+    assert code == 0 and check(waited, WaitJson)["state"] == "succeeded"
+    code, status = agent.run("explain", "race-1")
+    assert code == 0 and check(status, StatusJson)["cancel_requested_by"] == "alice"
+    story = status["cancel"]
+    assert story["standing"] == "lost_race" and story["requested_by"] == "alice" and story["reason"] == "not needed"
+    assert "lost the race" in story["says"] and "succeeded; its result is stored" in story["says"]
+    assert "lost the race" in status["advice"] and status["advice"].startswith("fetch the result")
+    code, result = agent.run("result", "race-1")
+    assert code == 0 and check(result, ResultJson)["why"] is None
+    assert result["result"]["output"]["echo"]["prompt"] == "race" and result["sha256"]
+
+    code, missing = agent.run("explain", "report-9")
+    assert code == 1 and check(missing, ErrorJson)["error"]["exit_code"] == 1
+    assert fake.counts["jobs_created"] == 2 and fake.counts["cancels"] == 2
