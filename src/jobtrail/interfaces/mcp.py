@@ -289,7 +289,11 @@ def _closed_providers(fn: Callable[..., Any], names: tuple[str, ...], *, require
         return
     choice: Any = Literal[names]  # built at run time from the provider files
     if required:
-        fn.__annotations__["provider"] = Annotated[choice, Field(description="a provider by name (list_providers)")]
+        fn.__annotations__["provider"] = Annotated[
+            choice,
+            # an enum even for one provider (pydantic would say "const"): agents read the closed set as enum
+            Field(description="a provider by name (list_providers)", json_schema_extra={"enum": list(names)}),
+        ]
     else:
         fn.__annotations__["provider"] = Annotated[
             choice | None, Field(description="only this provider's operations; omit for every provider")
