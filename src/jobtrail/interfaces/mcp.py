@@ -271,7 +271,7 @@ StateFilter = Annotated[
     State | None,
     Field(description="only operations in this state (e.g. needs_attention); omit for every state"),
 ]
-Limit = Annotated[int, Field(description="at most this many items, newest first", ge=1, le=MAX_LIST)]
+Limit = Annotated[int, Field(description="at most this many items, newest first", ge=1, le=MAX_LIST, strict=True)]
 CreateDeadline = Annotated[
     int,
     Field(description="seconds within which the job must be created (re-sent only with the same token)", ge=1),

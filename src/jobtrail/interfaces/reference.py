@@ -19,7 +19,7 @@ COMMAND = "python -m jobtrail.interfaces.reference --write"
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _table(headers: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
@@ -27,6 +27,12 @@ def _table(headers: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _value(default: str) -> str:
+    """A default that is a value is code; one that is prose (``required``, ``see [poll]``) is not."""
+    prose = default == "-" or default.startswith("required") or (" " in default and "=" not in default)
+    return default if prose else f"`{default}`"
 
 
 def provider_keys() -> str:
@@ -37,7 +43,7 @@ def provider_keys() -> str:
             f"[{k.table}]" if k.table else "(top)",
             f"`{k.name}`",
             k.type,
-            f"`{k.default}`" if k.default != "-" else "-",
+            _value(k.default),
             k.meaning,
         )
         for k in KEYS
@@ -63,17 +69,22 @@ def json_shapes() -> str:
 
     where: dict[type, list[str]] = {}
     for command, shape in shapes.COMMAND_SHAPES.items():
-        where.setdefault(shape, []).append(f"`{command} --json`")
+        where.setdefault(shape, []).append(f"`{command}`")
     for tool, shape in shapes.TOOL_SHAPES.items():
         where.setdefault(shape, []).append(f"MCP `{tool}`")
     base = set(shapes.OperationJson.__annotations__)
+
+    def key(name: str, annotation: object) -> str:
+        inner = re.findall(r"\b([A-Z]\w*Json)\b", str(annotation))  # a nested shape is named
+        return f"`{name}`" + (f" ({inner[0]})" if inner else "")
+
     rows = []
     for shape, uses in where.items():
-        keys = list(shape.__annotations__)
+        keys = dict(shape.__annotations__)
         if shape is not shapes.OperationJson and base <= set(keys):
-            described = "the operation's keys + " + ", ".join(f"`{k}`" for k in keys if k not in base)
+            described = "the operation's keys + " + ", ".join(key(k, a) for k, a in keys.items() if k not in base)
         else:
-            described = ", ".join(f"`{k}`" for k in keys)
+            described = ", ".join(key(k, a) for k, a in keys.items())
         rows.append((f"`{shape.__name__}`", ", ".join(uses), described))
     return _table(("shape", "answered by", "keys"), rows)
 
@@ -86,14 +97,17 @@ BLOCKS: dict[str, Callable[[], str]] = {
 }
 
 
+def _filler(generated: str) -> Callable[[re.Match[str]], str]:
+    return lambda m: m.group(1) + generated + "\n" + m.group(2)
+
+
 def regenerate(text: str) -> str:
     """``text`` with every known block replaced by what the code generates now."""
     for name, render in BLOCKS.items():
         pattern = re.compile(rf"(<!-- BEGIN {name} [^\n]*-->\n).*?(<!-- END {name} -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"no block {name!r} (<!-- BEGIN {name} ... --> ... <!-- END {name} -->) to fill")
-        generated = render()
-        text = pattern.sub(lambda m: m.group(1) + generated + "\n" + m.group(2), text)
+        text = pattern.sub(_filler(render()), text)
     return text
 
 

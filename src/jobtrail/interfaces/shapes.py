@@ -237,17 +237,17 @@ class ErrorJson(TypedDict):
 
 #: every command's ``--json`` answer, by command (MCP tools in :data:`TOOL_SHAPES`)
 COMMAND_SHAPES: dict[str, type] = {
-    "ops list": OperationListJson,
-    "ops show": OperationShownJson,
-    "ops history": HistoryListJson,
-    "explain OP": StatusJson,
-    "explain TASK": TaskExplainJson,
-    "wait": WaitJson,
-    "submit (last line)": SubmitJson,
-    "cancel": CancelAnswerJson,
-    "resolve": OperationJson,
-    "result": ResultJson,
-    "any, on error": ErrorJson,
+    "resolve --json": OperationJson,
+    "ops show --json": OperationShownJson,
+    "ops list --json": OperationListJson,
+    "ops history --json": HistoryListJson,
+    "explain OP --json": StatusJson,
+    "explain TASK --json": TaskExplainJson,
+    "wait --json": WaitJson,
+    "submit --json (its last line, with event)": SubmitJson,
+    "cancel --json": CancelAnswerJson,
+    "result --json": ResultJson,
+    "every command, failing under --json": ErrorJson,
 }
 
 #: every MCP tool's structured answer
