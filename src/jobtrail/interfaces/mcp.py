@@ -78,7 +78,7 @@ _WHOLE_URL = re.compile(r"(?is)^\s*(?:[a-z][a-z0-9+.-]*:)?//\S+\s*$")
 INSTRUCTIONS = """jobtrail runs long jobs on remote APIs for you and keeps them safe across restarts.
 Submit with an operation_key you will reuse if you retry: the same key and request never start a second job.
 After any restart, call job_status to learn the one next action. Never pass credentials, headers or URLs:
-providers are configured by the operator and chosen by name."""
+providers are configured by the operator and chosen by name (list_providers says what request each takes)."""
 
 
 def _norm(name: str) -> str:
