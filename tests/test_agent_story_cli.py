@@ -160,3 +160,27 @@ def test_an_agent_with_only_the_cli_submits_finds_cancels_waits_and_collects(
     code, missing = agent.run("explain", "report-9")
     assert code == 1 and check(missing, ErrorJson)["error"]["exit_code"] == 1
     assert fake.counts["jobs_created"] == 2 and fake.counts["cancels"] == 2
+
+
+def test_every_cancel_tells_who_asked_and_how_it_stands(db_url: str) -> None:
+    """A cancel before the job id is known is deferred, one after the ending sent nothing, and one past
+    its deadline waits for a person: the status says which, and who asked."""
+    from jobtrail import Store
+    from jobtrail.flows.cancel import request_cancel
+    from jobtrail.interfaces.answers import status_json
+
+    from helpers import S, op_in
+
+    with Store.open(db_url) as store:
+        early, done = op_in(store, S.CREATE_PENDING), op_in(store, S.SUCCEEDED)
+        late = op_in(store, S.CANCELLATION_UNCONFIRMED)
+        for op in (early, done):
+            request_cancel(store, op.operation_id, requested_by="dave", reason="changed my mind")
+        deferred, after, unconfirmed = (
+            status_json(store, store.get(op.operation_id))["cancel"] for op in (early, done, late)
+        )
+    assert deferred is not None and deferred["standing"] == "deferred" and deferred["requested_by"] == "dave"
+    assert "before the job id was known" in deferred["says"]
+    assert after is not None and after["standing"] == "after_the_end"
+    assert "after the job had ended (succeeded); nothing was sent" in after["says"]
+    assert unconfirmed is not None and unconfirmed["standing"] == "unconfirmed"
