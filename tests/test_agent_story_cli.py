@@ -5,6 +5,7 @@ collects; every answer has the documented shape (jobtrail.interfaces.shapes), ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -48,26 +49,37 @@ class Agent:
         self.provider = provider
 
     def run(self, *args: str) -> tuple[int, Any]:
-        done = subprocess.run(
-            [sys.executable, "-m", "jobtrail", "--db", self.db, *args, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            env={**os.environ, "USER": "research-bot"},
-        )
-        lines = done.stdout.strip().splitlines()
-        doc = [json.loads(line) for line in lines] if args[0] == "submit" else json.loads(done.stdout)
-        return done.returncode, doc
+        (answer,) = self.run_all(args)
+        return answer
+
+    def run_all(self, *commands: tuple[str, ...]) -> list[tuple[int, Any]]:
+        """Commands that only read, run side by side (as several agents' calls would)."""
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "jobtrail", "--db", self.db, *args, "--json"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "USER": "research-bot"},
+            )
+            for args in commands
+        ]
+        answers = []
+        for args, proc in zip(commands, procs, strict=True):
+            out, _ = proc.communicate(timeout=90)
+            lines = out.strip().splitlines()
+            doc = [json.loads(line) for line in lines] if args[0] == "submit" else json.loads(out)
+            answers.append((proc.returncode, doc))
+        return answers
 
     def submit(self, request: dict[str, Any], key: str) -> tuple[int, list[Any]]:
         return self.run("submit", "--provider", str(self.provider), "--request", json.dumps(request), "--key", key)
 
 
-@pytest.fixture
-def worker(db_url: str, fake: FakeProvider, tmp_path: Path) -> Iterator[Path]:
-    """A real worker process for the whole story (its progress lines go to a file, never a full pipe)."""
-    provider = fake.write_provider_file(tmp_path / "fake.toml", connect_timeout_s=1.0, poll=POLL)
-    with (tmp_path / "worker.out").open("w") as out:
+@contextlib.contextmanager
+def worker(db_url: str, provider: Path, log: Path) -> Iterator[None]:
+    """A real worker process (its progress lines go to a file, never a full pipe)."""
+    with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "jobtrail", "--db", db_url, "worker", "--provider", str(provider), "--id", "w1"],
             stdout=out,
@@ -75,7 +87,7 @@ def worker(db_url: str, fake: FakeProvider, tmp_path: Path) -> Iterator[Path]:
             env=dict(os.environ),
         )
         try:
-            yield provider
+            yield
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -103,17 +115,24 @@ def progress_seen(agent: Agent, key: str) -> dict[str, Any]:
 
 @pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
 def test_an_agent_with_only_the_cli_submits_finds_cancels_waits_and_collects(
-    db_url: str, fake: FakeProvider, worker: Path
+    db_url: str, fake: FakeProvider, tmp_path: Path
 ) -> None:
     """Two jobs: one the agent cancels; one that finishes as the cancel arrives, so it succeeded, explain
-    says who asked and that the cancel lost the race, and the result is there."""
-    agent = Agent(db_url, worker)
+    says who asked and that the cancel lost the race, and the result is there. ``submit`` sends the
+    creates itself; a worker polls, cancels and collects."""
+    provider = fake.write_provider_file(tmp_path / "fake.toml", connect_timeout_s=1.0, poll=POLL)
+    agent = Agent(db_url, provider)
     request = {"prompt": "summarise"}
     code, op = submitted(agent, request, "report-1")
     assert code == 0 and op["created"] is True and op["state"] == "accepted" and op["caller"] == "research-bot"
     code, race = submitted(agent, {"prompt": "race", "fake": {"cancel": "finish_first"}}, "race-1")
     assert code == 0 and race["created"] is True
+    with worker(db_url, provider, tmp_path / "worker.out"):
+        the_story_goes_on(agent, fake, op)
 
+
+def the_story_goes_on(agent: Agent, fake: FakeProvider, op: dict[str, Any]) -> None:
+    request = {"prompt": "summarise"}
     # the agent lost its memory: it has its key, and one status says what to do
     status = progress_seen(agent, "report-1")
     assert status["operation_id"] == op["operation_id"] and 0 <= status["progress"] < 1
@@ -127,12 +146,14 @@ def test_an_agent_with_only_the_cli_submits_finds_cancels_waits_and_collects(
     check(refused, ErrorJson)
     assert code == refused["error"]["exit_code"] == 2 and "a changed request is a new operation" in str(refused)
 
-    code, listed = agent.run("ops", "list", "--state", "accepted", "--state", "observing", "--provider", "fake")
+    (code, listed), (shown_code, shown), (history_code, history) = agent.run_all(
+        ("ops", "list", "--state", "accepted", "--state", "observing", "--provider", "fake"),
+        ("ops", "show", "report-1"),
+        ("ops", "history", "report-1"),
+    )
     assert code == 0 and check(listed, OperationListJson)["total"] == 2
-    code, shown = agent.run("ops", "show", "report-1")
-    assert code == 0 and check(shown, OperationShownJson)["result"] is None
-    code, history = agent.run("ops", "history", "report-1")
-    assert code == 0 and check(history, HistoryListJson)["count"] == history["total"] >= 2
+    assert shown_code == 0 and check(shown, OperationShownJson)["result"] is None
+    assert history_code == 0 and check(history, HistoryListJson)["count"] == history["total"] >= 2
 
     for key, by in (("race-1", "alice"), ("report-1", "agent:research-bot")):
         code, asked = agent.run("cancel", key, "--by", by, "--reason", "not needed")
@@ -141,24 +162,22 @@ def test_an_agent_with_only_the_cli_submits_finds_cancels_waits_and_collects(
     code, waited = agent.run("wait", "report-1", "--timeout", "60")
     assert code == 0 and check(waited, WaitJson)["state"] == "cancelled" and waited["settled"]
     assert waited["cancel"]["standing"] == "confirmed" and waited["cancel"]["requested_by"] == "agent:research-bot"
-    code, result = agent.run("result", "report-1")
+    (code, result), (race_code, waited) = agent.run_all(("result", "report-1"), ("wait", "race-1", "--timeout", "60"))
     assert code == 1 and check(result, ResultJson)["result"] is None and result["why"]
 
     # the cancel that lost the race
-    code, waited = agent.run("wait", "race-1", "--timeout", "60")
-    assert code == 0 and check(waited, WaitJson)["state"] == "succeeded"
-    code, status = agent.run("explain", "race-1")
+    assert race_code == 0 and check(waited, WaitJson)["state"] == "succeeded"
+    (code, status), (result_code, result), (missing_code, missing) = agent.run_all(
+        ("explain", "race-1"), ("result", "race-1"), ("explain", "report-9")
+    )
     assert code == 0 and check(status, StatusJson)["cancel_requested_by"] == "alice"
     story = status["cancel"]
     assert story["standing"] == "lost_race" and story["requested_by"] == "alice" and story["reason"] == "not needed"
     assert "lost the race" in story["says"] and "succeeded; its result is stored" in story["says"]
     assert "lost the race" in status["advice"] and status["advice"].startswith("fetch the result")
-    code, result = agent.run("result", "race-1")
-    assert code == 0 and check(result, ResultJson)["why"] is None
+    assert result_code == 0 and check(result, ResultJson)["why"] is None
     assert result["result"]["output"]["echo"]["prompt"] == "race" and result["sha256"]
-
-    code, missing = agent.run("explain", "report-9")
-    assert code == 1 and check(missing, ErrorJson)["error"]["exit_code"] == 1
+    assert missing_code == 1 and check(missing, ErrorJson)["error"]["exit_code"] == 1
     assert fake.counts["jobs_created"] == 2 and fake.counts["cancels"] == 2
 
 
