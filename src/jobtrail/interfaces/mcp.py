@@ -285,14 +285,15 @@ CancelReason = Annotated[str, Field(description="why (kept in the history)", min
 
 def _closed_providers(fn: Callable[..., Any], names: tuple[str, ...], *, required: bool) -> None:
     """``provider`` as the closed set of this server's provider names (known only once the files are read)."""
-    if not names:
-        return
-    choice: Any = Literal[names]  # built at run time from the provider files
+    choice: Any = Literal[names] if names else str  # built at run time from the provider files
     if required:
         fn.__annotations__["provider"] = Annotated[
             choice,
             # an enum even for one provider (pydantic would say "const"): agents read the closed set as enum
-            Field(description="a provider by name (list_providers)", json_schema_extra={"enum": list(names)}),
+            Field(
+                description="a provider by name (list_providers)",
+                json_schema_extra={"enum": list(names)} if names else None,
+            ),
         ]
     else:
         fn.__annotations__["provider"] = Annotated[
