@@ -123,7 +123,8 @@ def test_ops_list_filters_by_key_caller_and_several_states_and_says_when_it_is_c
     assert {k: v for k, v in json.loads(cut.stdout).items() if k != "items"} == {"count": 2, "total": 5}
     assert "showing the newest 2 of 5 operations; raise --limit" in cut.stderr
     whole = jobtrail("--db", db, "ops", "list", "--json", "--limit", "5")
-    assert json.loads(whole.stdout)["count"] == 5 and whole.stderr == ""
+    # nothing was cut (whatever else stderr says: on a slow machine these unserved operations are overdue)
+    assert json.loads(whole.stdout)["count"] == 5 and "showing the newest" not in whole.stderr
     table = jobtrail("--db", db, "ops", "list", "--key", "nightly")
     assert "nightly" in table.stdout and failed.operation_id in table.stdout
 
