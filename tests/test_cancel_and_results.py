@@ -196,7 +196,7 @@ def test_a_cancel_before_the_job_id_is_known_is_carried_out_when_it_is(ledger: S
     work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLED))
     op = ledger.get(op_id)
     assert op.state is S.CANCELLED and fake.counts["jobs_created"] == 1 and fake.counts["cancels"] == 1
-    assert op.cancel_requested_by is None
+    assert op.cancel_requested_by == "dave"  # who asked stays on the record, whatever the ending
 
 
 def test_a_cancel_before_a_create_that_never_confirms_says_so(ledger: Store, fake: FakeProvider) -> None:

@@ -62,7 +62,7 @@ def test_ops_list_show_history_json(tmp_path: Path) -> None:
         "lease",
     }
 
-    history = json.loads(jobtrail("--db", db, "ops", "history", done.operation_id, "--json").stdout)
+    history = json.loads(jobtrail("--db", db, "ops", "history", done.operation_id, "--json").stdout)["items"]
     assert [h["seq"] for h in history] == list(range(1, done.version + 1))
     assert history[-1]["to"] == "failed" and history[0]["prev_hash"] == "0" * 64
     assert history[1]["prev_hash"] == history[0]["hash"]
@@ -83,7 +83,7 @@ def test_an_operation_is_found_by_its_key_wherever_an_id_is_accepted(tmp_path: P
     shown = jobtrail("--db", db, "ops", "show", "q3-summary", "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["operation_id"] == op.operation_id
-    history = json.loads(jobtrail("--db", db, "ops", "history", "q3-summary", "--json").stdout)
+    history = json.loads(jobtrail("--db", db, "ops", "history", "q3-summary", "--json").stdout)["items"]
     assert len(history) == op.version
     explained = jobtrail("--db", db, "explain", "q3-summary", "--json")
     assert json.loads(explained.stdout)["operation_id"] == op.operation_id
@@ -123,7 +123,8 @@ def test_ops_list_filters_by_key_caller_and_several_states_and_says_when_it_is_c
     assert {k: v for k, v in json.loads(cut.stdout).items() if k != "items"} == {"count": 2, "total": 5}
     assert "showing the newest 2 of 5 operations; raise --limit" in cut.stderr
     whole = jobtrail("--db", db, "ops", "list", "--json", "--limit", "5")
-    assert json.loads(whole.stdout)["count"] == 5 and whole.stderr == ""
+    # nothing was cut (whatever else stderr says: on a slow machine these unserved operations are overdue)
+    assert json.loads(whole.stdout)["count"] == 5 and "showing the newest" not in whole.stderr
     table = jobtrail("--db", db, "ops", "list", "--key", "nightly")
     assert "nightly" in table.stdout and failed.operation_id in table.stdout
 
@@ -196,7 +197,7 @@ def test_a_person_resolves_what_automation_could_not(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     resolved = json.loads(done.stdout)
     assert resolved["state"] == "accepted" and resolved["remote_job_id"] == "b"
-    history = json.loads(jobtrail("--db", db, "ops", "history", op.operation_id, "--json").stdout)
+    history = json.loads(jobtrail("--db", db, "ops", "history", op.operation_id, "--json").stdout)["items"]
     assert history[-1]["actor"] == "person:alice" and history[-1]["evidence"]["kind"] == "human_decision"
     assert jobtrail("--db", db, "explain", op.operation_id).returncode == 0
 

@@ -11,10 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_shapes import check, schema_of
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from jobtrail import Store
+from jobtrail.domain.states import State
+from jobtrail.interfaces.shapes import (
+    TOOL_SHAPES,
+    CancelAnswerJson,
+    OperationListJson,
+    ResultJson,
+    StatusJson,
+    SubmitJson,
+    WaitJson,
+)
 from jobtrail.testing import FakeProvider
 
 
@@ -79,6 +90,8 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
             "jobs_needing_a_person",
         }
         assert all(t.description and len(t.description) > 40 for t in tools.values())
+        schemas = {name: (t.input_schema, t.output_schema) for name, t in tools.items()}
+        bad_state = result_of(await session.call_tool("list_jobs", {"state": "runnin"}))
         first = result_of(
             await session.call_tool(
                 "submit_job", {"provider": "fake", "request": {"prompt": "summarise"}, "operation_key": "report-1"}
@@ -130,6 +143,8 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
         by_key = result_of(await session.call_tool("job_status", {"operation_id": "report-1"}))
         got = result_of(await session.call_tool("get_result", {"operation_id": "report-1"}))
         return {
+            "schemas": schemas,
+            "bad_state": bad_state,
             "by_key": by_key,
             "first": first,
             "again": again,
@@ -142,7 +157,20 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
         }
 
     out = asyncio.run(agent_session(db_url, provider, session_test))
-    first = out["first"]
+    # typed tools: every argument described, closed sets as enums, every answer's schema published
+    for name, (given, answers) in out["schemas"].items():
+        assert all(p.get("description") for p in given["properties"].values()), name
+        assert set(answers["properties"]) == set(schema_of(TOOL_SHAPES[name])["properties"]), name
+    listing_args = out["schemas"]["list_jobs"][0]
+    assert listing_args["$defs"]["State"]["enum"] == [s.value for s in State]
+    assert out["schemas"]["submit_job"][0]["properties"]["provider"]["enum"] == ["fake"]
+    assert out["bad_state"]["error"].startswith("Error executing tool list_jobs: invalid arguments: state: ")
+    assert "'needs_attention', not 'runnin'" in out["bad_state"]["error"]
+    first = check(out["first"], SubmitJson)
+    check(out["again"], SubmitJson)
+    check(out["status"], WaitJson)
+    check(out["by_key"], StatusJson)
+    check(out["result"], ResultJson)
     assert first["operation_id"].startswith("op_") and first["state"] == "accepted" and first["next_action"]
     assert first["caller"] == "research-bot" and first["approved_by"] == "alice"
     assert first["created"] is True
@@ -150,7 +178,8 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
     assert "a changed request is a new operation" in out["changed"]["error"]
     assert "cannot pass credentials, headers or URLs" in out["sneaky"]["error"]
     assert "error" in out["secret"] and "sk-0123456789" not in out["secret"]["error"]
-    assert "no provider named 'elsewhere'" in out["unknown"]["error"]
+    # the providers are a closed set in the tool's schema: the answer names the allowed ones
+    assert "invalid arguments: provider: Input should be 'fake', not 'elsewhere'" in out["unknown"]["error"]
     assert out["status"]["state"] == "succeeded"
     assert out["by_key"]["operation_id"] == first["operation_id"] and out["by_key"]["operation_key"] == "report-1"
     assert out["result"]["operation_id"] == first["operation_id"]
@@ -195,7 +224,10 @@ def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeP
         return {"polled": polled, "asked": asked, "status": status, "waiting": waiting, "listed": listed}
 
     out = asyncio.run(agent_session(db_url, provider, session_test))
-    polled = out["polled"]
+    polled = check(out["polled"], StatusJson)
+    check(out["asked"], CancelAnswerJson)
+    check(out["waiting"], OperationListJson)
+    check(out["listed"], OperationListJson)
     assert 0 <= polled["progress"] < 1 and polled["last_observed_at"] is not None
     assert polled["advice"].startswith("wait: a worker will poll the remote job")
     assert out["status"]["advice"].startswith("nothing: it ended cancelled")
@@ -269,7 +301,7 @@ def test_the_full_story_across_a_killed_server(db_url: str, fake: FakeProvider, 
     assert out["again"]["operation_id"] == op.operation_id
     assert out["asked"]["outcome"] == "requested"
     assert (
-        out["final"]["state"] == "succeeded" and "finished before the cancel" in (out["final"]["reason"] or "")
-    ) or "result stored" in (out["final"]["reason"] or "")
+        out["final"]["state"] == "succeeded" and "finished before the cancel" in (out["final"]["state_reason"] or "")
+    ) or "result stored" in (out["final"]["state_reason"] or "")
     assert out["result"]["result"]["output"]["echo"]["prompt"] == "story"
     assert fake.counts["jobs_created"] == 1 and fake.counts["cancels"] == 1

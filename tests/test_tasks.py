@@ -73,7 +73,14 @@ def test_a_killed_agent_resumes_its_task_with_one_effect_per_step(
     assert again.returncode == 0, again.stderr
     final = json.loads(again.stdout.strip().splitlines()[-1])
     assert [s["state"] for s in final["steps"]] == ["confirmed", "confirmed"]
-    assert final["next_action"] == "nothing: every step is confirmed"
+    # confirmed is not done: steps whose jobs still run are named, with what happens next
+    running = [s["name"] for s in final["steps"] if s["operation_state"] in ("accepted", "observing")]
+    assert final["running"] == running
+    if running:
+        assert final["next_action"].startswith(f"wait: every step is confirmed and {len(running)} still running")
+        assert all(name in final["next_action"] for name in running) and "a worker will poll" in final["next_action"]
+    else:
+        assert final["next_action"].startswith("nothing: every step is confirmed and ended")
     with Store.open(db_url) as store:
         for step in final["steps"]:
             token = store.get(step["operation_id"]).idempotency_token

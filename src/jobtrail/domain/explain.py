@@ -1,14 +1,21 @@
-"""Every state's one concrete next action, in words (``ops list``, ``ops show``)."""
+"""Every state's one concrete next action, in words (``ops list``, ``ops show``), what the caller
+should do now, and how a requested cancel stands."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.states import State
 
 if TYPE_CHECKING:  # the record's to_json() uses this module: a runtime import back would be a cycle
-    from jobtrail.domain.record import Operation
+    from jobtrail.domain.record import HistoryEntry, Operation
+
+#: the states in which nothing automatic decides any more: a person must (explain exits 3 in them)
+PERSON_DECIDES = frozenset({State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT})
+_BEFORE_THE_JOB_ID = frozenset({State.CREATE_PENDING, State.CREATE_UNKNOWN, State.RECONCILIATION})
 
 
 def next_action(op: Operation) -> str:  # noqa: PLR0911 - one answer per state, read top to bottom
@@ -50,8 +57,13 @@ def advice(op: Operation) -> str:
     what a worker does next."""
     s = op.state
     if s is State.SUCCEEDED:
-        return "fetch the result (get_result, or jobtrail result)"
-    if s in (State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT):
+        late = (
+            f"; the cancel {op.cancel_requested_by} asked for lost the race: the job finished first"
+            if op.cancel_requested_by
+            else ""
+        )
+        return f"fetch the result (get_result, or jobtrail result){late}"
+    if s in PERSON_DECIDES:
         return f"a person must decide: {op.state_reason or s.value}; tell them, and do not retry it yourself"
     if s in (State.FAILED, State.CANCELLED, State.RESULT_UNAVAILABLE, State.RESULT_VALIDATION_FAILED):
         return f"nothing: it ended {s.value} (the reason says why); a changed request is a new operation"
@@ -60,3 +72,52 @@ def advice(op: Operation) -> str:
         f"wait: a worker will {next_action(op)}{due}; do not act on the remote job yourself "
         "(wait_for_change, or jobtrail wait)"
     )
+
+
+def cancel_story(op: Operation, history: Sequence[HistoryEntry]) -> dict[str, Any] | None:
+    """Who asked to cancel ``op`` (the first to ask), why, when, and how that cancel stands now; None if
+    nobody asked. ``standing`` is one of ``deferred`` (asked before the job id was known: sent once it
+    is), ``pending``, ``confirmed``, ``lost_race`` (the job ended otherwise before the cancel took
+    effect), ``after_the_end`` (asked once the job had ended: nothing sent), ``unconfirmed`` (past the
+    cancel deadline) and ``a_person_decides``."""
+    intents = [(e, json.loads(e.evidence)) for e in history if '"cancel_intent"' in e.evidence]
+    intents = [(e, ev) for e, ev in intents if isinstance(ev, dict) and ev.get("kind") == "cancel_intent"]
+    if not intents:
+        return None
+    entry, intent = intents[0]
+    who, why = str(intent.get("requested_by")), str(intent.get("reason"))
+    asked = f"{who} asked to cancel at {rfc3339(entry.at_us)} ({why})"
+    sent = any(e.to_state == State.CANCEL_REQUESTED.value for e in history)
+    s = op.state
+    standing: str
+    if s is State.CANCELLED:
+        standing, says = "confirmed", f"{asked}; the provider confirmed the job cancelled"
+    elif s in (State.CANCEL_REQUESTED, State.CANCELLING):
+        standing, says = "pending", f"{asked}; a worker sends it once and polls until the provider confirms it"
+    elif s is State.CANCELLATION_UNCONFIRMED:
+        standing, says = (
+            "unconfirmed",
+            f"{asked}; the cancel deadline passed without the provider confirming it: a person decides",
+        )
+    elif not sent and (s in _BEFORE_THE_JOB_ID or (s in (State.ACCEPTED, State.OBSERVING) and op.cancel_requested_by)):
+        standing, says = (
+            "deferred",
+            f"{asked} before the job id was known; it is sent as soon as the create is confirmed",
+        )
+    elif s is State.NEEDS_ATTENTION:
+        standing, says = "a_person_decides", f"{asked}; the operation needs a person, who decides"
+    elif sent:
+        standing = "lost_race"
+        says = f"{asked}; the cancel lost the race: the job finished before it took effect and " + {
+            State.SUCCEEDED: "succeeded; its result is stored (get_result, or jobtrail result)",
+            State.RESULT_COLLECTING: "succeeded; its result is being collected",
+        }.get(s, f"ended {s.value} (the reason says why)")
+    else:
+        standing, says = "after_the_end", f"{asked}, after the job had ended ({entry.from_state}); nothing was sent"
+    return {
+        "requested_by": who,
+        "reason": why,
+        "requested_at": rfc3339(entry.at_us),
+        "standing": standing,
+        "says": says,
+    }

@@ -690,6 +690,11 @@ def looks_secret(text: str) -> bool:
     return bool(_FORMS_ONLY.secret_paths(text))
 
 
+def redact_text(text: str) -> str:
+    """``text`` with whatever looks like a credential by its form masked (no registered value is known)."""
+    return _FORMS_ONLY.text(text)
+
+
 def redact_url(url: str) -> str:
     """``url`` with userinfo and secret-named query parameters masked (for messages)."""
     return _FORMS_ONLY.url(url)

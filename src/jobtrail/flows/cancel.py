@@ -60,6 +60,8 @@ def _record_intent(store: Store, op: Operation, intent: CancelIntent, actor: str
         window = op.cancel_window_us
         changes: Changes = {
             "state_reason": f"cancel requested by {intent.requested_by}: {intent.reason}",
+            # kept whatever the ending: a cancel that loses the race is told as such (explain)
+            "cancel_requested_by": intent.requested_by,
             "cancel_deadline_us": None if window is None else store.clock() + window,
         }
         moved = store.transition(op, State.CANCEL_REQUESTED, intent, actor=actor, changes=changes)

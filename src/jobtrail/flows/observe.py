@@ -298,7 +298,6 @@ class ObserveFlow:
             intent,
             actor=self.actor,
             changes={
-                "cancel_requested_by": None,
                 "cancel_deadline_us": None if window is None else now + window,
                 "state_reason": f"carrying out the cancel {op.cancel_requested_by} asked for before the job id "
                 "was known",

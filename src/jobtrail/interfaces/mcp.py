@@ -15,7 +15,6 @@ the server with ``--shared``.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
 import json
@@ -27,9 +26,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, cast
+from typing import Annotated, Any, Literal, cast
 
-from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.errors import JobtrailError, OperationNotFound, UsageError, missing_extra
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.runtime.client import AsyncJobtrail
@@ -37,18 +35,28 @@ from jobtrail.runtime.client import AsyncJobtrail
 try:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
+    from pydantic import Field, ValidationError
 except ImportError as exc:  # the ``mcp`` extra
     raise missing_extra("mcp", "the MCP server (jobtrail mcp)", exc) from exc
-from jobtrail.domain.explain import advice, next_action
 from jobtrail.domain.record import Operation
-from jobtrail.domain.redact import Redactor, is_credential_field, looks_secret
-from jobtrail.domain.results import ResultMissing, describe, is_json
+from jobtrail.domain.redact import Redactor, is_credential_field, looks_secret, redact_text
+from jobtrail.domain.results import ResultMissing
 from jobtrail.domain.states import SETTLED_STATES, State
+from jobtrail.interfaces.answers import listing, result_found, result_missing, status_json, wait_json
+from jobtrail.interfaces.shapes import (
+    CancelAnswerJson,
+    OperationJson,
+    OperationListJson,
+    ProviderJson,
+    ProviderListJson,
+    ResultJson,
+    StatusJson,
+    SubmitJson,
+    WaitJson,
+)
 from jobtrail.ledger.results import read_result
-from jobtrail.runtime.liveness import no_worker
 
 _WAITING_FOR_A_PERSON = (State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT)
-_RESULT_INLINE = 64 * 1024
 
 #: a request body an agent passes: at most this deep and this large (as compact JSON)
 MAX_REQUEST_DEPTH = 64
@@ -70,7 +78,7 @@ _WHOLE_URL = re.compile(r"(?is)^\s*(?:[a-z][a-z0-9+.-]*:)?//\S+\s*$")
 INSTRUCTIONS = """jobtrail runs long jobs on remote APIs for you and keeps them safe across restarts.
 Submit with an operation_key you will reuse if you retry: the same key and request never start a second job.
 After any restart, call job_status to learn the one next action. Never pass credentials, headers or URLs:
-providers are configured by the operator and chosen by name."""
+providers are configured by the operator and chosen by name (list_providers says what request each takes)."""
 
 
 def _norm(name: str) -> str:
@@ -209,13 +217,98 @@ def _register_credentials(jt: AsyncJobtrail) -> None:
             credential.resolve(provider.redactor)  # registers the value, and the ledger's redactor learns it
 
 
+class _Server(MCPServer):
+    """The SDK's server, with arguments that fail validation explained (which argument, what is allowed)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ValidationError):
+                raise
+            problems = "; ".join(_argument_problem(error) for error in cause.errors())
+            raise ToolError(f"Error executing tool {name}: invalid arguments: {problems}") from cause
+
+
+def _argument_problem(error: Mapping[str, Any]) -> str:
+    """One argument's problem in words: its name, what is allowed (the SDK's message names an enum's
+    values) and, briefly and redacted, what was given."""
+    where = ".".join(str(part) for part in error.get("loc", ())) or "arguments"
+    if error.get("type") == "missing":
+        return f"{where} is required"
+    given = redact_text(repr(error.get("input")))
+    given = given if len(given) <= 60 else given[:57] + "..."
+    return f"{where}: {error.get('msg', 'invalid')}, not {given}"
+
+
+#: the arguments' types: what each means, and where the values are a closed set, the set
+OperationRef = Annotated[
+    str,
+    Field(
+        description="the operation_id submit_job returned (op_...), or the operation_key you gave it",
+        min_length=1,
+        max_length=300,
+    ),
+]
+OperationKey = Annotated[
+    str,
+    Field(
+        description="your name for this job, reused on every retry: the same key and request never start a "
+        "second job (created: false); a changed request under the same key is refused",
+        min_length=1,
+        max_length=200,
+    ),
+]
+Request = Annotated[
+    dict[str, Any],
+    Field(
+        description="the JSON body the provider's create endpoint takes (list_providers says which); never "
+        "credentials, headers or URLs (except the fields the provider declares in url_fields)"
+    ),
+]
+StateFilter = Annotated[
+    State | None,
+    Field(description="only operations in this state (e.g. needs_attention); omit for every state"),
+]
+Limit = Annotated[int, Field(description="at most this many items, newest first", ge=1, le=MAX_LIST, strict=True)]
+CreateDeadline = Annotated[
+    int,
+    Field(description="seconds within which the job must be created (re-sent only with the same token)", ge=1),
+]
+ResultDeadline = Annotated[
+    int, Field(description="seconds within which the job must end; past it a person decides", ge=1)
+]
+WaitSeconds = Annotated[float, Field(description="seconds to wait at most", ge=0, le=120)]
+CancelReason = Annotated[str, Field(description="why (kept in the history)", min_length=1, max_length=2000)]
+
+
+def _closed_providers(fn: Callable[..., Any], names: tuple[str, ...], *, required: bool) -> None:
+    """``provider`` as the closed set of this server's provider names (known only once the files are read)."""
+    choice: Any = Literal[names] if names else str  # built at run time from the provider files
+    if required:
+        fn.__annotations__["provider"] = Annotated[
+            choice,
+            # an enum even for one provider (pydantic would say "const"): agents read the closed set as enum
+            Field(
+                description="a provider by name (list_providers)",
+                json_schema_extra={"enum": list(names)} if names else None,
+            ),
+        ]
+    else:
+        fn.__annotations__["provider"] = Annotated[
+            choice | None, Field(description="only this provider's operations; omit for every provider")
+        ]
+
+
 def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared: bool = False) -> MCPServer:  # noqa: PLR0915 - declares every tool
     """The MCP tools, acting for ``agent`` (only its operations unless ``shared``)."""
-    server = MCPServer(name="jobtrail", instructions=INSTRUCTIONS)
+    server = _Server(name="jobtrail", instructions=INSTRUCTIONS)
     store = jt.store
     redactors = (store.redactor,)
     _register_credentials(jt)
     prefix = f"{agent}/"
+    names = tuple(jt.providers)
 
     async def own_key(provider: str, key: str) -> str:
         """Keys are the agent's own: another agent's same key is another operation, and says nothing of it."""
@@ -239,54 +332,53 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
             raise _missing(operation_id)
         return op
 
-    def brief(op: Operation) -> dict[str, Any]:
-        key = op.operation_key
+    def seen_by_agent(doc: Any) -> Any:
+        """An operation as the agent sees it: its own key (without the server's prefix), text redacted."""
+        key = doc["operation_key"]
         if not shared and key is not None and key.startswith(prefix):
-            key = key[len(prefix) :]
+            doc["operation_key"] = key[len(prefix) :]
         redact = store.redactor
-        return {
-            "operation_id": op.operation_id,
-            "provider": op.provider,
-            "operation_key": key,
-            "state": op.state.value,
-            "reason": None if op.state_reason is None else redact.text(op.state_reason),
-            "remote_job_id": None if op.remote_job_id is None else redact.text(op.remote_job_id),
-            "advice": redact.text(advice(op)),
-            "next_action": next_action(op),
-            "next_action_at": rfc3339(op.next_action_at_us),
-            "caller": op.caller,
-            "approved_by": op.approved_by,
-        }
+        for field in ("state_reason", "remote_job_id", "advice", "next_action"):
+            if doc[field] is not None:
+                doc[field] = redact.text(doc[field])
+        if doc.get("cancel") is not None:
+            doc["cancel"] = {k: v if v is None else redact.text(v) for k, v in doc["cancel"].items()}
+        return doc
 
-    async def status(op: Operation) -> dict[str, Any]:
-        """:func:`brief`, what the last status read saw (when, the provider's progress 0..1), and whether
-        the operation waits for a worker that is not running."""
-        seen = await jt.io(store.last_seen, op.operation_id)
-        missing = await jt.io(no_worker, store, op)
-        return brief(op) | {
-            "last_observed_at": None if seen is None else rfc3339(seen[0]),
-            "progress": None if seen is None else seen[1],
-            "no_worker": missing,
-        }
+    def brief(op: Operation) -> OperationJson:
+        return cast(OperationJson, seen_by_agent(op.to_json()))
+
+    async def status(op: Operation) -> StatusJson:
+        return cast(StatusJson, seen_by_agent(await jt.io(status_json, store, op)))
 
     caller = None if shared else agent
 
-    @server.tool(
-        description=(
-            "Start a long-running job on a configured provider (by name). Returns the operation id, durable before "
-            "anything is sent, and the next action. Reuse the same operation_key when you retry: the same key and "
-            "request return the existing operation (created: false), a changed request is refused. "
-            f"Providers: {', '.join(jt.providers)}"
-        )
+    def tool(description: str, *, provider: str | None = None) -> Callable[[Callable[..., Any]], Any]:
+        """Register with structured output: the answer's schema is the return annotation (see .shapes)."""
+
+        def register(fn: Callable[..., Any]) -> Any:
+            if provider is not None:
+                _closed_providers(fn, names, required=provider == "required")
+            server.tool(description=description, structured_output=True)(_explained(fn))
+            return fn
+
+        return register
+
+    @tool(
+        "Start a long-running job on a configured provider (by name). Returns the operation (its "
+        "operation_id is durable before anything is sent) with created and the next action. Reuse the "
+        "same operation_key when you retry: the same key and request return the existing operation "
+        f"(created: false), a changed request is refused. Providers: {', '.join(names) or 'none'} "
+        "(list_providers says what request each takes).",
+        provider="required",
     )
-    @_explained
     async def submit_job(
         provider: str,
-        request: dict[str, Any],
-        operation_key: str,
-        create_deadline_s: int = 3600,
-        result_deadline_s: int = 86400,
-    ) -> dict[str, Any]:
+        request: Request,
+        operation_key: OperationKey,
+        create_deadline_s: CreateDeadline = 3600,
+        result_deadline_s: ResultDeadline = 86400,
+    ) -> SubmitJson:
         jt.provider(provider)  # an unknown provider is named as such before anything else
         guard_request(request, url_fields=_url_fields(jt, provider), redactors=redactors)
         if not operation_key or len(operation_key) > 200:
@@ -307,37 +399,30 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         if op.state is State.CREATE_PENDING and op.attempts == 0:
             op = await jt.drive_create(op.operation_id)
         # created False: this key and request already had an operation; it is returned as it stands
-        return brief(op) | {"created": created}
+        return cast(SubmitJson, {**brief(op), "created": created})
 
-    @server.tool(
-        description="Where an operation stands, why, and its one next action (use after any restart). "
-        "operation_id: the id submit_job returned, or the operation_key you gave it."
+    @tool(
+        "Where an operation stands, why, its one next action (what a worker does) and advice (what you do); "
+        "the provider's last progress; the story of a cancel if one was asked for. Use after any restart."
     )
-    @_explained
-    async def job_status(operation_id: str) -> dict[str, Any]:
+    async def job_status(operation_id: OperationRef) -> StatusJson:
         return await status(await get(operation_id))
 
-    @server.tool(
-        description=f"List your operations, newest first; filter by state (e.g. needs_attention) or provider. "
-        f"limit is 1 to {MAX_LIST}. Answers {{count, total, items}}: total says how many match, so a "
-        "list cut by limit says so."
+    @tool(
+        "List your operations, newest first; filter by state (e.g. needs_attention) or provider. "
+        "Answers {count, total, items}: total says how many match, so a list cut by limit says so.",
+        provider="optional",
     )
-    @_explained
-    async def list_jobs(state: str | None = None, provider: str | None = None, limit: int = 50) -> dict[str, Any]:
-        if state is not None and state not in {s.value for s in State}:
-            raise UsageError(f"state must be one of {', '.join(s.value for s in State)}, not {state!r}")
-        found = await jt.io(
-            store.list_operations, state=state, provider=provider, limit=_limit(limit), caller=caller
-        )
+    async def list_jobs(state: StateFilter = None, provider: str | None = None, limit: Limit = 50) -> OperationListJson:
+        found = await jt.io(store.list_operations, state=state, provider=provider, limit=_limit(limit), caller=caller)
         total = await jt.io(store.count_operations, state=state, provider=provider, caller=caller)
         return listing([brief(op) for op in found], total)
 
-    @server.tool(
-        description="Wait (at most timeout_s seconds, up to 120) until the operation's state changes or "
-        "it settles; returns its status. A worker must be running."
+    @tool(
+        "Wait until the operation's state changes or it settles (at most timeout_s); returns its status with "
+        "changed and settled. A worker must be running (no_worker says when none is)."
     )
-    @_explained
-    async def wait_for_change(operation_id: str, timeout_s: float = 30) -> dict[str, Any]:
+    async def wait_for_change(operation_id: OperationRef, timeout_s: WaitSeconds = 30) -> WaitJson:
         start = await get(operation_id)
         operation_id = start.operation_id
         deadline = time.monotonic() + _seconds("timeout_s", timeout_s, 0, 120)
@@ -345,52 +430,41 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         while op.state is start.state and op.state not in SETTLED_STATES and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             op = await get(operation_id)
-        return await status(op) | {"changed": op.state is not start.state}
+        return wait_json(await status(op), changed=op.state is not start.state, settled=op.state in SETTLED_STATES)
 
-    @server.tool(
-        description="Ask to cancel a job. The intent is recorded first; a worker sends the cancel once and "
-        "only the provider's own status makes it cancelled."
+    @tool(
+        "Ask to cancel a job. The intent is recorded first; a worker sends the cancel once and only the "
+        "provider's own status makes it cancelled (a job that finishes first still succeeds: job_status's "
+        "cancel says so). outcome: requested, already_requested, deferred (no job id yet) or already_ended."
     )
-    @_explained
-    async def cancel_job(operation_id: str, reason: str) -> dict[str, Any]:
+    async def cancel_job(operation_id: OperationRef, reason: CancelReason) -> CancelAnswerJson:
         operation_id = (await get(operation_id)).operation_id
         done = await jt.io(request_cancel, store, operation_id, requested_by=f"agent:{agent}", reason=reason)
-        return {"outcome": done.outcome, "message": done.message, **brief(done.operation)}
+        return {"outcome": cast(Any, done.outcome), "message": done.message, "operation": brief(done.operation)}
 
-    @server.tool(description="The collected, validated result of a succeeded job (or why there is none).")
-    @_explained
-    async def get_result(operation_id: str) -> dict[str, Any]:
+    @tool(
+        "The collected, validated result of a succeeded job: its record (sha256, size, checks) and its content "
+        "(result: JSON; result_text: other text; result_base64: other bytes; note: how to fetch one over "
+        "64 KiB). Without one, result is null and why says why."
+    )
+    async def get_result(operation_id: OperationRef) -> ResultJson:
         operation_id = (await get(operation_id)).operation_id
         try:
             row, data = await jt.io(read_result, store, operation_id)
         except ResultMissing as exc:
-            return {"operation_id": operation_id, "result": None, "why": store.redactor.text(str(exc))}
+            return result_missing(operation_id, store.redactor.text(str(exc)))
         if any(r.contains_secret(data) for r in redactors):  # never stored so; if it is, it is not handed out
             raise UsageError(
                 f"the stored result of {operation_id} carries a configured credential and is not handed out; "
                 "tell the operator (check no_credentials)"
             )
-        out = describe(row)
-        if len(data) <= _RESULT_INLINE:
-            try:
-                out["result"] = json.loads(data) if is_json(row["content_type"]) else None
-            except (ValueError, RecursionError):
-                out["result"] = None
-            if out["result"] is None:
-                try:  # a CSV, a text file: as text; an image or an archive: its exact bytes, in base64
-                    out["result_text"] = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    out["result_base64"] = base64.b64encode(data).decode("ascii")
-        else:
-            out["note"] = f"the result is {len(data)} bytes; fetch it with `jobtrail result {operation_id} --out FILE`"
-        return out
+        return result_found(row, data)
 
-    @server.tool(
-        description="Your operations that wait for a person (needs_attention, unconfirmed cancels, timed-out "
+    @tool(
+        "Your operations that wait for a person (needs_attention, unconfirmed cancels, timed-out "
         "results), with what the person must decide. Answers {count, total, items}."
     )
-    @_explained
-    async def jobs_needing_a_person() -> dict[str, Any]:
+    async def jobs_needing_a_person() -> OperationListJson:
         waiting = []
         for state in _WAITING_FOR_A_PERSON:
             found = await jt.io(store.list_operations, state=state, limit=200, caller=caller)
@@ -398,13 +472,50 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         total = await jt.io(store.count_operations, state=list(_WAITING_FOR_A_PERSON), caller=caller)
         return listing(waiting, total)
 
+    @tool(
+        "The providers you may submit to: each one's name, kind, what its jobs act on (target), the create "
+        "endpoint your request is the body of, what request it takes, the request fields that may carry a "
+        "URL, whether it can cancel and how its result is read. Answers {count, total, items}."
+    )
+    async def list_providers() -> ProviderListJson:
+        items = [_provider_json(jt, name) for name in names]
+        return {"count": len(items), "total": len(items), "items": items}
+
     return server
 
 
-def listing(items: list[dict[str, Any]], total: int) -> dict[str, Any]:
-    """Every list a tool answers: one object (never a bare list, which arrives as one block per item, or
-    nothing when empty), with how many there are in all."""
-    return {"count": len(items), "total": total, "items": items}
+#: what request body a built-in adapter's create takes, and whose API documents it
+_REQUESTS = {
+    "openai-batch": '{"input_file_id": "file-...", "endpoint": "/v1/chat/completions", "completion_window": '
+    '"24h", "metadata": {...}} (OpenAI Batch API, POST /v1/batches)',
+    "openai-file": '{"path": "/abs/path/requests.jsonl", "sha256": "<hex>"} (a file uploaded for a batch)',
+    "anthropic-batch": '{"requests": [{"custom_id": "...", "params": {...}}]} (Anthropic Message Batches)',
+    "aws-stepfunctions": '{"input": {...}} (the execution input; the state machine is the operator\'s)',
+    "aws-athena": '{"QueryString": "SELECT ...", ...} (Athena StartQueryExecution)',
+    "google-lro": "the body of the Google API method the operator configured (it answers an operation)",
+    "replicate": '{"version": "...", "input": {...}} (Replicate predictions)',
+}
+
+
+def _provider_json(jt: AsyncJobtrail, name: str) -> ProviderJson:
+    provider = jt.provider(name)
+    kind = str(getattr(provider, "kind", "http"))
+    endpoint = provider.create_endpoint
+    request = _REQUESTS.get(
+        kind,
+        f"the JSON body {endpoint} on {provider.target} takes, as that API documents it (jobtrail adds the "
+        "idempotency token itself)",
+    )
+    return {
+        "name": name,
+        "kind": kind,
+        "target": provider.target,
+        "create_endpoint": endpoint,
+        "request": request,
+        "url_fields": list(_url_fields(jt, name)),
+        "cancel": bool(provider.capabilities.cancel),
+        "result": str(provider.capabilities.result),
+    }
 
 
 # -- the stdio transport, guarded --------------------------------------------------------------------

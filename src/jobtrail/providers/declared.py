@@ -29,6 +29,7 @@ from jobtrail.providers.config import Section
 from jobtrail.providers.contract import ReconcileMode, TokenPlacement
 from jobtrail.providers.credentials import Credential
 from jobtrail.providers.egress import HostRule, UrlRefused, origin_of, parse_host_rule
+from jobtrail.providers.file_keys import POLL_DEFAULT, RETRY_DEFAULT, DeclaredSection
 
 DEFAULT_STATES: dict[str, list[str]] = {
     "queued": ["queued", "pending", "notstarted", "validating", "submitted"],
@@ -142,7 +143,7 @@ class HttpProviderConfig:
 
 def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProviderConfig:
     """Validate a provider declaration; a mistake raises ConfigError naming file and key."""
-    top = Section(data, "", source)
+    top = DeclaredSection(data, "", source)  # every key checked against file_keys.KEYS
     base = _base(top)
     webhooks = _webhooks(top.table("webhooks"))
     resume = top.flag("resume", False)
@@ -163,8 +164,8 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
             "(without a token the provider cannot match a create to us)",
             [m.value for m in reconcile["reconcile"]],
         )
-    backoff = _backoff(top.table("retry"), Backoff())
-    poll_backoff = _backoff(top.table("poll"), Backoff(initial_s=1.0, factor=1.5, cap_s=60.0))
+    backoff = _backoff(top.table("retry"), RETRY_DEFAULT)
+    poll_backoff = _backoff(top.table("poll"), POLL_DEFAULT)
     top.done()
     return HttpProviderConfig(
         **base,
@@ -321,7 +322,7 @@ def _state_rules(section: Section) -> tuple[StateRule, ...]:
         section.fail("rules", expected, raw)
     rules = []
     for n, item in enumerate(raw):
-        rule = Section(item, f"{section.where}.rules[{n}]", section.source)
+        rule = DeclaredSection(item, f"{section.where}.rules[{n}]", section.source)
         path = _json_path(rule, "if", expected="a JSON path whose value decides the rule")
         state = rule.choice("state", tuple(DEFAULT_STATES))
         equals = rule._get("equals", _UNSET)

@@ -19,7 +19,7 @@ from jobtrail.domain.errors import OperationKeyConflict, UsageError
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Operation
-from jobtrail.domain.states import State
+from jobtrail.domain.states import SETTLED_STATES, State
 from jobtrail.ledger import task_steps
 
 if TYPE_CHECKING:
@@ -43,6 +43,13 @@ class StepView:
     #: the confirmation: remote job id, result reference and how the operation ended, or why not
     receipt: dict[str, Any] | None
     next_action: str
+    #: the step's operation's state (None before it has an operation)
+    operation_state: State | None = None
+
+    @property
+    def running(self) -> bool:
+        """A worker still carries the step's operation forward (its job runs, a cancel or a collect is due)."""
+        return self.operation_state is not None and self.operation_state not in SETTLED_STATES
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +60,7 @@ class StepView:
             "state": self.state,
             "operation_id": self.operation_id,
             "receipt": self.receipt,
+            "operation_state": None if self.operation_state is None else self.operation_state.value,
             "next_action": self.next_action,
         }
 
@@ -85,7 +93,17 @@ def _view(task_id: str, row: Any, op: Operation | None) -> StepView:
             action = f"reconcile before any retry: {action}"
     else:
         action = next_action(op)
-    return StepView(task_id, row.name, row.operation_key, row.provider, state, row.operation_id, receipt, action)
+    return StepView(
+        task_id,
+        row.name,
+        row.operation_key,
+        row.provider,
+        state,
+        row.operation_id,
+        receipt,
+        action,
+        None if op is None else op.state,
+    )
 
 
 class Task:
@@ -134,12 +152,34 @@ class Task:
         return next((s for s in self.steps() if s.state != CONFIRMED), None)
 
     def explain(self) -> dict[str, Any]:
+        """The task's next step and action, which steps a worker still carries forward, and every step.
+
+        A confirmed step whose job still runs is not done: the task waits for it, and says so.
+        """
         steps = self.steps()
         upcoming = next((s for s in steps if s.state != CONFIRMED), None)
+        running = [s for s in steps if s.running]
+        if upcoming is not None:
+            step, action = upcoming.name, upcoming.next_action
+        elif running:
+            first = running[0]
+            names = ", ".join(f"{s.name} ({s.operation_state})" for s in running)
+            step = first.name
+            action = (
+                f"wait: every step is confirmed and {len(running)} still running: {names}; "
+                f"next, a worker will {first.next_action} (jobtrail wait {first.operation_id})"
+            )
+        else:
+            ended = [s for s in steps if s.operation_state not in (None, State.SUCCEEDED)]
+            step = None
+            action = "nothing: every step is confirmed and ended" + (
+                " (" + ", ".join(f"{s.name} ended {s.operation_state}" for s in ended) + ")" if ended else ""
+            )
         return {
             "task_id": self.task_id,
-            "next_step": None if upcoming is None else upcoming.name,
-            "next_action": "nothing: every step is confirmed" if upcoming is None else upcoming.next_action,
+            "next_step": step,
+            "next_action": action,
+            "running": [s.name for s in running],
             "steps": [s.to_json() for s in steps],
         }
 

@@ -70,9 +70,37 @@ class Fault:
         return cls("malformed")
 
 
+#: the options a request body's ``{"fake": {...}}`` may carry (name, values, default, what it scripts);
+#: the README's table is generated from this, and a create with any other option is refused (400)
+FAKE_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("duration", "seconds", "job_duration_s", "how long the job runs"),
+    (
+        "cancel",
+        "normal, finish_first, ignore",
+        "normal",
+        "normal: takes effect after 50 ms; finish_first: the job finishes the moment the cancel arrives "
+        "(the cancel loses the race); ignore: acknowledged, never takes effect",
+    ),
+    (
+        "result",
+        "ok, bad_checksum, missing, one_time, batch, large, flaky, schema_bad, binary, csv, large_binary",
+        "ok",
+        "what a result fetch gets (one_time: a second fetch gets 410; flaky: the first fetches get 503)",
+    ),
+    ("items", "count", "10", "a batch result's lines"),
+    ("failed_items", "count", "0", "how many of a batch's lines failed"),
+    ("size", "bytes", "1000000", "the size of a large or large_binary result"),
+    ("flaky", "count", "2", "how many fetches of a flaky result get 503"),
+    ("effects", "bool", "false", "every status reports partial effects (items processed)"),
+    ("ending", "expired", "succeeded", "expired: the job expires instead of finishing"),
+    ("partial", "bool", "false", "a cancelled or expired batch serves the half of its items it finished"),
+)
+
+
 @dataclass(slots=True)
 class FakeJob:
-    """One job. Its request body may carry ``{"fake": {...}}`` options that script its behaviour:
+    """One job. Its request body may carry ``{"fake": {...}}`` options that script its behaviour
+    (:data:`FAKE_OPTIONS`, the README's table):
 
     ``cancel``: ``"normal"`` (takes effect after 50 ms), ``"finish_first"`` (the job finishes at
     the moment the cancel arrives), ``"ignore"`` (acknowledged, never takes effect);
@@ -369,12 +397,17 @@ class FakeProvider(ServedInThread):
             doc["effects"] = {"items_processed": int(job.progress(now) * 100)}
         return doc
 
-    async def _create(self, request: web.Request) -> web.StreamResponse:  # noqa: PLR0912 - every scripted fault
+    async def _create(self, request: web.Request) -> web.StreamResponse:  # noqa: PLR0911, PLR0912 - every scripted fault
         raw = await request.read()
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
             return web.json_response({"type": "about:blank", "title": "invalid JSON", "status": 400}, status=400)
+        scripted = body.get("fake") if isinstance(body, dict) else None
+        unknown = sorted(set(scripted) - {name for name, *_ in FAKE_OPTIONS}) if isinstance(scripted, dict) else []
+        if unknown:  # a typo would script nothing, silently
+            options = ", ".join(name for name, *_ in FAKE_OPTIONS)
+            return _problem(400, f"unknown fake option {unknown[0]!r}; the options are: {options}")
         key_header = request.headers.get("Idempotency-Key")
         key = key_header.strip('"') if key_header else None
         reference = body.get("client_reference") if isinstance(body, dict) else None

@@ -1,8 +1,7 @@
 """The ``jobtrail`` command line, one module per command group (``main`` registers them all).
 
-Exit codes: 0 ok; 1 a negative answer (tampered history, operation not found,
-operation failed); 2 usage, configuration or storage error (cannot answer);
-3 a person must decide.
+Exit codes: ``common.EXIT_CODES`` (0 ok, 1 a negative answer, 2 cannot answer, 3 a person must
+decide, 4 still running at the time-out).
 """
 
 from jobtrail.interfaces.cli.common import cli

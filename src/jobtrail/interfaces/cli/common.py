@@ -1,9 +1,7 @@
 """What every command of the ``jobtrail`` command line shares: the root group, exit codes, the store,
 one-line errors. Every read command takes ``--json``.
 
-Exit codes: 0 ok; 1 a negative answer (tampered history, operation not found,
-operation failed); 2 usage, configuration or storage error (cannot answer);
-3 a person must decide.
+Exit codes: :data:`EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -29,6 +27,22 @@ EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
 #: waiting ran out while the operation (or a worker's operations) still had automatic work ahead
 EXIT_STILL_RUNNING = 4
 
+#: every exit code and what it means (the README's table is generated from this)
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "ok: the command did what was asked, or answered (explain answers with 0 unless a person must decide)"),
+    (
+        EXIT_NEGATIVE,
+        "a negative answer: not found, rejected or failed, no result, tampered history, the job had already ended",
+    ),
+    (EXIT_USAGE, "cannot answer: a usage, configuration or storage error (the message says what to fix)"),
+    (
+        EXIT_NEEDS_PERSON,
+        "a person must decide: needs_attention, cancellation_unconfirmed or result_timed_out "
+        "(explain, wait, submit; a task with such a step or an unresolved one)",
+    ),
+    (EXIT_STILL_RUNNING, "still running when the time ran out (wait --timeout, worker --until-settled --timeout)"),
+)
+
 console = Console()
 
 
@@ -40,7 +54,8 @@ def fail(message: str, code: int) -> NoReturn:
     """One line on stderr and the exit code; under ``--json`` also ``{"error": {...}}`` on stdout."""
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.find_root().meta.get("jobtrail.json"):
-        emit_json({"error": {"message": message, "exit_code": code}})
+        # one line: a command that prints JSON lines (submit) stays JSON lines when it fails
+        click.echo(json.dumps({"error": {"message": message, "exit_code": code}}, ensure_ascii=False))
     click.echo(f"jobtrail: {message}", err=True)
     sys.exit(code)
 

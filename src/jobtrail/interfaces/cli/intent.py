@@ -84,7 +84,8 @@ _EXIT_FOR_STATE = {State.FAILED: EXIT_NEGATIVE, State.NEEDS_ATTENTION: EXIT_NEED
     "--json",
     "as_json",
     is_flag=True,
-    help="JSON lines: {event: submitted, ...} first, then {event: create_finished, ...}.",
+    help="JSON lines: {event: submitted, operation_id, state, created} first, then {event: create_finished} "
+    "with the operation and created.",
 )
 @click.pass_context
 def submit(
@@ -116,7 +117,7 @@ def submit(
     jt = AsyncJobtrail(store=open_store(ctx), providers=[provider_file], actor=f"cli:{caller}", lease_s=lease_s)
     provider = next(iter(jt.providers))
 
-    async def run() -> Operation:
+    async def run() -> tuple[Operation, bool]:
         try:
             op, created = await jt.ensure(
                 provider,
@@ -139,14 +140,14 @@ def submit(
             sys.stdout.flush()
             if not no_send:
                 op = await jt.drive_create(op.operation_id)
-            return op
+            return op, created
         finally:
             for adapter in jt.providers.values():
                 await adapter.aclose()
 
-    op = asyncio.run(run())
+    op, created = asyncio.run(run())
     if as_json:
-        click.echo(json.dumps({"event": "create_finished", **op.to_json()}, sort_keys=True))
+        click.echo(json.dumps({"event": "create_finished", **op.to_json(), "created": created}, sort_keys=True))
     elif not no_send:
         line = f"{op.state.value}"
         if op.remote_job_id:

@@ -10,8 +10,8 @@ import click
 from rich.table import Column, Table
 
 from jobtrail.domain.canonical import rfc3339
-from jobtrail.domain.errors import ConfigError, OperationNotFound
-from jobtrail.domain.explain import advice, next_action
+from jobtrail.domain.errors import OperationNotFound
+from jobtrail.domain.explain import PERSON_DECIDES, next_action
 from jobtrail.domain.states import FINAL_STATES, SETTLED_STATES, State
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
 
 @ops.command("history")
 @click.argument("operation_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the list of history entries.")
+@click.option("--json", "as_json", is_flag=True, help="Print {count, total, items}: the history entries.")
 @click.pass_context
 def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     """Show every recorded transition and action of one operation, oldest first.
@@ -127,7 +127,7 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
     entries = store.history(operation_id)
     if as_json:
-        emit_json([e.to_json() for e in entries])
+        emit_json({"count": len(entries), "total": len(entries), "items": [e.to_json() for e in entries]})
         return
     # on a narrow terminal: each state whole (the "from" of an entry is the "to" above it, so it goes),
     # the time of day, actor and cause cut to fit; wide, or into a pipe: everything
@@ -159,61 +159,73 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("operation_id")
-@click.option("--json", "as_json", is_flag=True, help="Print {state, reason, next_action, at}.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the operation with last_observed_at, progress, no_worker and cancel (a task: its steps).",
+)
 @click.pass_context
 def explain(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     """Say where an operation (or a task and each of its steps) stands, why, and the one next action.
 
-    Exit 0, or 3 when a person must decide.
+    Exit 0 answered, 1 no such operation or task, 3 a person must decide (needs_attention,
+    cancellation_unconfirmed, result_timed_out; for a task: any step unresolved or in one of those).
 
     \b
     Example:
       jobtrail explain op_01J9Z3K8Q0W6S8V7D2M1X4C5B6
     """
     store = existing_store(ctx)
-    if not operation_id.startswith("op_"):
-        from jobtrail.runtime.client import AsyncJobtrail
-        from jobtrail.runtime.tasks import Task
-
-        explained = Task(AsyncJobtrail(store=store), operation_id).explain()
-        if explained["steps"]:
-            if as_json:
-                emit_json(explained)
-            else:
-                next_step = explained["next_step"] or "-"
-                click.echo(f"task {operation_id}: next step {next_step}: {explained['next_action']}")
-                for step in explained["steps"]:
-                    click.echo(
-                        f"  {step['name']}: {step['state']} ({step['operation_id'] or 'no operation yet'}): "
-                        f"{step['next_action']}"
-                    )
-            unresolved = any(step["state"] == "unresolved" for step in explained["steps"])
-            sys.exit(EXIT_NEEDS_PERSON if unresolved else EXIT_OK)
+    if not operation_id.startswith("op_") and _explain_task(store, operation_id, as_json):
+        return
     try:
         op = store.resolve(operation_id)  # an id, or the operation's key
     except OperationNotFound:
-        raise ConfigError(f"no operation or task {operation_id!r}; list operations with `jobtrail ops list`") from None
-    operation_id = op.operation_id
-    from jobtrail.runtime.liveness import no_worker
+        raise OperationNotFound(
+            f"no operation or task {operation_id!r}; list operations with `jobtrail ops list`",
+            operation_id=operation_id,
+        ) from None
+    from jobtrail.interfaces.answers import status_json
 
-    doc = {
-        "operation_id": op.operation_id,
-        "state": op.state.value,
-        "reason": op.state_reason,
-        "next_action": next_action(op),
-        "at": rfc3339(op.next_action_at_us),
-        "remote_job_id": op.remote_job_id,
-        "advice": advice(op),
-        "no_worker": no_worker(store, op),
-    }
+    doc = status_json(store, op)
     if as_json:
         emit_json(doc)
     else:
         click.echo(f"{op.operation_id} is {op.state.value}" + (f": {op.state_reason}" if op.state_reason else ""))
-        click.echo(f"next: {doc['next_action']}" + (f" at {doc['at']}" if doc["at"] else ""))
+        if doc["progress"] is not None and op.state not in FINAL_STATES:
+            click.echo(f"progress: {doc['progress']:.0%} (seen at {doc['last_observed_at']})")
+        if doc["cancel"] is not None:
+            click.echo(f"cancel: {doc['cancel']['says']}")
+        click.echo(f"next: {doc['next_action']}" + (f" at {doc['next_action_at']}" if doc["next_action_at"] else ""))
+        click.echo(f"advice: {doc['advice']}")
         if doc["no_worker"]:
             click.echo(f"warning: {doc['no_worker']}")
-    sys.exit(EXIT_NEEDS_PERSON if op.state is State.NEEDS_ATTENTION else EXIT_OK)
+    sys.exit(EXIT_NEEDS_PERSON if op.state in PERSON_DECIDES else EXIT_OK)
+
+
+def _explain_task(store: Store, task_id: str, as_json: bool) -> bool:
+    """``explain TASK_ID``: False when there is no such task (then it may be an operation key)."""
+    from jobtrail.runtime.client import AsyncJobtrail
+    from jobtrail.runtime.tasks import Task
+
+    explained = Task(AsyncJobtrail(store=store), task_id).explain()
+    if not explained["steps"]:
+        return False
+    if as_json:
+        emit_json(explained)
+    else:
+        click.echo(f"task {task_id}: next step {explained['next_step'] or '-'}: {explained['next_action']}")
+        for step in explained["steps"]:
+            ending = f", {step['operation_state']}" if step["operation_state"] else ""
+            click.echo(
+                f"  {step['name']}: {step['state']}{ending} ({step['operation_id'] or 'no operation yet'}): "
+                f"{step['next_action']}"
+            )
+    person = any(
+        step["state"] == "unresolved" or step["operation_state"] in PERSON_DECIDES for step in explained["steps"]
+    )
+    sys.exit(EXIT_NEEDS_PERSON if person else EXIT_OK)
 
 
 #: the columns that share what room is left on a terminal (the others are shown whole)
@@ -298,7 +310,9 @@ _WAIT_EXIT = {
 @cli.command()
 @click.argument("operation_id")
 @click.option("--timeout", type=click.FloatRange(min=0), default=600, show_default=True, help="Seconds to wait.")
-@click.option("--json", "as_json", is_flag=True, help="Print only the final operation object.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the final status (as explain --json) with changed and settled."
+)
 @click.pass_context
 def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -> None:
     """Wait until an operation ends or needs a person (a worker must be running).
@@ -315,7 +329,7 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     store = existing_store(ctx)
     deadline = time.monotonic() + timeout
     op = store.resolve(operation_id)  # an id, or the operation's key
-    operation_id = op.operation_id
+    operation_id, start = op.operation_id, op.state
     live = sys.stdout.isatty() and not as_json
     status = console.status(f"{op.operation_id}: {op.state.value}") if live else None
     if status is not None:
@@ -331,7 +345,9 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
             status.stop()
     settled = op.state in SETTLED_STATES
     if as_json:
-        emit_json({**op.to_json(), "settled": settled})
+        from jobtrail.interfaces.answers import status_json, wait_json
+
+        emit_json(wait_json(status_json(store, op), changed=op.state is not start, settled=settled))
     else:
         click.echo(f"{op.operation_id}: {op.state.value}" + (f": {op.state_reason}" if op.state_reason else ""))
     if not settled:

@@ -21,7 +21,13 @@ from jobtrail.interfaces.cli.common import EXIT_NEGATIVE, EXIT_USAGE, cli, emit_
 @click.argument("operation_id")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the result here (default: standard output).")
 @click.option("--force", is_flag=True, help="Replace an existing --out file (never one of the ledger's own files).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result's record (sha256, size, checks, summary).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the record (sha256, size, checks, summary) and the content (result, result_text or "
+    "result_base64; a note past 64 KiB), or {result: null, why}.",
+)
 @click.pass_context
 def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, as_json: bool) -> None:
     """Write an operation's stored result, verified against its sha256, or say why there is none.
@@ -34,7 +40,8 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
     Example:
       jobtrail result op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --out result.json
     """
-    from jobtrail.domain.results import ResultMissing, describe
+    from jobtrail.domain.results import ResultMissing
+    from jobtrail.interfaces.answers import result_found, result_missing
     from jobtrail.ledger.results import read_result
 
     store = existing_store(ctx)
@@ -44,13 +51,13 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
         row, data = read_result(store, operation_id)
     except ResultMissing as exc:
         if as_json:
-            emit_json({"operation_id": operation_id, "result": None, "why": str(exc)})
+            emit_json(result_missing(operation_id, str(exc)))
             sys.exit(EXIT_NEGATIVE)
         fail(str(exc), EXIT_NEGATIVE)
     if out:
         _write_result(_result_target(store, out, force), data, force)
     if as_json:
-        emit_json(describe(row) | {"out": out})
+        emit_json(result_found(row, data, out=out))
     elif not out:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()

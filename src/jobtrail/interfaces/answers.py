@@ -1,0 +1,91 @@
+"""The answers the command line and the MCP tools share, built in one place (shapes: :mod:`.shapes`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from jobtrail.domain.canonical import rfc3339
+from jobtrail.domain.explain import cancel_story
+from jobtrail.domain.results import describe, is_json
+from jobtrail.interfaces.shapes import OperationListJson, ResultJson, StatusJson, WaitJson
+
+if TYPE_CHECKING:
+    from jobtrail.domain.record import Operation
+    from jobtrail.ledger.store import Store
+
+#: a result up to this size is inlined in ``result --json`` and ``get_result``; a larger one is named
+RESULT_INLINE_BYTES = 64 * 1024
+
+
+def status_json(store: Store, op: Operation) -> StatusJson:
+    """The operation, what the last status read saw (when, the provider's progress 0..1), whether it
+    waits for a worker that is not running, and the story of a cancel if one was asked for."""
+    from jobtrail.runtime.liveness import no_worker
+
+    seen = store.last_seen(op.operation_id)
+    return cast(
+        StatusJson,
+        op.to_json()
+        | {
+            "last_observed_at": None if seen is None else rfc3339(seen[0]),
+            "progress": None if seen is None else seen[1],
+            "no_worker": no_worker(store, op),
+            "cancel": cancel_story(op, store.history(op.operation_id)),
+        },
+    )
+
+
+def wait_json(status: StatusJson, *, changed: bool, settled: bool) -> WaitJson:
+    return cast(WaitJson, {**status, "changed": changed, "settled": settled})
+
+
+def listing(items: list[Any], total: int) -> OperationListJson:
+    """Every list: one object (never a bare list), with how many there are in all."""
+    return {"count": len(items), "total": total, "items": items}
+
+
+_NO_RECORD = dict.fromkeys(("sha256", "size", "content_type", "checks", "summary", "redacted", "stored"))
+
+
+def result_missing(operation_id: str, why: str) -> ResultJson:
+    return cast(
+        ResultJson,
+        {"operation_id": operation_id, "why": why, **_NO_RECORD, "result": None}
+        | dict.fromkeys(("result_text", "result_base64", "note", "out")),
+    )
+
+
+def result_found(row: Mapping[str, Any], data: bytes, *, out: str | None = None) -> ResultJson:
+    """A stored result's record and its content: JSON parsed, other text as text, other bytes in base64;
+    larger than :data:`RESULT_INLINE_BYTES`, a note says how to fetch it instead."""
+    doc: dict[str, Any] = describe(row) | {
+        "why": None,
+        "result": None,
+        "result_text": None,
+        "result_base64": None,
+        "note": None,
+        "out": out,
+    }
+    if len(data) > RESULT_INLINE_BYTES:
+        doc["note"] = (
+            f"the result is {len(data)} bytes (sha256 {row['sha256']}), more than the {RESULT_INLINE_BYTES} "
+            f"shown inline; write it to a file with `jobtrail result {row['operation_id']} --out FILE`"
+        )
+        return cast(ResultJson, doc)
+    parsed = None
+    if is_json(row["content_type"]):
+        try:
+            parsed = json.loads(data)
+        except (ValueError, RecursionError):
+            parsed = None
+    if parsed is not None:
+        doc["result"] = parsed
+    else:
+        try:  # a CSV, a text file: as text; an image or an archive: its exact bytes, in base64
+            doc["result_text"] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            doc["result_base64"] = base64.b64encode(data).decode("ascii")
+    return cast(ResultJson, doc)
