@@ -237,9 +237,9 @@ def test_a_file_credential_is_read_off_the_loop_not_per_request_and_a_rotation_i
     reads: list[str] = []
     real_resolve = Credential.resolve
 
-    def counted_resolve(self: Any) -> Any:
+    def counted_resolve(self: Any, redactor: Any) -> Any:
         reads.append(threading.current_thread().name)
-        return real_resolve(self)
+        return real_resolve(self, redactor)
 
     monkeypatch.setattr(Credential, "resolve", counted_resolve)
     fake = FakeProvider(job_duration_s=0.3, require_bearer=old).start()
