@@ -19,6 +19,7 @@ from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import FINAL_STATES, State
 from jobtrail.flows.create import CREATE_PHASE
+from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import Provider
@@ -135,7 +136,7 @@ class CancelFlow:
         # durable before the bytes leave: a crash after this line never sends a second cancel
         op = await self.writer.record(op, CancelAttempt(attempt=1), actor=self.actor, changes={"polls": 1})
         failpoint("cancel.after_attempt")
-        resp = await provider.cancel(op)
+        resp = await provider_call(op, "cancel", provider.cancel(op))
         failpoint("cancel.after_response")
         # the next request is timed from the answer (a slow answer must not bring it forward)
         answered = self.store.clock()
