@@ -50,9 +50,7 @@ class OperationSpec:
 
     def __post_init__(self) -> None:
         trace_id = self.trace_id
-        if trace_id is not None and (
-            len(trace_id) != 32 or trace_id.strip("0123456789abcdef") or trace_id == "0" * 32
-        ):
+        if trace_id is not None and (len(trace_id) != 32 or trace_id.strip("0123456789abcdef") or trace_id == "0" * 32):
             raise UsageError(f"trace id {trace_id!r} is not a W3C trace id (32 lowercase hex digits, not all zeros)")
         key = self.operation_key
         if key is not None:

@@ -39,28 +39,29 @@ T = TypeVar("T")
 SCOPE = "jobtrail"
 
 _tracer = trace.get_tracer(SCOPE)  # a proxy: an SDK configured later is picked up
-_meter = metrics.get_meter(SCOPE)
+#: the meter of every jobtrail instrument (the runtime adds its ledger gauges to it)
+meter = metrics.get_meter(SCOPE)
 
-_actions = _meter.create_counter(
+_actions = meter.create_counter(
     "jobtrail.actions", unit="{action}", description="Actions done, by kind (create, reconcile, poll, ...)"
 )
-_provider_duration = _meter.create_histogram(
+_provider_duration = meter.create_histogram(
     "jobtrail.provider.duration", unit="s", description="How long one provider call took, by provider and call"
 )
-_provider_errors = _meter.create_counter(
+_provider_errors = meter.create_counter(
     "jobtrail.provider.errors",
     unit="{call}",
     description="Provider calls that got no answer or an error status, by provider, call and error",
 )
-_takeovers = _meter.create_counter(
+_takeovers = meter.create_counter(
     "jobtrail.lease.takeovers",
     unit="{lease}",
     description="Leases another owner took over while this process was acting (its write was refused)",
 )
-_webhooks = _meter.create_counter(
+_webhooks = meter.create_counter(
     "jobtrail.webhook.receipts", unit="{delivery}", description="Webhook deliveries, by provider and outcome"
 )
-_refusals = _meter.create_counter(
+_refusals = meter.create_counter(
     "jobtrail.webhook.refusals", unit="{delivery}", description="Refused webhook deliveries, by provider and reason"
 )
 

@@ -34,6 +34,7 @@ from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import BatchWriter
 from jobtrail.providers.contract import Provider, slowest_call_s
+from jobtrail.runtime.gauges import ledger_gauges
 from jobtrail.runtime.liveness import HEARTBEAT_S
 
 log = logging.getLogger("jobtrail")
@@ -147,6 +148,10 @@ class Worker:
         Settled: ended, waiting for a person, or escalated (``cancellation_unconfirmed``,
         ``result_timed_out``: still polled slowly, but nothing automatic is expected to end them).
         """
+        with ledger_gauges(self.store, tuple(self.providers)):
+            return await self._run(until_settled=until_settled, timeout=timeout)
+
+    async def _run(self, *, until_settled: bool, timeout: float | None) -> WorkerStats:
         deadline = None if timeout is None else time.monotonic() + timeout
         inflight: set[asyncio.Task[None]] = set()
         checked = beat = 0.0
