@@ -46,7 +46,11 @@ _actions = meter.create_counter(
     "jobtrail.actions", unit="{action}", description="Actions done, by kind (create, reconcile, poll, ...)"
 )
 _provider_duration = meter.create_histogram(
-    "jobtrail.provider.duration", unit="s", description="How long one provider call took, by provider and call"
+    "jobtrail.provider.duration",
+    unit="s",
+    description="How long one provider call took, by provider and call",
+    # seconds, from a loopback answer to a slow API's time-out (the default buckets are for milliseconds)
+    explicit_bucket_boundaries_advisory=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
 )
 _provider_errors = meter.create_counter(
     "jobtrail.provider.errors",

@@ -13,8 +13,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from jobtrail.domain.errors import JobtrailError
 from jobtrail.domain.states import State
@@ -50,6 +52,7 @@ class WorkerProgress:
         from rich.live import Live
 
         last_actions, last_at = self.runner.stats.actions, time.monotonic()
+        await self._count()
         with (
             Live(self._table(), console=self.console, transient=True, redirect_stderr=True) as live,
             contextlib.suppress(asyncio.CancelledError),
@@ -70,19 +73,23 @@ class WorkerProgress:
             return
         self._counts = _by_state(counts)
 
-    def _table(self, *, title: str = "jobtrail worker") -> Table:
+    def _table(self, *, title: str = "jobtrail worker") -> Group:
         stats = self.runner.stats
         elapsed = time.monotonic() - self.started
-        table = Table(title=f"{title} {self.runner.worker_id}", title_justify="left")
+        table = Table(box=box.SIMPLE_HEAD)
         table.add_column("state")
         table.add_column("operations", justify="right")
         for state, n in sorted(self._counts.items(), key=lambda item: _ORDER.get(item[0], 99)):
             table.add_row(state, str(n))
         rate = self._rate if self._rate else stats.actions / max(elapsed, 1e-6)
-        table.caption = (
-            f"{stats.actions} actions, {rate:.1f}/s; {stats.errors} errors, {stats.stale} dropped; {elapsed:.0f} s"
+        return Group(
+            Text(f"{title} {self.runner.worker_id}", style="bold"),
+            table,
+            Text(
+                f"{stats.actions} actions, {rate:.1f}/s; {stats.errors} errors, {stats.stale} dropped; "
+                f"{elapsed:.0f} s"
+            ),
         )
-        return table
 
     def summary(self, stats: WorkerStats) -> None:
         """At exit: a table on a terminal, one line elsewhere (stderr either way)."""
