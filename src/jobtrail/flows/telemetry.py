@@ -26,7 +26,16 @@ from typing import TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    SpanContext,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import default_redactor
@@ -103,6 +112,11 @@ def _operation_parent(trace_id: str) -> Context:
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
+def _tracing() -> bool:
+    """Is a tracer provider (an SDK) configured? Asked at each action: one may be installed at any time."""
+    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
+
+
 def _parent(trace_id: str) -> Context | None:
     current = trace.get_current_span().get_span_context()
     if current.is_valid and f"{current.trace_id:032x}" == trace_id:
@@ -131,6 +145,16 @@ def action_span(op: Operation, kind: str) -> Iterator[Span]:
 
     Call :func:`finished` with the new record before leaving it.
     """
+    if not _tracing():
+        # no SDK: a no-op span would cost tens of microseconds of context managers and change nothing
+        # (the traceparent and the log lines take the trace id from the operation either way)
+        token = _log_context.set((op.operation_id, op.trace_id))
+        try:
+            yield trace.INVALID_SPAN
+        finally:
+            _log_context.reset(token)
+            _actions.add(1, {"kind": kind, "provider": op.provider})
+        return
     with (
         _tracer.start_as_current_span(
             f"jobtrail.{kind}", context=_parent(op.trace_id), record_exception=False, set_status_on_exception=False
