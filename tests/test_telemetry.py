@@ -31,7 +31,7 @@ from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.gauges import ledger_gauges
 from jobtrail.runtime.worker import Worker
-from jobtrail.testing import FakeProvider, Fault
+from jobtrail.testing import FakeProvider, Fault, send_webhook
 
 from processes import finish, start_worker, submit_many, write_provider
 
@@ -338,3 +338,34 @@ def test_worker_on_a_terminal_shows_progress_and_a_summary_table(db_url: str, tm
         assert re.search(r"\d+ actions, [\d.]+/s; 0 errors", "\n".join(summary)), err
     finally:
         fake.stop()
+
+
+def test_a_webhook_receipt_is_a_span_in_the_operation_s_trace_and_counted(
+    sdk: Sdk, ledger: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verified delivery matched to an operation: a span in its trace; receipts counted by outcome and
+    refusals by reason."""
+    from test_webhooks import accepted_op, cfg_for, event, new_secret, serve
+
+    secret = new_secret()
+    monkeypatch.setenv("WHSEC_CURRENT", secret)
+    before = _points(sdk, "jobtrail.webhook.receipts")
+    fake = FakeProvider(job_duration_s=60).start()
+    try:
+        cfg = cfg_for(fake)
+        op = accepted_op(ledger, cfg)
+        with serve(ledger, cfg) as url:
+            assert send_webhook(url, secret, event(op.remote_job_id), event_id="evt_1")[0] == 202
+            assert send_webhook(url, secret, event(op.remote_job_id), event_id="evt_1")[0] == 200
+            assert send_webhook(url, new_secret(), event(op.remote_job_id), event_id="evt_2")[0] == 401
+    finally:
+        fake.stop()
+    spans = [s for s in _of(sdk, op.trace_id) if s.name == "jobtrail.webhook"]
+    outcomes = sorted(str((s.attributes or {})["jobtrail.webhook.outcome"]) for s in spans)
+    assert outcomes == ["accepted", "duplicate"], outcomes
+    assert all((s.attributes or {})["jobtrail.operation_id"] == op.operation_id for s in spans)
+    after = _points(sdk, "jobtrail.webhook.receipts")
+    for outcome in ("accepted", "duplicate", "refused"):
+        key = frozenset({("provider", "fake"), ("outcome", outcome)})
+        assert after.get(key, 0) - before.get(key, 0) == 1, (outcome, after)
+    assert any(dict(k).get("reason") for k in _points(sdk, "jobtrail.webhook.refusals"))
