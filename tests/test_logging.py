@@ -88,9 +88,10 @@ def test_log_level_drops_lower_lines_and_configuring_twice_keeps_one_handler(
     assert [line["message"] for line in lines] == ["shown"]
 
 
-def test_worker_logs_a_failed_action_as_one_json_line(db_url: str, tmp_path: Path) -> None:
+def test_worker_logs_a_failed_action_as_one_json_line(tmp_path: Path) -> None:
     """``worker --log-format json --log-level error``: an action that raises is one line naming the operation,
     its state, its trace and the exception (type and message), not a bare ``'result_ref'``."""
+    db_url = str(tmp_path / "jobs.db")  # one engine: what is tested here does not depend on it
     fake = FakeProvider(job_duration_s=0.1).start()
     try:
         (op_id,) = submit_many(db_url, fake, 1)
@@ -99,7 +100,7 @@ def test_worker_logs_a_failed_action_as_one_json_line(db_url: str, tmp_path: Pat
             write_provider(tmp_path / "fake.toml", fake),
             "logs",
             "--timeout",
-            "3",
+            "2",
             "--log-format",
             "json",
             "--log-level",

@@ -271,9 +271,10 @@ def _scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return samples
 
 
-def test_worker_serves_prometheus_metrics_and_prints_a_summary_line(db_url: str, tmp_path: Path) -> None:
+def test_worker_serves_prometheus_metrics_and_prints_a_summary_line(tmp_path: Path) -> None:
     """``worker --metrics-port``: a real GET of /metrics shows the actions and the ledger gauges; off a
     terminal, the worker prints one summary line at exit."""
+    db_url = str(tmp_path / "jobs.db")  # one engine: what is tested here does not depend on it
     fake = FakeProvider(job_duration_s=0.2).start()
     try:
         submit_many(db_url, fake, 3)
@@ -315,8 +316,9 @@ def test_worker_serves_prometheus_metrics_and_prints_a_summary_line(db_url: str,
         fake.stop()
 
 
-def test_worker_on_a_terminal_shows_progress_and_a_summary_table(db_url: str, tmp_path: Path) -> None:
+def test_worker_on_a_terminal_shows_progress_and_a_summary_table(tmp_path: Path) -> None:
     """With a terminal on stderr (rich is told so), the worker draws its table and ends with a summary table."""
+    db_url = str(tmp_path / "jobs.db")  # one engine: what is tested here does not depend on it
     fake = FakeProvider(job_duration_s=0.2).start()
     try:
         submit_many(db_url, fake, 2)
