@@ -86,8 +86,7 @@ class WorkerProgress:
             Text(f"{title} {self.runner.worker_id}", style="bold"),
             table,
             Text(
-                f"{stats.actions} actions, {rate:.1f}/s; {stats.errors} errors, {stats.stale} dropped; "
-                f"{elapsed:.0f} s"
+                f"{stats.actions} actions, {rate:.1f}/s; {stats.errors} errors, {stats.stale} dropped; {elapsed:.0f} s"
             ),
         )
 
