@@ -19,6 +19,8 @@ EXTRAS = {
     "postgres": ("psycopg",),
     "mcp": ("mcp",),
     "webhooks": ("starlette", "uvicorn", "standardwebhooks"),
+    # the API (opentelemetry) is core: spans and metrics cost nothing until an SDK is configured
+    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.prometheus", "prometheus_client"),
 }
 EVERY_EXTRA = tuple(name for names in EXTRAS.values() for name in names)
 #: what only an upgrade needs: an up-to-date ledger must open without them
@@ -68,6 +70,15 @@ def test_webhooks_serve_without_the_webhooks_extra(tmp_path: Path, missing: str)
     done = jobtrail_without((missing,), "--db", str(tmp_path / "j.db"), "webhooks", "serve", "--provider", str(EXAMPLE))
     assert_names_extra(done, "webhooks")
     assert f"{missing} is not installed" in done.stderr
+
+
+@pytest.mark.parametrize("missing", EXTRAS["otel"])
+def test_worker_metrics_port_without_the_otel_extra(tmp_path: Path, missing: str) -> None:
+    done = jobtrail_without(
+        (missing,), "--db", str(tmp_path / "j.db"), "worker", "--provider", str(EXAMPLE), "--metrics-port", "0"
+    )
+    assert_names_extra(done, "otel")
+    assert f"({missing}" in done.stderr and "is not installed" in done.stderr
 
 
 def test_demo_without_the_webhooks_extra(tmp_path: Path) -> None:

@@ -44,11 +44,12 @@ def new_trace_id() -> str:
             return trace_id
 
 
-def traceparent(trace_id: str) -> str:
-    """The ``traceparent`` header for one outgoing request of this trace."""
+def traceparent(trace_id: str, *, span_id: str | None = None, sampled: bool = True) -> str:
+    """The ``traceparent`` header for one outgoing request of this trace (from span ``span_id``, 16 hex;
+    a fresh one when None)."""
     # a span id identifies, it does not protect: no need for the OS's entropy on every request
-    span_id = f"{random.getrandbits(64) or 1:016x}"
-    return f"00-{trace_id}-{span_id}-01"
+    span_id = span_id or f"{random.getrandbits(64) or 1:016x}"
+    return f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}"
 
 
 @contextmanager

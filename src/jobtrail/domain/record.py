@@ -33,6 +33,7 @@ class OperationSpec:
         create_deadline: how long creating may take before a person must look.
         result_deadline: how long the job may take before we stop waiting.
         cancel_deadline: how long a cancel may take to be confirmed.
+        trace_id: the W3C trace the operation joins (the caller's current trace); None: a trace of its own.
     """
 
     provider: str
@@ -45,8 +46,12 @@ class OperationSpec:
     create_deadline: timedelta | None = DEFAULT_CREATE_DEADLINE
     result_deadline: timedelta | None = DEFAULT_RESULT_DEADLINE
     cancel_deadline: timedelta | None = DEFAULT_CANCEL_DEADLINE
+    trace_id: str | None = None
 
     def __post_init__(self) -> None:
+        trace_id = self.trace_id
+        if trace_id is not None and (len(trace_id) != 32 or trace_id.strip("0123456789abcdef") or trace_id == "0" * 32):
+            raise UsageError(f"trace id {trace_id!r} is not a W3C trace id (32 lowercase hex digits, not all zeros)")
         key = self.operation_key
         if key is not None:
             if not key.strip():

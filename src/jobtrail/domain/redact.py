@@ -700,13 +700,21 @@ def redact_url(url: str) -> str:
     return _FORMS_ONLY.url(url)
 
 
-class RedactingFilter(logging.Filter):
-    """A logging filter that redacts the fully formatted message of every record, with every redactor
-    that joined it (:func:`install_log_redaction`) and by form."""
+#: the redactors of the ledgers open in this process that joined the logs (install_log_redaction): log lines
+#: and span texts leave the process, so each is masked with everything any open ledger knows to mask
+_joined: weakref.WeakSet[Redactor] = weakref.WeakSet()
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.redactors: weakref.WeakSet[Redactor] = weakref.WeakSet()
+
+def redact_outgoing(text: str) -> str:
+    """``text`` masked for a log line or a span: by every joined ledger's redactor, and by form."""
+    for redactor in [*_joined, _FORMS_ONLY]:
+        text = redactor.text(text)
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts the fully formatted message of every record
+    (:func:`redact_outgoing`), looked up per record, so a credential resolved later is masked too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -714,10 +722,7 @@ class RedactingFilter(logging.Filter):
             message = f"{message} ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
             record.exc_info = None
             record.exc_text = None
-        # looked up per record, so a credential resolved later is masked too
-        for redactor in [*self.redactors, _FORMS_ONLY]:
-            message = redactor.text(message)
-        record.msg = message
+        record.msg = redact_outgoing(message)
         record.args = None
         return True
 
@@ -726,13 +731,12 @@ _FILTERED_LOGGERS = ("jobtrail", "aiohttp.client", "aiohttp.server", "aiohttp.ac
 
 
 def install_log_redaction(redactor: Redactor | None = None) -> None:
-    """Put the redacting filter on our loggers and the HTTP stack's (idempotent), and have it mask what
-    ``redactor`` knows too (a ledger's: it learns every credential its providers resolve)."""
+    """Put the redacting filter on our loggers and the HTTP stack's (idempotent), and have every log
+    line masked with what ``redactor`` knows too (a ledger's: it learns every credential its providers
+    resolve)."""
     for name in _FILTERED_LOGGERS:
         logger = logging.getLogger(name)
-        existing = next((f for f in logger.filters if isinstance(f, RedactingFilter)), None)
-        if existing is None:
-            existing = RedactingFilter()
-            logger.addFilter(existing)
-        if redactor is not None:
-            existing.redactors.add(redactor)
+        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+            logger.addFilter(RedactingFilter())
+    if redactor is not None:
+        _joined.add(redactor)

@@ -18,6 +18,7 @@ from jobtrail.domain.evidence import CancelAcknowledged, CancelAttempt, CancelIn
 from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.states import CREATE_PHASE, FINAL_STATES, State
+from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import Provider, Response
@@ -129,7 +130,7 @@ class CancelFlow:
         # durable before the bytes leave: a crash after this line never sends a second cancel
         op = await self.writer.record(op, CancelAttempt(attempt=1), actor=self.actor, changes={"polls": 1})
         failpoint("cancel.after_attempt")
-        sent = await provider.cancel(op)
+        sent = await provider_call(op, "cancel", provider.cancel(op))
         failpoint("cancel.after_response")
         # the next request is timed from the answer (a slow answer must not bring it forward)
         answered = self.store.clock()

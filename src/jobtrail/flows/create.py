@@ -35,6 +35,7 @@ from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.redact import REDACTED
 from jobtrail.domain.states import CREATE_PHASE, State
 from jobtrail.flows.observe import adopt_orphans
+from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import (
@@ -262,7 +263,7 @@ class CreateFlow:
             },
         )
         failpoint("create.after_attempt")
-        outcome = await provider.create(op)
+        outcome = await provider_call(op, "create", provider.create(op))
         failpoint("create.after_response")
         obs_id = await self._observe(
             op,
@@ -419,7 +420,7 @@ class CreateFlow:
         """The jobs the provider lists as created while this create may have been sent (a minute of clock
         skew either side): named for the person who decides, never adopted."""
         since, until = op.created_at_us - _CLOCK_SKEW_US, now + _CLOCK_SKEW_US
-        listed = await provider.candidates(op, since, until)
+        listed = await provider_call(op, "candidates", provider.candidates(op, since, until))
         await self._observe(
             op,
             "reconcile_lookup",
@@ -439,7 +440,7 @@ class CreateFlow:
 
     async def _looked_up(self, op: Operation, provider: Provider, mode: ReconcileMode) -> LookupOutcome:
         """Ask the provider by a non-replay path, and store its answer as an observation."""
-        found = await provider.lookup(op, mode)
+        found = await provider_call(op, "lookup", provider.lookup(op, mode))
         await self._observe(
             op,
             "reconcile_lookup",

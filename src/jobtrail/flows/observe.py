@@ -38,6 +38,7 @@ from jobtrail.domain.results import (
     validate,
 )
 from jobtrail.domain.states import ESCALATED_STATES, RemoteState, State
+from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.results import carries_secret, prepare_result
 from jobtrail.ledger.store import Moved, Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
@@ -132,7 +133,7 @@ class ObserveFlow:
 
     async def _poll(self, op: Operation, provider: Provider, now: int) -> Operation:
         """One status read, stored as an observation; only a terminal status moves the state."""
-        status = await provider.status(op)
+        status = await provider_call(op, "status", provider.status(op))
         failpoint("observe.after_status")
         resp = status.response
         polls = op.polls + 1
@@ -267,7 +268,7 @@ class ObserveFlow:
         The ending does not wait on it: if the fetch or a check fails, the job still ends as the
         provider says, and the reason names the output that was left behind (and where it is).
         """
-        resp = await provider.fetch_result(op, ref)
+        resp = await provider_call(op, "fetch_result", provider.fetch_result(op, ref))
         try:
             await record_fetch(self.writer, op.operation_id, resp, attempt=1)
             if isinstance(resp, NoAnswer) or resp.http_status != 200 or resp.fetched is None:
@@ -363,7 +364,7 @@ class CollectFlow:
             )
         if one_time:  # durable before the fetch: a crash between fetch and store is then visible as such
             op = await self.writer.reschedule(op, {"polls": attempts, "state_reason": "fetching the one-time result"})
-        resp = await provider.fetch_result(op, ref)
+        resp = await provider_call(op, "fetch_result", provider.fetch_result(op, ref))
         try:
             failpoint("collect.after_fetch")
             await record_fetch(self.writer, op.operation_id, resp, attempt=attempts)

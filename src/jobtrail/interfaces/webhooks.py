@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 from jobtrail.domain.canonical import compact_json, parse_json, rfc3339
 from jobtrail.domain.errors import ConfigError, StorageError, require_extra
 from jobtrail.domain.jsonpath import extract
+from jobtrail.domain.record import Operation
 from jobtrail.flows.observe import pull_poll_forward
+from jobtrail.flows.telemetry import webhook_received, webhook_refused, webhook_span
 from jobtrail.interfaces.health import health_response
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
@@ -104,17 +106,35 @@ class Receiver:
     def _refused(self, provider: str, no: Refused) -> None:
         # an audit line and a counter; never the body
         log.warning("webhook refused for provider %s: %s (%s)", provider, no.title, no.detail)
+        webhook_refused(provider, no.title)
         count_refusal(self.store, provider, no.title)
 
     def _record(self, provider: str, config: WebhookConfig, event_id: str, timestamp: int, event: Any) -> JSONResponse:
+        job_id = extract(config.job_id, event, {})
+        reference = extract(config.reference, event, {}) if config.reference else None
+        op = match_operation(self.store, provider, job_id, reference)
+        with webhook_span(provider, op) as span:
+            outcome, response = self._keep(provider, config, event_id, timestamp, event, op, job_id)
+            if span.is_recording():
+                span.set_attribute("jobtrail.webhook.outcome", outcome)
+        webhook_received(provider, outcome)
+        return response
+
+    def _keep(
+        self,
+        provider: str,
+        config: WebhookConfig,
+        event_id: str,
+        timestamp: int,
+        event: Any,
+        op: Operation | None,
+        job_id: Any,
+    ) -> tuple[str, JSONResponse]:
         from starlette.responses import JSONResponse
 
         store = self.store
         now = store.clock()
-        job_id = extract(config.job_id, event, {})
-        reference = extract(config.reference, event, {}) if config.reference else None
         event_type = extract(config.event_type, event, {})
-        op = match_operation(store, provider, job_id, reference)
         row = {
             "provider": provider,
             "event_id": event_id,
@@ -127,9 +147,9 @@ class Receiver:
             "expires_at_us": now + int(config.retention_s * _US),
         }
         if not record_event(store, row):
-            return JSONResponse({"status": "duplicate", "event_id": event_id}, status_code=200)
+            return "duplicate", JSONResponse({"status": "duplicate", "event_id": event_id}, status_code=200)
         if op is None:
-            return JSONResponse(
+            return "orphan", JSONResponse(
                 {
                     "status": "orphan",
                     "event_id": event_id,
@@ -148,7 +168,7 @@ class Receiver:
         )
         if not stale:
             pull_poll_forward(store, op.operation_id)
-        return JSONResponse(
+        return "stale" if stale else "accepted", JSONResponse(
             {"status": "accepted", "event_id": event_id, "operation_id": op.operation_id, "stale": stale},
             status_code=202,
         )

@@ -367,7 +367,7 @@ class Store:
             return None if delta is None else now + int(delta.total_seconds() * 1_000_000)
 
         op_id = new_operation_id(now // 1000)
-        trace_id = new_trace_id()
+        trace_id = spec.trace_id or new_trace_id()
         genesis = OperationCreated(request_fingerprint=fingerprint, operation_key=spec.operation_key)
         row: dict[str, Any] = {
             "operation_id": op_id,

@@ -25,7 +25,6 @@ import yarl
 from jobtrail.domain.backoff import parse_retry_after
 from jobtrail.domain.canonical import canonical_bytes, parse_json
 from jobtrail.domain.errors import ConfigError
-from jobtrail.domain.ids import traceparent
 from jobtrail.domain.jsonpath import extract, extract_any, job_id, unusable_id, why_unusable
 from jobtrail.domain.machine import AMBIGUOUS_HTTP_STATUSES
 from jobtrail.domain.record import Operation
@@ -50,6 +49,7 @@ from jobtrail.providers.egress import (
     UrlRefused,
     refusal,
 )
+from jobtrail.providers.tracecontext import outgoing_traceparent
 
 _MAX_BODY = 16 * 1024 * 1024
 _USER_AGENT = "jobtrail/0.1"
@@ -231,7 +231,7 @@ class HttpProvider:
 
     def _headers(self, op: Operation) -> dict[str, str]:
         headers = dict(self.config.headers)
-        headers["traceparent"] = traceparent(op.trace_id)
+        headers["traceparent"] = outgoing_traceparent(op.trace_id)
         if op.lease_owner:
             # lets a provider (and our fake) see which lease a request was made under
             headers["X-Jobtrail-Lease"] = f"{op.lease_owner}/{op.lease_epoch}"

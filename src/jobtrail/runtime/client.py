@@ -27,6 +27,7 @@ from jobtrail.domain.redact import install_log_redaction
 from jobtrail.domain.states import CREATE_PHASE
 from jobtrail.flows.cancel import CancelOutcome, request_cancel
 from jobtrail.flows.create import CreateFlow
+from jobtrail.flows.telemetry import action_kind, action_span, ambient_trace_id, finished
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.results import read_result
 from jobtrail.ledger.store import EXPECTED_LOCK_WAIT_S, Store
@@ -192,6 +193,8 @@ class AsyncJobtrail:
             create_deadline=create_deadline,
             result_deadline=result_deadline,
             cancel_deadline=cancel_deadline,
+            # inside the caller's span (an agent's own), the operation joins its trace
+            trace_id=ambient_trace_id(),
         )
         spec.check_deadlines()
         if isinstance(adapter, HttpProvider):
@@ -262,7 +265,9 @@ class AsyncJobtrail:
         """One create-phase action under the lease just taken; the lease is given back after it, whatever
         happens (the release is fenced by our epoch, so it never frees a successor's lease)."""
         try:
-            new = await self._flow.advance(op, provider)
+            with action_span(op, action_kind(op)) as span:
+                new = await self._flow.advance(op, provider)
+                finished(span, new)
         except StaleRecord:
             # someone changed the record (a person's cancel, a takeover after our lease lapsed): read it again
             new = await self.io(self.store.get, op.operation_id)

@@ -31,10 +31,12 @@ from jobtrail.domain.steps import Step, next_step
 from jobtrail.flows.cancel import CancelFlow
 from jobtrail.flows.create import CreateFlow
 from jobtrail.flows.observe import CollectFlow, ObserveFlow
+from jobtrail.flows.telemetry import action_kind, action_span, finished, lease_taken_over, operation_context
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.writer import BatchWriter
 from jobtrail.providers.contract import Provider, slowest_call_s
+from jobtrail.runtime.gauges import ledger_gauges
 from jobtrail.runtime.liveness import HEARTBEAT_S
 
 log = logging.getLogger("jobtrail")
@@ -152,6 +154,10 @@ class Worker:
         Settled: ended, waiting for a person, or escalated (``cancellation_unconfirmed``,
         ``result_timed_out``: still polled slowly, but nothing automatic is expected to end them).
         """
+        with ledger_gauges(self.store, tuple(self.providers)):
+            return await self._run(until_settled=until_settled, timeout=timeout)
+
+    async def _run(self, *, until_settled: bool, timeout: float | None) -> WorkerStats:
         deadline = None if timeout is None else time.monotonic() + timeout
         inflight: set[asyncio.Task[None]] = set()
         checked = beat = 0.0
@@ -227,6 +233,10 @@ class Worker:
             await asyncio.wait_for(self._stopping.wait(), timeout=wait)
 
     async def _handle(self, op: Operation) -> None:
+        with operation_context(op):
+            await self._handle_leased(op)
+
+    async def _handle_leased(self, op: Operation) -> None:
         provider = self.providers[op.provider]
         try:
             # an action that leaves the next one due at once (accepted after a replay, the job
@@ -250,12 +260,22 @@ class Worker:
             # our lease was taken over, or someone (a person's cancel) changed the record: drop the operation,
             # and give the lease back so the next claim acts at once (fenced: a successor's lease stays)
             self.stats.stale += 1
+            if exc.details.get("epoch") is not None:  # refused for a newer lease, not a person's change
+                lease_taken_over(op)
             log.info("worker %s dropped %s: %s", self.worker_id, op.operation_id, exc)
             with contextlib.suppress(Exception):
                 await self.writer.release(op)
         except Exception as exc:
             self.stats.errors += 1
-            log.error("worker %s: %s failed in %s: %s", self.worker_id, op.operation_id, op.state.value, exc)
+            log.error(
+                "operation %s: its %s action failed in state %s (%s: %s); worker %s retries it later",
+                op.operation_id,
+                action_kind(op),
+                op.state.value,
+                type(exc).__name__,
+                exc,
+                self.worker_id,
+            )
             await self._back_off(op, exc)
 
     def _lease_covers_a_call(self, op: Operation) -> bool:
@@ -264,6 +284,12 @@ class Worker:
         return op.lease_expires_at_us - self.store.clock() > self._slowest_us[op.provider]
 
     async def _step(self, op: Operation, provider: Provider) -> Operation:
+        with action_span(op, action_kind(op)) as span:
+            new = await self._act(op, provider)
+            finished(span, new)
+        return new
+
+    async def _act(self, op: Operation, provider: Provider) -> Operation:
         step = next_step(op)
         if step is Step.CREATE:
             return await self.create.advance(op, provider)

@@ -208,6 +208,8 @@ class FakeProvider(ServedInThread):
     requests: list[tuple[float, str, str]] = field(default_factory=list)
     #: headers of every create request received, in order
     create_headers: list[dict[str, str]] = field(default_factory=list)
+    #: (method, path, traceparent header) of every request received, in order
+    traceparents: list[tuple[str, str, str | None]] = field(default_factory=list)
     #: (job id, X-Jobtrail-Lease header, time) of every status poll
     status_leases: list[tuple[str, str | None, float]] = field(default_factory=list)
     #: where to deliver signed Standard Webhooks events on every job state change (None: no webhooks)
@@ -355,6 +357,7 @@ class FakeProvider(ServedInThread):
     async def _count(self, request: web.Request, handler: Any) -> web.StreamResponse:
         with self._lock:
             self.requests.append((time.time(), request.method, request.path))
+            self.traceparents.append((request.method, request.path, request.headers.get("traceparent")))
         guarded = self.require_bearer is not None and not request.path.startswith("/_fake")
         if guarded and request.headers.get("Authorization") != f"Bearer {self.require_bearer}":
             with self._lock:

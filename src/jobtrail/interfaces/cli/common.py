@@ -6,9 +6,11 @@ Exit codes: :data:`EXIT_CODES`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -141,3 +143,32 @@ def cli(ctx: click.Context, db: str | None, debug: bool) -> None:
     """
     install_log_redaction()
     ctx.ensure_object(dict)["db"] = db
+
+
+def log_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--log-level`` and ``--log-format`` for a long-running command (put it under ``@cli.command()``):
+    its log lines go to stderr, redacted, each naming the operation and trace it is about."""
+
+    @functools.wraps(command)
+    def configured(*args: Any, log_level: str, log_format: str, **kwargs: Any) -> Any:
+        from jobtrail.interfaces.logs import configure_logging
+
+        configure_logging(log_level, log_format)
+        return command(*args, **kwargs)
+
+    with_format = click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        envvar="JOBTRAIL_LOG_FORMAT",
+        show_default=True,
+        help="Log lines as text, or one JSON object a line (with operation_id and trace_id).",
+    )(configured)
+    return click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="info",
+        envvar="JOBTRAIL_LOG_LEVEL",
+        show_default=True,
+        help="Least severe log lines written to stderr.",
+    )(with_format)

@@ -16,11 +16,13 @@ from jobtrail.interfaces.cli.common import (
     cli,
     console,
     emit_json,
+    log_options,
     open_store,
 )
 
 
 @cli.command()
+@log_options
 @click.option(
     "--provider",
     "provider_files",
@@ -55,6 +57,12 @@ from jobtrail.interfaces.cli.common import (
 @click.option("--timeout", type=click.FloatRange(min=0), help="Exit after this many seconds.")
 @click.option("--id", "worker_id", help="Worker identity on leases and observations (default host:pid).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run's statistics as an object at exit.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on http://HOST:PORT/metrics (needs the otel extra).",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address of --metrics-port.")
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -65,10 +73,13 @@ def worker(
     timeout: float | None,
     worker_id: str | None,
     as_json: bool,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Claim due operations under a lease and do each one's next action.
 
     SIGTERM or SIGINT: stop claiming, finish in-flight actions, release leases, exit 0.
+    On a terminal it shows operations by state and actions per second; it prints a summary at exit.
 
     \b
     Example:
@@ -76,14 +87,23 @@ def worker(
     """
     import signal
 
+    from rich.console import Console
+
+    from jobtrail.interfaces.progress import WorkerProgress
     from jobtrail.providers.http import load_provider
     from jobtrail.runtime.worker import Worker
 
+    metrics_server = None
+    if metrics_port is not None:
+        from jobtrail.interfaces.prometheus import serve_metrics
+
+        metrics_server = serve_metrics(metrics_host, metrics_port)
     adapters = {}
     for path in provider_files:
         adapter = load_provider(path)
         adapters[adapter.name] = adapter
     runner = Worker(open_store(ctx), adapters, worker_id=worker_id, concurrency=concurrency, lease_s=lease_s)
+    progress = WorkerProgress(runner, Console(stderr=True))
 
     async def run() -> Any:
         from jobtrail.interfaces.early import early_signals
@@ -93,9 +113,19 @@ def worker(
             loop.add_signal_handler(sig, runner.stop)
         if early_signals:  # asked to stop while still starting: claim nothing, exit cleanly
             runner.stop()
-        return await runner.run(until_settled=until_settled, timeout=timeout)
+        display = asyncio.create_task(progress.watch())
+        try:
+            return await runner.run(until_settled=until_settled, timeout=timeout)
+        finally:
+            display.cancel()
+            await asyncio.gather(display, return_exceptions=True)
 
-    stats = asyncio.run(run())
+    try:
+        stats = asyncio.run(run())
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+    progress.summary(stats)
     if as_json:
         emit_json(
             {
@@ -124,6 +154,7 @@ def webhooks() -> None:
 
 
 @webhooks.command("serve")
+@log_options
 @click.option(
     "--provider",
     "provider_files",
@@ -156,10 +187,12 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
             configs[adapter.name] = adapter.config.webhooks
     app = webhook_app(open_store(ctx), configs)
     click.echo(f"receiving webhooks for {', '.join(sorted(configs))} on http://{host}:{port}/webhooks/<provider>")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # log_config None: uvicorn's lines go through our handler (redacted, as --log-format asks)
+    uvicorn.run(app, host=host, port=port, log_level="warning", log_config=None)
 
 
 @cli.command()
+@log_options
 @click.option(
     "--provider",
     "provider_files",
