@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jobtrail import Store
-from jobtrail.domain.redact import REDACTED, Secret
+from jobtrail.domain.redact import REDACTED, Redactor, Secret, install_log_redaction
 from jobtrail.flows.telemetry import action_span
 from jobtrail.interfaces.logs import configure_logging
 from jobtrail.testing import FakeProvider
@@ -64,7 +64,9 @@ def test_the_redacting_filter_is_in_front_of_the_handler(
     """A secret in a message, in an argument, or in an exception, from any logger under ours, is masked."""
     configure_logging("debug", "text")
     canary = f"jtcanary_{secrets.token_hex(8)}"
-    Secret(canary)
+    ledger = Redactor()  # an open ledger's, which joins the logs (as a worker's does)
+    install_log_redaction(ledger)
+    Secret(canary, redactor=ledger)
     logging.getLogger("jobtrail.sub").warning("token %s sent", canary)
     try:
         raise ConnectionError(f"reset while sending key={canary}")
