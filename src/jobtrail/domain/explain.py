@@ -8,20 +8,27 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobtrail.domain.canonical import rfc3339
-from jobtrail.domain.states import State
+from jobtrail.domain.states import CREATE_PHASE, ESCALATED_STATES, State
+from jobtrail.domain.steps import Step, next_step
 
 if TYPE_CHECKING:  # the record's to_json() uses this module: a runtime import back would be a cycle
     from jobtrail.domain.record import HistoryEntry, Operation
 
 #: the states in which nothing automatic decides any more: a person must (explain exits 3 in them)
-PERSON_DECIDES = frozenset({State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT})
-_BEFORE_THE_JOB_ID = frozenset({State.CREATE_PENDING, State.CREATE_UNKNOWN, State.RECONCILIATION})
+PERSON_DECIDES = frozenset({State.NEEDS_ATTENTION}) | ESCALATED_STATES
+_BEFORE_THE_JOB_ID = CREATE_PHASE
 
 
-def next_action(op: Operation) -> str:  # noqa: PLR0911 - one answer per state, read top to bottom
-    """What happens next to ``op``, and who does it."""
+def next_action(op: Operation) -> str:  # noqa: PLR0911 - one answer per step, read top to bottom
+    """What happens next to ``op``, and who does it: :func:`~jobtrail.domain.steps.next_step` (what the
+    worker dispatches on) in words."""
     s = op.state
-    if s is State.CREATE_PENDING:
+    step = next_step(op)
+    if step is Step.CREATE:
+        if s is State.CREATE_UNKNOWN:
+            return "start reconciliation by the provider's path"
+        if s is State.RECONCILIATION:
+            return "ask the provider whether the job exists (replay with the same token, or look it up)"
         if op.attempts == 0:
             return "send the create with the stored token"
         # what the create flow does, decided from the history (CreateFlow._attempt_open), not from this text
@@ -30,24 +37,22 @@ def next_action(op: Operation) -> str:  # noqa: PLR0911 - one answer per state, 
             f"with the same token, or look the job up) before anything is re-sent; else send attempt "
             f"{op.attempts + 1} with the same token"
         )
-    if s is State.CREATE_UNKNOWN:
-        return "start reconciliation by the provider's path"
-    if s is State.RECONCILIATION:
-        return "ask the provider whether the job exists (replay with the same token, or look it up)"
-    if s in (State.ACCEPTED, State.OBSERVING):
-        return f"poll the remote job {op.remote_job_id}"
-    if s is State.RESULT_COLLECTING:
+    if step is Step.COLLECT:
         return "fetch, check and store the result"
-    if s is State.CANCEL_REQUESTED:
-        return "send the cancel, once" if not op.cancel_sent else "poll until the job ends (the cancel was sent)"
-    if s is State.CANCELLING:
-        return "poll until the provider confirms the cancel"
-    if s in (State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT):
-        return (
-            "escalate to a person with `jobtrail ops escalation`; the worker keeps polling slowly "
-            "(the remote job is not assumed stopped)"
-        )
-    if s is State.NEEDS_ATTENTION:
+    if step is Step.SEND_CANCEL:
+        return "send the cancel, once"
+    if step is Step.POLL:
+        if s in ESCALATED_STATES:
+            return (
+                "escalate to a person with `jobtrail ops escalation`; the worker keeps polling slowly "
+                "(the remote job is not assumed stopped)"
+            )
+        if s is State.CANCEL_REQUESTED:
+            return "poll until the job ends (the cancel was sent)"
+        if s is State.CANCELLING:
+            return "poll until the provider confirms the cancel"
+        return f"poll the remote job {op.remote_job_id}"
+    if step is Step.PERSON:
         return "a person decides (resolve); nothing automatic happens"
     return "nothing: this is an ending"
 
