@@ -276,6 +276,9 @@ class AnthropicBatchFake(ServedInThread):
         return app
 
     async def start_async(self) -> str:
+        # the SDK's types are imported and compiled now, not inside the first request's time-out
+        for warm in (_create_params_adapter, _sdk_types, _versions):
+            warm()
         self.base_url, self.port = await self.serve(self._app(), self.host, self.port)
         return self.base_url
 
