@@ -29,6 +29,10 @@ from jobtrail.testing.fakes.anthropic_batch import AnthropicBatchFake, BatchPlan
 from helpers import canary_hits, ledger_bytes
 from processes import cli, finish, start_worker
 
+# an adapter speaks HTTP; the ledger behind it is proven on both engines by the ledger's own tests:
+# each test's SQLite run is in the fast tier, its PostgreSQL run in the long tier
+pytestmark = pytest.mark.long_on_postgres
+
 S = State
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "anthropic-batch.toml"
 

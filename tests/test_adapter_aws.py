@@ -37,6 +37,10 @@ from jobtrail.runtime.worker import Worker
 from helpers import canary_hits, ledger_bytes
 from processes import cli, finish, start_worker
 
+# an adapter speaks HTTP; the ledger behind it is proven on both engines by the ledger's own tests:
+# each test's SQLite run is in the fast tier, its PostgreSQL run in the long tier
+pytestmark = pytest.mark.long_on_postgres
+
 REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/jobtrail-test"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -255,7 +259,6 @@ def causes(store: Store, op_id: str) -> list[str]:
 # -- Step Functions ---------------------------------------------------------------------------------
 
 
-@pytest.mark.long_on_postgres  # a process story: its SQLite run is in the fast tier
 def test_sfn_worker_killed_mid_flight_restarts_and_ends_as_moto_says(
     db_url: str, moto_url: str, aws_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -27,6 +27,10 @@ from jobtrail.testing.fakes.google_lro import GoogleLroFake
 
 from processes import finish, start_worker
 
+# an adapter speaks HTTP; the ledger behind it is proven on both engines by the ledger's own tests:
+# each test's SQLite run is in the fast tier, its PostgreSQL run in the long tier
+pytestmark = pytest.mark.long_on_postgres
+
 TOKEN = "ya29.fake-token-1"
 
 
@@ -67,7 +71,6 @@ def result(db_url: str, op_id: str) -> Any:
         return parse_json(jt.result(op_id)[1])
 
 
-@pytest.mark.long_on_postgres
 def test_kill_9_mid_flight_then_restart_ends_as_the_fake_says(db_url: str, tmp_path: Path, fake: GoogleLroFake) -> None:
     """A worker killed while the operation runs; the next finishes it: one operation, its response stored."""
     provider = provider_file(tmp_path, fake)

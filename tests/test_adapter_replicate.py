@@ -25,6 +25,10 @@ from jobtrail.testing.fakes.replicate import JSON_FILE, PNG_BYTES, ReplicateFake
 
 from processes import finish, start_worker
 
+# an adapter speaks HTTP; the ledger behind it is proven on both engines by the ledger's own tests:
+# each test's SQLite run is in the fast tier, its PostgreSQL run in the long tier
+pytestmark = pytest.mark.long_on_postgres
+
 VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
 
 
@@ -64,7 +68,6 @@ def stored(db_url: str, op_id: str) -> tuple[Any, dict[str, Any], bytes]:
         return op, meta, data
 
 
-@pytest.mark.long_on_postgres
 def test_kill_9_mid_flight_then_restart_ends_as_the_fake_says(db_url: str, tmp_path: Path, fake: ReplicateFake) -> None:
     """A worker killed while the prediction runs; the next one finishes it: one prediction, file stored."""
     provider = provider_file(tmp_path, fake, wait_s=0)

@@ -314,6 +314,7 @@ def provider_file(tmp_path: Path, fake: FakeProvider) -> Path:
     return path
 
 
+@pytest.mark.long_on_postgres  # the CLI's words and exit codes; its SQLite run is in the fast tier
 def test_submit_prints_the_id_first_then_the_outcome(db_url: str, fake: FakeProvider, provider_file: Path) -> None:
     out = jobtrail(
         "--db",
@@ -365,6 +366,7 @@ def test_submit_prints_the_id_first_then_the_outcome(db_url: str, fake: FakeProv
     assert fake.counts["jobs_created"] == 1
 
 
+@pytest.mark.long_on_postgres  # the CLI's words and exit codes; its SQLite run is in the fast tier
 def test_submit_exit_codes_and_bad_input(db_url: str, fake: FakeProvider, provider_file: Path) -> None:
     fake.script(Fault.reject(422))
     rejected = jobtrail("--db", db_url, "submit", "--provider", str(provider_file), "--request", '{"a": 1}')
