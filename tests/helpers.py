@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+import socket
+import threading
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -251,3 +255,28 @@ def tiered(values: Iterable[Any], fast: int) -> list[Any]:
     values = list(values)
     step = max(1, math.ceil(len(values) / fast))
     return [v if i % step == 0 else pytest.param(v, marks=pytest.mark.long) for i, v in enumerate(values)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve_asgi(app: Any, port: int | None = None) -> Iterator[str]:
+    """``app`` on a real uvicorn server on 127.0.0.1 (at ``port``, or a free one); yields its base URL."""
+    import uvicorn
+
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -6,11 +6,8 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,46 +15,21 @@ from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-import uvicorn
 
 from jobtrail import ConflictingJobIds, Store
 from jobtrail.domain.redact import Secret
 from jobtrail.interfaces.dashboard import dashboard_app
 from jobtrail.ledger import browse
 
-from helpers import S, op_in, sql, succeed
+from helpers import S, op_in, serve_asgi, sql, succeed
 
 TOKEN = "dash-token-for-tests-0123456789"
 EXAMPLE = Path(__file__).parent.parent / "examples" / "fake.toml"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def serve_app(app: object) -> Iterator[str]:
-    """``app`` on a real uvicorn server on 127.0.0.1; yields its base URL."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")  # type: ignore[arg-type]
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 @contextmanager
 def serve(store: Store, token: str | None = None) -> Iterator[str]:
-    with serve_app(dashboard_app(store, token=Secret(token, redactor=store.redactor) if token else None)) as base:
+    with serve_asgi(dashboard_app(store, token=Secret(token, redactor=store.redactor) if token else None)) as base:
         yield base
 
 
@@ -231,7 +203,7 @@ def test_behind_a_tls_proxy_forms_from_the_public_origin_are_accepted(store: Sto
     """--origin names the origin people use when a proxy forwards plain HTTP; other origins stay refused."""
     op_id = stuck(store)
     app = dashboard_app(store, token=Secret(TOKEN, redactor=store.redactor), public_origin="https://dash.example.com")
-    with serve_app(app) as base:
+    with serve_asgi(app) as base:
         signed = call(base, "POST", "/login", form={"token": TOKEN}, Origin="https://dash.example.com")
         assert signed.status == 303 and "secure" in signed.headers["set-cookie"].lower()
         cookie = signed.headers["set-cookie"].split(";")[0]
@@ -253,7 +225,7 @@ def test_workers_providers_and_audit_pages(store: Store, tmp_path: Path) -> None
     anchor = tmp_path / "anchor.json"
     anchor.write_text(json.dumps(make_anchor(store)))
     app = dashboard_app(store, provider_files=[str(EXAMPLE)], anchor_path=str(anchor))
-    with serve_app(app) as base:
+    with serve_asgi(app) as base:
         workers = call(base, "GET", "/workers").text
         assert "host-a:1" in workers and "running" in workers and "host-b:2" in workers and "stopped" in workers
         providers = call(base, "GET", "/providers").text
@@ -274,7 +246,7 @@ def test_healthz_on_the_dashboard_and_the_webhook_receiver(store: Store, monkeyp
 
     monkeypatch.setenv("JT_DASH_WHSEC", "whsec_" + "A" * 32)
     receiver = webhook_app(store, {"fake": WebhookConfig(secrets=("env:JT_DASH_WHSEC",))})
-    with serve(store) as dash, serve_app(receiver) as hooks:
+    with serve(store) as dash, serve_asgi(receiver) as hooks:
         for base in (dash, hooks):
             fine = call(base, "GET", "/healthz")
             assert fine.status == 200 and json.loads(fine.text)["status"] == "ok"

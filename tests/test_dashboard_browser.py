@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from jobtrail import ConflictingJobIds, Store
 from jobtrail.domain.redact import Secret
 from jobtrail.interfaces.dashboard import dashboard_app
 
-from helpers import S, op_in
+from helpers import S, op_in, serve_asgi
 
 CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "browser-test-token-9876543210"
@@ -54,27 +51,10 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serve(store: Store, token: str | None = None) -> Iterator[str]:
-    port = free_port()
-    app = dashboard_app(store, token=Secret(token, redactor=store.redactor) if token else None)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_asgi(dashboard_app(store, token=Secret(token, redactor=store.redactor) if token else None)) as base:
+        yield base
 
 
 @contextmanager

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from jobtrail import AsyncJobtrail, Operation, State, Store
 from jobtrail.testing import FakeProvider, Fault
 
+from helpers import free_port
 from processes import assert_audit_verifies, assert_one_worker_per_lease, finish, jobtrail, start_worker
 
 S = State
@@ -133,12 +134,6 @@ def test_3_the_job_finishes_while_the_cancel_is_in_flight(db_url: str, tmp_path:
     assert fake.counts["cancels"] == 1 and fake.counts["jobs_created"] == 1 and fake.counts["results"] == 1
     assert causes.index("cancel_intent") < causes.index("cancel_attempt") < causes.index("validated_result")
     assert_audit_verifies(db_url)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier

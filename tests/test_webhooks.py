@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-import uvicorn
 
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.interfaces.webhooks import webhook_app
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, send_webhook, signed_headers
+
+from helpers import free_port, serve_asgi
 
 S = State
 
@@ -31,29 +32,12 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serve(store: Store, cfg: dict[str, Any], port: int | None = None) -> Iterator[str]:
     """The receiver for ``cfg``'s provider, on a real uvicorn server on 127.0.0.1 (at ``port``, or a free one)."""
-    port = port or free_port()
     provider = load_provider(cfg)
-    app = webhook_app(store, {provider.name: provider.config.webhooks})
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}/webhooks/{provider.name}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_asgi(webhook_app(store, {provider.name: provider.config.webhooks}), port) as base:
+        yield f"{base}/webhooks/{provider.name}"
 
 
 @pytest.fixture

@@ -3,29 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
-from jobtrail.domain.errors import ConfigError, JobtrailError
-from jobtrail.domain.redact import Redactor, Secret
-from jobtrail.interfaces.cli.common import EXIT_NEGATIVE, EXIT_OK, EXIT_USAGE, cli, emit_json, existing_store, fail
+from jobtrail.domain.errors import JobtrailError
+from jobtrail.interfaces.cli.common import (
+    EXIT_NEGATIVE,
+    EXIT_OK,
+    EXIT_USAGE,
+    cli,
+    emit_json,
+    existing_store,
+    fail,
+    secret_from_env,
+)
 
 
 @cli.group()
 def audit() -> None:
     """Check the tamper-evident history and export anchors."""
-
-
-def _key_from_env(name: str | None, redactor: Redactor) -> Secret | None:
-    if name is None:
-        return None
-    value = os.environ.get(name)
-    if not value:
-        raise ConfigError(f"--key-env {name}: the environment variable {name} is not set")
-    return Secret(value, redactor=redactor)
 
 
 @audit.command("verify")
@@ -45,7 +43,7 @@ def audit_verify(ctx: click.Context, anchor_path: str | None, key_env: str | Non
     try:
         anchor = load_anchor(anchor_path) if anchor_path else None
         store = existing_store(ctx)
-        report = verify(store, anchor=anchor, key=_key_from_env(key_env, store.redactor))
+        report = verify(store, anchor=anchor, key=secret_from_env(key_env, "--key-env", store.redactor))
     except JobtrailError as exc:
         if as_json:
             emit_json({"ok": None, "error": str(exc)})
@@ -88,7 +86,7 @@ def audit_anchor(ctx: click.Context, out: str, key_env: str | None, as_json: boo
     from jobtrail.ledger.audit import make_anchor
 
     store = existing_store(ctx)
-    anchor = make_anchor(store, key=_key_from_env(key_env, store.redactor), key_name=key_env)
+    anchor = make_anchor(store, key=secret_from_env(key_env, "--key-env", store.redactor), key_name=key_env)
     text = json.dumps(anchor, indent=1, sort_keys=True)
     if out == "-":
         click.echo(text)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from rich.console import Console
 
-from jobtrail.domain.errors import JobtrailError, OperationNotFound
-from jobtrail.domain.redact import install_log_redaction
+from jobtrail.domain.errors import ConfigError, JobtrailError, OperationNotFound
+from jobtrail.domain.redact import Redactor, Secret, install_log_redaction
 from jobtrail.interfaces.argv import hoist_global_options
 
 if TYPE_CHECKING:  # the ledger (SQLAlchemy) is imported by the commands that use it: --help stays quick
@@ -172,3 +172,14 @@ def log_options(command: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="Least severe log lines written to stderr.",
     )(with_format)
+
+
+def secret_from_env(name: str | None, option: str, redactor: Redactor) -> Secret | None:
+    """The value of environment variable ``name`` (given as ``option NAME``), masked by ``redactor`` (the
+    ledger's) from now on; None when no name is given. A secret never goes on a command line."""
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"{option} {name}: the environment variable {name} is not set (or empty)")
+    return Secret(value, redactor=redactor)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import click
 
-from jobtrail.domain.errors import ConfigError, require_extra
-from jobtrail.interfaces.cli.common import cli, existing_store
+from jobtrail.domain.errors import require_extra
+from jobtrail.interfaces.cli.common import cli, existing_store, secret_from_env
 
 if TYPE_CHECKING:
-    from jobtrail.domain.redact import Redactor, Secret
+    pass
 
 
 @cli.command()
@@ -64,28 +63,16 @@ def dashboard(
     from jobtrail.interfaces.dashboard import dashboard_app
 
     store = existing_store(ctx)
-    token = _secret(token_env, "--token-env", store.redactor)
+    token = secret_from_env(token_env, "--token-env", store.redactor)
     app = dashboard_app(
         store,
         token=token,
         provider_files=provider_files,
         anchor_path=anchor_path,
-        anchor_key=_secret(anchor_key_env, "--anchor-key-env", store.redactor),
+        anchor_key=secret_from_env(anchor_key_env, "--anchor-key-env", store.redactor),
         public_origin=public_origin,
     )
     mode = "sign in with the token to record decisions" if token is not None else "read-only (no --token-env)"
     click.echo(f"dashboard on http://{host}:{port}/ ({mode})")
     # uvicorn's access log would print every URL; the pages' URLs carry no secret, but its noise helps no one
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
-
-
-def _secret(name: str | None, option: str, redactor: Redactor) -> Secret | None:
-    """The value of environment variable ``name``, masked by ``redactor`` (the ledger's) from now on."""
-    from jobtrail.domain.redact import Secret
-
-    if name is None:
-        return None
-    value = os.environ.get(name)
-    if not value:
-        raise ConfigError(f"{option} {name}: the environment variable {name} is not set (or empty)")
-    return Secret(value, redactor=redactor)
