@@ -181,8 +181,10 @@ def test_an_action_is_not_started_without_enough_lease_left_for_a_provider_call(
     store.close()
 
 
-def test_a_restarted_worker_resumes_the_stored_schedule(db_url: str, fake: FakeProvider) -> None:
+def test_a_restarted_worker_resumes_the_stored_schedule(db_url: str) -> None:
     """The next poll time is on the record; a new worker waits for it, with a controllable clock."""
+    # the job outlives the test whatever the load: each poll must find it running
+    fake = FakeProvider(job_duration_s=600).start()
     clock = FakeClock()
     store = Store.open(db_url, clock=clock)
     config = fake.provider_config(poll={"initial_s": 30, "factor": 1, "cap_s": 30})
@@ -218,6 +220,7 @@ def test_a_restarted_worker_resumes_the_stored_schedule(db_url: str, fake: FakeP
     observations = [o for o in store.observations(op.operation_id) if o["kind"] == "status_poll"]
     assert observations[-1]["worker"] == "restarted" and observations[0]["worker"] == "first"
     store.close()
+    fake.stop()
 
 
 @pytest.mark.long_on_postgres  # a long story; its SQLite run is in the fast tier
