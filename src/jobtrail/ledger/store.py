@@ -115,6 +115,23 @@ def _now_us() -> int:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Create:
+    """Make a new record durable, with its creation entry (a submit)."""
+
+    spec: OperationSpec
+    actor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """A create's outcome: the record, and whether this create made it (False: its key and request
+    already had it, returned as it stands)."""
+
+    op: Operation
+    new: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Change:
     """One write to one operation: a transition (``to`` set) or a same-state record."""
 
@@ -178,20 +195,22 @@ class Release:
     epoch: int
 
 
-Write = Change | Reschedule | Observe | Release
+Write = Create | Change | Reschedule | Observe | Release
 
 
 @dataclass(frozen=True, slots=True)
 class Moved:
-    """A change or reschedule that did not land: its record moved on (version or lease epoch) since it
-    was read. The others of its batch still land; the caller raises :attr:`error` (or reads it again)."""
+    """A write that did not land: a change or reschedule whose record moved on (version or lease epoch)
+    since it was read, or a create whose key already names a different request. The others of its
+    batch still land; the caller raises :attr:`error` (or reads it again)."""
 
-    error: StaleRecord
+    error: StaleRecord | OperationKeyConflict
 
 
-#: what one write of a batch came to, in order: the new record for a change or reschedule (or
-#: :class:`Moved`), the observation id for an :class:`Observe`, None for a :class:`Release`
-Applied = Operation | Moved | int | None
+#: what one write of a batch came to, in order: :class:`Created` for a create, the new record for a
+#: change or reschedule (or :class:`Moved`), the observation id for an :class:`Observe`, None for a
+#: :class:`Release`
+Applied = Created | Operation | Moved | int | None
 
 
 class Store:
@@ -315,38 +334,54 @@ class Store:
     ) -> list[tuple[Operation, bool]]:
         """Make many records durable in one transaction (one commit), as :meth:`create_operation` does.
 
-        If a key collides, each record is then made in its own transaction, so a
-        refused one raises after the records before it are durable.
+        A key that already names a different request raises :class:`OperationKeyConflict`
+        once the others are durable.
         """
-        prepared = [self._new_operation(spec, actor) for spec in specs]
+        items = [Create(spec=spec, actor=actor) for spec in specs]
         try:
-            with self.writing("creating an operation") as conn:
-                conn.execute(_INSERT_OPERATION, [row for _, row, _ in prepared])
-                conn.execute(_INSERT_HISTORY, [entry for _, _, entry in prepared])
+            outcomes = self.apply(items)
         except StorageError as exc:
-            if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+            if not key_race(exc):
                 raise
-            if len(prepared) > 1:  # find which one collided, and let each answer for itself
-                return [self.create_operation(spec, actor=actor) for spec in specs]
-            return [(self._existing_for_key(prepared[0][0], prepared[0][1]["request_fingerprint"], exc), False)]
-        for _, row, _ in prepared:
-            log.info("operation %s created (state create_pending)", row["operation_id"])
-        return [(_operation(row), True) for _, row, _ in prepared]
+            outcomes = self.apply(items)  # another process inserted the same key just now: it is found this time
+        return [(made.op, made.new) for made in created(outcomes)]
 
-    def _existing_for_key(self, spec: OperationSpec, fingerprint: str, exc: StorageError) -> Operation:
-        existing = None if spec.operation_key is None else self.find_by_key(spec.provider, spec.operation_key)
-        if existing is None:
-            raise exc
-        if existing.request_fingerprint != fingerprint:
-            raise OperationKeyConflict(
-                f"operation key {spec.operation_key!r} already names {existing.operation_id} "
-                f"for provider {spec.provider!r} with a different request "
-                f"(fingerprint {existing.request_fingerprint[:12]}..., yours {fingerprint[:12]}...); "
-                "a changed request is a new operation: submit it with a new operation key",
-                operation_id=existing.operation_id,
-                operation_key=spec.operation_key,
-            ) from None
-        return existing
+    @staticmethod
+    def _insert_new(conn: Connection, creates: Sequence[tuple[int, Write, dict[str, Any], Any]]) -> list[Any]:
+        """Insert the records of a batch's creates; a key already taken answers with its record (or a conflict).
+
+        The keyed records are read inside the write transaction, so on SQLite (one writer) the answer
+        holds; on PostgreSQL a concurrent insert of the same key makes the transaction fail on the unique
+        key instead, and the caller tries again (:func:`key_race`).
+        """
+        ops = t.operations.c
+        specs = [item.spec for _, item, _, _ in creates if isinstance(item, Create)]
+        keys = {spec.operation_key for spec in specs if spec.operation_key is not None}
+        taken: dict[tuple[str, str], Operation] = {}
+        if keys:
+            for found in conn.execute(sa.select(t.operations).where(ops.operation_key.in_(sorted(keys)))).mappings():
+                taken[(found["provider"], found["operation_key"])] = _operation(found)
+        outcomes: list[Any] = []
+        rows: list[dict[str, Any]] = []
+        entries: list[dict[str, Any]] = []
+        for spec, (_, _, row, entry) in zip(specs, creates, strict=True):
+            key = None if spec.operation_key is None else (spec.provider, spec.operation_key)
+            existing = None if key is None else taken.get(key)
+            if existing is None:
+                rows.append(row)
+                entries.append(entry)
+                op = _operation(row)
+                if key is not None:  # the same key twice in one batch: the second finds the first
+                    taken[key] = op
+                outcomes.append(Created(op, True))
+            elif existing.request_fingerprint != row["request_fingerprint"]:
+                outcomes.append(Moved(_key_conflict(spec, existing, row["request_fingerprint"])))
+            else:
+                outcomes.append(Created(existing, False))
+        if rows:
+            conn.execute(_INSERT_OPERATION, rows)
+            conn.execute(_INSERT_HISTORY, entries)
+        return outcomes
 
     def _new_operation(
         self, spec: OperationSpec, actor: str | None
@@ -483,95 +518,97 @@ class Store:
     def _apply_one(self, change: Change) -> Operation:
         return landed(self.apply([change])[0])
 
-    def apply(self, batch: Sequence[Write]) -> list[Applied]:  # noqa: PLR0912 - one transaction for every kind of write
+    def apply(self, batch: Sequence[Write]) -> list[Applied]:
         """Apply many writes, of many operations, in one transaction (one commit, one fsync).
 
         Each :class:`Change` is checked by the state machine before anything is
         written; a refused change raises and nothing of the batch is written. A
-        change or reschedule whose record moved on (version, or lease epoch) comes
-        back as :class:`Moved` and the others still land (see :data:`Applied`).
+        change or reschedule whose record moved on (version, or lease epoch), or a
+        create whose key names a different request, comes back as :class:`Moved`
+        and the others still land (see :data:`Applied`).
         """
         now = self.clock()
         prepared = [self._prepare(item, now) for item in batch]
         results: list[Applied] = [None] * len(prepared)
-        history_rows: list[dict[str, Any]] = []
-        observation_rows: list[dict[str, Any]] = []
-        observation_slots: list[int] = []
-        releases: list[dict[str, Any]] = []
-        result_rows: list[dict[str, Any]] = []
-        with self.writing("recording a transition") as conn:
-            if self.dialect == "postgresql":
-                # Lock every row the batch touches, in one order: an observation's id is then
-                # committed before any later entry of its operation reads the observations to
-                # cover (sequence order is not commit order otherwise), and batches cannot deadlock.
-                touched = sorted(
-                    {
-                        item.operation_id if isinstance(item, Observe | Release) else item.op.operation_id
-                        for item, _, _ in prepared
-                    }
-                )
-                conn.execute(
-                    sa.select(t.operations.c.operation_id)
-                    .where(t.operations.c.operation_id.in_(touched))
-                    .order_by(t.operations.c.operation_id)
-                    .with_for_update()
-                ).all()
-            # observations first, so an entry of the same batch covers them; then the conditional
-            # UPDATEs one by one (each one's rowcount says stale or not); then the history INSERTs
-            for slot, (item, update, _entry) in enumerate(prepared):
-                if isinstance(item, Observe):
-                    observation_rows.append(update)
-                    observation_slots.append(slot)
-            if observation_rows:
-                ids = conn.execute(_INSERT_OBSERVATION, observation_rows).scalars().all()
-                for slot, observation_id in zip(observation_slots, ids, strict=True):
-                    results[slot] = int(observation_id)
-            covered: dict[str, int] = {}
-            windows = self._windows(conn, [e["operation_id"] for _, _, e in prepared if e is not None])
-            updates = [
-                (slot, item, update, entry)
-                for slot, (item, update, entry) in enumerate(prepared)
-                if isinstance(item, Change | Reschedule)
-            ]
-            landed: set[str] | None = None
-            distinct = len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates)
-            if self.dialect == "postgresql" and updates and distinct:
-                # one write per operation: no entry depends on another's outcome, so every entry is
-                # finished first and the UPDATEs go in one pipelined round trip instead of one each
-                for _, _, update, entry in updates:
-                    if entry is not None:
-                        self._finish_entry(conn, entry, update, covered, windows)
-                landed = _update_pipelined(conn, [update for _, _, update, _ in updates])
-            for item, update, _entry in prepared:
-                if isinstance(item, Release):
-                    releases.append(update)
-            for slot, item, update, entry in updates:
-                assert isinstance(item, Change | Reschedule)
-                if landed is None:
-                    if entry is not None:
-                        self._finish_entry(conn, entry, update, covered, windows)
-                    ok = _update_statement(update["b_epoch"] is not None).run(conn, update) == 1
-                else:
-                    ok = update["b_operation_id"] in landed
-                if not ok:
-                    results[slot] = Moved(self._stale(conn, item))
-                else:
-                    if entry is not None:
-                        history_rows.append(entry)
-                        covered[entry["operation_id"]] = entry["obs_upto"]
-                    if isinstance(item, Change) and item.result is not None:
-                        result_rows.append(_result_row(item.op.operation_id, item.result, now))
-                    results[slot] = _advanced(item.op, update)
-            if history_rows:
-                _RAW_INSERT_HISTORY.run_many(conn, history_rows)
-            if result_rows:
-                _DELETE_RESULT.run_many(conn, [{"b_operation_id": r["operation_id"]} for r in result_rows])
-                _INSERT_RESULT.run_many(conn, result_rows)
-            if releases:
-                _RELEASE.run_many(conn, releases)
+        slotted = [(slot, item, row, entry) for slot, (item, row, entry) in enumerate(prepared)]
+        creates = [w for w in slotted if isinstance(w[1], Create)]
+        others = [w for w in slotted if not isinstance(w[1], Create)]
+        with self.writing("recording a transition" if others else "creating an operation") as conn:
+            if others and self.dialect == "postgresql":
+                _lock_in_order(conn, [item for _, item, _, _ in others])
+            if creates:
+                for (slot, *_), outcome in zip(creates, self._insert_new(conn, creates), strict=True):
+                    results[slot] = outcome
+            if others:
+                self._apply_to_records(conn, others, results, now)
+        for outcome in results:
+            if isinstance(outcome, Created) and outcome.new:
+                log.info("operation %s created (state create_pending)", outcome.op.operation_id)
         return results
 
+    def _apply_to_records(
+        self,
+        conn: Connection,
+        prepared: Sequence[tuple[int, Write, dict[str, Any], Any]],
+        results: list[Applied],
+        now: int,
+    ) -> None:
+        """Observations first, so an entry of the same batch covers them; then the conditional UPDATEs
+        (each one's outcome says stale or not); then the history, result and release rows."""
+        observations = [(slot, row) for slot, item, row, _ in prepared if isinstance(item, Observe)]
+        if observations:
+            ids = conn.execute(_INSERT_OBSERVATION, [row for _, row in observations]).scalars().all()
+            for (slot, _), observation_id in zip(observations, ids, strict=True):
+                results[slot] = int(observation_id)
+        covered: dict[str, int] = {}
+        windows = self._windows(conn, [e["operation_id"] for _, _, _, e in prepared if e is not None])
+        updates = [
+            (slot, item, row, entry) for slot, item, row, entry in prepared if isinstance(item, Change | Reschedule)
+        ]
+        landed: set[str] | None = None
+        if (
+            self.dialect == "postgresql"
+            and updates
+            and len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates)
+        ):
+            # one write per operation: no entry depends on another's outcome, so every entry is
+            # finished first and the UPDATEs go in one pipelined round trip instead of one each
+            for _, _, update, entry in updates:
+                if entry is not None:
+                    self._finish_entry(conn, entry, update, covered, windows)
+            landed = _update_pipelined(conn, [update for _, _, update, _ in updates])
+        history_rows: list[dict[str, Any]] = []
+        result_rows: list[dict[str, Any]] = []
+        for slot, item, update, entry in updates:
+            assert isinstance(item, Change | Reschedule)
+            if landed is None:
+                if entry is not None:
+                    self._finish_entry(conn, entry, update, covered, windows)
+                ok = _update_statement(update["b_epoch"] is not None).run(conn, update) == 1
+            else:
+                ok = update["b_operation_id"] in landed
+            if not ok:
+                results[slot] = Moved(self._stale(conn, item))
+                continue
+            if entry is not None:
+                history_rows.append(entry)
+                covered[entry["operation_id"]] = entry["obs_upto"]
+            if isinstance(item, Change) and item.result is not None:
+                result_rows.append(_result_row(item.op.operation_id, item.result, now))
+            results[slot] = _advanced(item.op, update)
+        if history_rows:
+            _RAW_INSERT_HISTORY.run_many(conn, history_rows)
+        if result_rows:
+            _DELETE_RESULT.run_many(conn, [{"b_operation_id": r["operation_id"]} for r in result_rows])
+            _INSERT_RESULT.run_many(conn, result_rows)
+        releases = [row for _, item, row, _ in prepared if isinstance(item, Release)]
+        if releases:
+            _RELEASE.run_many(conn, releases)
+
     def _prepare(self, item: Write, now: int) -> tuple[Write, dict[str, Any], dict[str, Any] | None]:
+        if isinstance(item, Create):
+            _, row, entry = self._new_operation(item.spec, item.actor)
+            return item, row, entry
         if isinstance(item, Observe):
             return item, self._observation_row(item, now), None
         if isinstance(item, Release):
@@ -1101,6 +1138,50 @@ class Store:
             return int(conn.execute(sa.select(sa.func.count()).select_from(t.operations)).scalar_one())
 
 
+def _lock_in_order(conn: Connection, writes: list[Write]) -> None:
+    """PostgreSQL: lock every record a batch touches, in one order.
+
+    An observation's id is then committed before any later entry of its operation reads the
+    observations to cover (sequence order is not commit order otherwise), and batches cannot deadlock.
+    """
+    touched = sorted({w.operation_id if isinstance(w, Observe | Release) else w.op.operation_id for w in writes})  # type: ignore[union-attr]
+    conn.execute(
+        sa.select(t.operations.c.operation_id)
+        .where(t.operations.c.operation_id.in_(touched))
+        .order_by(t.operations.c.operation_id)
+        .with_for_update()
+    ).all()
+
+
+def created(outcomes: Sequence[Applied]) -> list[Created]:
+    """The outcomes of a batch of creates; a key that names a different request raises its conflict
+    (the others are durable by then)."""
+    made: list[Created] = []
+    for outcome in outcomes:
+        if isinstance(outcome, Moved):
+            raise outcome.error
+        assert isinstance(outcome, Created)
+        made.append(outcome)
+    return made
+
+
+def key_race(exc: StorageError) -> bool:
+    """A write refused by a unique key (another process created the same operation key at that moment):
+    the batch is worth trying again, each write on its own."""
+    return isinstance(exc.__cause__, sa.exc.IntegrityError)
+
+
+def _key_conflict(spec: OperationSpec, existing: Operation, fingerprint: str) -> OperationKeyConflict:
+    return OperationKeyConflict(
+        f"operation key {spec.operation_key!r} already names {existing.operation_id} "
+        f"for provider {spec.provider!r} with a different request "
+        f"(fingerprint {existing.request_fingerprint[:12]}..., yours {fingerprint[:12]}...); "
+        "a changed request is a new operation: submit it with a new operation key",
+        operation_id=existing.operation_id,
+        operation_key=spec.operation_key,
+    )
+
+
 def _listed(
     query: sa.Select[Any],
     state: State | str | Sequence[State | str] | None,
@@ -1400,7 +1481,7 @@ def _explain_db_error(engine: Engine, doing: str, exc: Exception) -> str:
     return f"database error while {doing} ({where}): {first}; {hint}"
 
 
-__all__ = ["Change", "Store", "default_db_path", "resolve_db_url", "to_us"]
+__all__ = ["Change", "Create", "Created", "Store", "created", "default_db_path", "resolve_db_url", "to_us"]
 
 
 def landed(result: Applied) -> Operation:

@@ -1,41 +1,55 @@
 """The async front of :meth:`Store.apply`: one transaction per write, or group commit.
 
-Flows write through a :class:`Writer`, and read through its :attr:`Writer.io`,
-so no SQL runs on the event loop thread. The worker uses :class:`BatchWriter`:
-every write requested while a commit is running (or in the loop turn that
-started it) lands in the next transaction (one commit, one fsync), and each
-caller resumes only once its own write is durable, so "durable before the
-send" holds for every create attempt exactly as with one transaction per write.
+Flows and the client write through a :class:`Writer`, and read through its
+:attr:`Writer.io`, so no SQL runs on the event loop thread. The worker and the
+client use :class:`BatchWriter`: every write requested within a short window
+(or while the previous commit runs) lands in one transaction (one commit, one
+fsync), whatever produced it (submits, transitions, observations, result saves,
+releases) and however many HTTP connections the provider allows; each caller
+resumes only once its own write is durable, so "durable before the send" holds
+for every create attempt exactly as with one transaction per write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobtrail.domain.errors import StorageError
 from jobtrail.domain.evidence import Evidence
-from jobtrail.domain.record import Changes, Operation
+from jobtrail.domain.record import Changes, Operation, OperationSpec
 from jobtrail.domain.states import State
-from jobtrail.ledger.offload import Offload, threads
+from jobtrail.ledger.offload import Offload, inline, threads
 from jobtrail.ledger.store import (
     Applied,
     Change,
+    Create,
+    Created,
     Observe,
     Release,
     Reschedule,
     Store,
     StoredResult,
     Write,
+    created,
+    key_race,
     landed,
 )
+
+log = logging.getLogger(__name__)
 
 #: one write's outcome from a group commit: what it came to, or the error that refused it alone
 Outcome = Applied | Exception
 
 #: callers woken per loop turn after a commit (see BatchWriter._settle)
 _WAKE_PER_TURN = 32
+#: how long the first write of a group waits for others to join it: a few fsyncs' worth, so a busy
+#: process commits a few hundred times a second at most, whatever its concurrency
+GROUP_WINDOW_S = 0.002
+#: most writes in one transaction (a larger group starts at once, the rest go in the next)
+GROUP_MAX = 2000
 
 
 class Writer:
@@ -47,7 +61,23 @@ class Writer:
         self.io = io
 
     async def apply(self, item: Write) -> Applied:
-        return (await self.io(self.store.apply, [item]))[0]
+        return (await self.apply_all([item]))[0]
+
+    async def apply_all(self, items: Sequence[Write]) -> list[Applied]:
+        """Several writes in one transaction: all of them land, or none."""
+        return await self.io(self.store.apply, list(items))
+
+    async def create(self, specs: Sequence[OperationSpec], *, actor: str | None = None) -> list[Created]:
+        """Make new records durable (each with its creation entry); a key that names a different request
+        raises :class:`OperationKeyConflict` once the others are durable."""
+        items = [Create(spec=spec, actor=actor) for spec in specs]
+        try:
+            outcomes = await self.apply_all(items)
+        except StorageError as exc:
+            if not key_race(exc):
+                raise
+            outcomes = await self.apply_all(items)  # another process took the same key just now: found this time
+        return created(outcomes)
 
     async def transition(
         self,
@@ -90,64 +120,94 @@ class Writer:
 
 
 class BatchWriter(Writer):
-    """Group commit: writes queue while a commit runs, and the next commit takes them all.
+    """Group commit by time and size: the first write of a group waits ``window_s`` for others (or
+    until ``max_writes`` have come), and writes requested while a commit runs go in the next one.
 
-    One commit is in flight at a time, so the size of a group follows the load
-    (and the database's latency), not how many answers happen to arrive in one
-    loop turn.
+    One commit is in flight at a time, so a group grows with the load and the
+    database's latency, not with how many answers arrive in one loop turn.
+    ``window_s=0`` waits one loop turn only (the default when the work runs
+    inline, as in the simulation).
     """
 
-    def __init__(self, store: Store, *, io: Offload = threads) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        io: Offload = threads,
+        window_s: float | None = None,
+        max_writes: int = GROUP_MAX,
+    ) -> None:
         super().__init__(store, io=io)
-        self._pending: list[tuple[Write, asyncio.Future[Applied]]] = []
+        # inline work holds the loop while it commits, so nothing could join during a window: one turn is all
+        self.window_s = (0.0 if io is inline else GROUP_WINDOW_S) if window_s is None else window_s
+        self.max_writes = max_writes
+        self._pending: list[_Queued] = []
         self._committing = False
+        self._timer: asyncio.TimerHandle | None = None
         self._commits: set[asyncio.Task[None]] = set()
+        self._requests = 0
         self.transactions = 0
         self.writes = 0
 
     async def apply(self, item: Write) -> Applied:
+        return (await self.apply_all([item]))[0]
+
+    async def apply_all(self, items: Sequence[Write]) -> list[Applied]:
+        """Queue writes for the next group commit; they land in the same transaction, together."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Applied] = loop.create_future()
-        self._pending.append((item, future))
+        self._requests += 1
+        queued = [_Queued(item, loop.create_future(), self._requests) for item in items]
+        self._pending.extend(queued)
         if not self._committing:
             self._committing = True
-            # one loop turn first: every write this turn asks for joins the same transaction
+            if self.window_s > 0 and len(self._pending) < self.max_writes:
+                self._timer = loop.call_later(self.window_s, self._start)
+            else:
+                loop.call_soon(self._start)
+        elif self._timer is not None and len(self._pending) >= self.max_writes:
+            self._timer.cancel()  # full: no reason to wait out the window
+            self._timer = None
             loop.call_soon(self._start)
-        return await future
+        return [await q.future for q in queued]
 
     def _start(self) -> None:
-        batch, self._pending = self._pending, []
+        self._timer = None
+        cut = min(len(self._pending), self.max_writes)
+        # writes asked for together are never split between two transactions
+        while cut < len(self._pending) and self._pending[cut].request == self._pending[cut - 1].request:
+            cut += 1
+        batch, self._pending = self._pending[:cut], self._pending[cut:]
         task = asyncio.get_running_loop().create_task(self._commit(batch))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
 
-    async def _commit(self, batch: list[tuple[Write, asyncio.Future[Applied]]]) -> None:
+    async def _commit(self, batch: list[_Queued]) -> None:
         try:
-            outcomes: list[Outcome] = await self.io(self._apply_all, [item for item, _ in batch])
+            outcomes: list[Outcome] = await self.io(self._apply_all, batch)
         except Exception as exc:  # the database itself failed: every caller hears it
             outcomes = [exc] * len(batch)
         except BaseException:  # cancelled (the loop is closing): nobody may hang on a future
-            for _, future in batch:
-                future.cancel()
+            for q in batch:
+                q.future.cancel()
             self._next()
             raise
         self._settle(batch, outcomes)
         self._next()
 
-    def _settle(self, batch: list[tuple[Write, asyncio.Future[Applied]]], outcomes: list[Outcome]) -> None:
+    def _settle(self, batch: list[_Queued], outcomes: list[Outcome]) -> None:
         """Wake the writers, a bounded number per loop turn.
 
         A commit that waited (on a lock held elsewhere, say) may complete hundreds of
         writes at once; waking every caller in one turn would hold the loop for all
         of their next steps, and timers (time-outs of calls in flight) would wait.
         """
-        for (_, future), outcome in zip(batch[:_WAKE_PER_TURN], outcomes[:_WAKE_PER_TURN], strict=True):
-            if future.done():
+        for q, outcome in zip(batch[:_WAKE_PER_TURN], outcomes[:_WAKE_PER_TURN], strict=True):
+            if q.future.done():
                 continue
             if isinstance(outcome, Exception):
-                future.set_exception(outcome)
+                q.future.set_exception(outcome)
             else:
-                future.set_result(outcome)
+                q.future.set_result(outcome)
         if len(batch) > _WAKE_PER_TURN:
             asyncio.get_running_loop().call_soon(self._settle, batch[_WAKE_PER_TURN:], outcomes[_WAKE_PER_TURN:])
 
@@ -157,26 +217,37 @@ class BatchWriter(Writer):
         else:
             self._committing = False
 
-    def _apply_all(self, items: list[Write]) -> list[Outcome]:
-        """One transaction for all; if it fails, each on its own so each caller gets its own answer."""
+    def _apply_all(self, batch: list[_Queued]) -> list[Outcome]:
+        """One transaction for all; if it fails, each request on its own so each caller gets its own answer."""
         try:
-            results = self.store.apply(items)
-        except StorageError:
-            raise  # the database itself failed (locked past its time-out, gone): every caller hears it at once
-        except Exception:
-            # one refused write (a transition without its evidence) must not fail its neighbours
-            if len(items) == 1:
+            results = self.store.apply([q.item for q in batch])
+        except StorageError as exc:
+            # the database itself failed (locked past its time-out, gone): every caller hears it at once;
+            # a key another process took just now is one request's business, found when it runs alone
+            if not key_race(exc):
                 raise
+        except Exception as exc:
+            # one refused write (a transition without its evidence) must not fail its neighbours
+            log.debug("group commit of %d writes refused (%s): each request on its own", len(batch), exc)
         else:
             self.transactions += 1
-            self.writes += len(items)
+            self.writes += len(batch)
             return list(results)
+        requests: dict[int, list[Write]] = {}
+        for q in batch:
+            requests.setdefault(q.request, []).append(q.item)
         outcomes: list[Outcome] = []
-        for item in items:
+        for items in requests.values():  # in queue order: a request's writes are adjacent in the batch
             try:
-                outcomes.append(self.store.apply([item])[0])
+                outcomes.extend(self.store.apply(items))
                 self.transactions += 1
-                self.writes += 1
+                self.writes += len(items)
             except Exception as exc:
-                outcomes.append(exc)
+                outcomes.extend([exc] * len(items))
         return outcomes
+
+
+class _Queued(NamedTuple):
+    item: Write
+    future: asyncio.Future[Applied]
+    request: int  # writes asked for in one apply_all share it, and one transaction

@@ -402,4 +402,3 @@ def guarantees(provider: Provider) -> dict[str, Any]:
         "token_retention_s": None if retention is None else retention.total_seconds(),
         "warnings": warnings,
     }
-

@@ -86,9 +86,7 @@ def load_provider(source: str | os.PathLike[str] | Mapping[str, Any]) -> HttpPro
     return build(kind, data, where)
 
 
-def operator_settings(
-    kind: str, data: Mapping[str, Any], source: str, *, also: Collection[str] = ()
-) -> dict[str, Any]:
+def operator_settings(kind: str, data: Mapping[str, Any], source: str, *, also: Collection[str] = ()) -> dict[str, Any]:
     """The operator's keys of a built-in adapter's file; a key the adapter fixes is an error naming it."""
     allowed = OPERATOR_KEYS | set(also)
     fixed = sorted(key for key in data if key not in allowed)

@@ -31,7 +31,7 @@ from jobtrail.flows.telemetry import action_kind, action_span, ambient_trace_id,
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.results import read_result
 from jobtrail.ledger.store import EXPECTED_LOCK_WAIT_S, Store
-from jobtrail.ledger.writer import Writer
+from jobtrail.ledger.writer import BatchWriter
 from jobtrail.providers.contract import Provider, ReconcileMode, slowest_call_s
 from jobtrail.providers.http import HttpProvider, load_provider
 from jobtrail.runtime.tasks import Task, open_task
@@ -91,7 +91,9 @@ class AsyncJobtrail:
         self.providers: dict[str, Provider] = {}
         for provider in providers:
             self.add_provider(provider)
-        self._flow = CreateFlow(self.store, writer=Writer(self.store, io=io), actor=actor)
+        #: every write of this client: concurrent submits (and the client's own creates) share group commits
+        self.writer = BatchWriter(self.store, io=io)
+        self._flow = CreateFlow(self.store, writer=self.writer, actor=actor)
 
     def add_provider(self, provider: Provider | str | os.PathLike[str] | Mapping[str, Any]) -> Provider:
         if isinstance(provider, str | os.PathLike | Mapping):
@@ -148,9 +150,9 @@ class AsyncJobtrail:
             result_deadline=result_deadline,
             cancel_deadline=cancel_deadline,
         )
-        op, created = await self.io(self.store.create_operation, spec, actor=caller)
+        (made,) = await self.writer.create([spec], actor=caller)
         failpoint("create.after_record")
-        return op, created
+        return made.op, made.new
 
     def _check_retention(self, adapter: Provider, create_deadline: timedelta | None) -> None:
         """A retry after the provider forgot the token could create a second job: say so before sending."""
@@ -213,8 +215,8 @@ class AsyncJobtrail:
         """
         adapter = self.provider(provider)
         specs = [self._spec(adapter, provider, request, None, **options) for request in requests]
-        made = await self.io(self.store.create_operations, specs, actor=options.get("caller", "unknown"))
-        return [op for op, _ in made]
+        made = await self.writer.create(specs, actor=options.get("caller", "unknown"))
+        return [m.op for m in made]
 
     async def task(self, task_id: str, *, caller: str = "unknown") -> Task:
         """Open a task by id, or resume it after a restart (its steps are read back from the ledger)."""

@@ -174,7 +174,7 @@ class FakeJob:
         if mode == "binary":  # an image: not JSON, not even UTF-8
             return b"\x89PNG\r\n\x1a\n" + hashlib.sha256(self.id.encode()).digest() * 64, "image/png"
         if mode == "csv":
-            return b"id,value\r\n1,caf\xc3\xa9\r\n2,\"a,b\"\r\n", "text/csv"
+            return b'id,value\r\n1,caf\xc3\xa9\r\n2,"a,b"\r\n', "text/csv"
         doc: dict[str, Any] = self.result()
         if mode == "large":
             doc["padding"] = "x" * int(opts.get("size", 1_000_000))

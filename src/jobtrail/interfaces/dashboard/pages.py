@@ -261,9 +261,7 @@ class Pages:
     def providers(self, request: Request) -> Response:
         if (gate := self._gate(request)) is not None:
             return gate
-        return self._render(
-            request, "providers.html", reports=self.provider_reports, in_use=self._providers_in_use()
-        )
+        return self._render(request, "providers.html", reports=self.provider_reports, in_use=self._providers_in_use())
 
     def audit(self, request: Request) -> Response:
         if (gate := self._gate(request)) is not None:

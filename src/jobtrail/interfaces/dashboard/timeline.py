@@ -67,9 +67,7 @@ class Timeline:
 def _history_event(entry: HistoryEntry) -> Event:
     moved = entry.from_state != entry.to_state
     evidence = json.loads(entry.evidence)
-    detail = ", ".join(
-        f"{k}={v}" for k, v in evidence.items() if k != "kind" and v not in (None, "", [], {})
-    )
+    detail = ", ".join(f"{k}={v}" for k, v in evidence.items() if k != "kind" and v not in (None, "", [], {}))
     if entry.cause == "create_attempt":
         kind = "attempt"
         title = f"create attempt {evidence.get('attempt', '')}".strip()

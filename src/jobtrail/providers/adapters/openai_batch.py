@@ -281,8 +281,7 @@ class _OpenAIProvider(HttpProvider):
                         return LookupOutcome(
                             kind="unknown",
                             path=mode,
-                            detail="the list says more pages follow but gives no cursor to them; absence is not "
-                            "proven",
+                            detail="the list says more pages follow but gives no cursor to them; absence is not proven",
                         )
                     after = cursor
         except TimeoutError:

@@ -241,9 +241,7 @@ class ReplicateProvider(HttpProvider):
             sent = await self._send("GET", url, op)
             pages += 1
             if isinstance(sent, NoAnswer):
-                return LookupOutcome(
-                    kind="unknown", path=mode, remote_job_ids=tuple(found), detail=str(sent)
-                )
+                return LookupOutcome(kind="unknown", path=mode, remote_job_ids=tuple(found), detail=str(sent))
             last = sent
             page = sent.body if isinstance(sent.body, dict) else {}
             results = page.get("results")

@@ -282,7 +282,6 @@ class AnthropicBatchFake(ServedInThread):
         self.base_url, self.port = await self.serve(self._app(), self.host, self.port)
         return self.base_url
 
-
     # -- handlers ------------------------------------------------------------------------------
 
     def _error(self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> web.Response:

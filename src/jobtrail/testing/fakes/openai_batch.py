@@ -244,7 +244,6 @@ class OpenAIBatchFake(ServedInThread):
         self.base_url, self.port = await self.serve(self._app(), self.host, self.port)
         return self.base_url
 
-
     # -- the model ---------------------------------------------------------------------------------
 
     def _add_file(self, purpose: str, filename: str, content: bytes) -> FakeFile:
