@@ -168,7 +168,9 @@ class BatchWriter(Writer):
             self._timer.cancel()  # full: no reason to wait out the window
             self._timer = None
             loop.call_soon(self._start)
-        return [await q.future for q in queued]
+        if len(queued) == 1:
+            return [await queued[0].future]
+        return list(await asyncio.gather(*(q.future for q in queued)))  # a request's writes fail together
 
     def _start(self) -> None:
         self._timer = None
