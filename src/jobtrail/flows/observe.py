@@ -40,7 +40,7 @@ from jobtrail.domain.results import (
 from jobtrail.domain.states import ESCALATED_STATES, RemoteState, State
 from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.results import carries_secret, prepare_result
-from jobtrail.ledger.store import Moved, Reschedule, Store, StoredResult
+from jobtrail.ledger.store import Moved, Observe, Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, StatusOutcome
@@ -144,8 +144,9 @@ class ObserveFlow:
         if op.state in ESCALATED_STATES:  # a person has been told: the slow pace, or later if the provider asks
             delay = max(provider.poll_backoff.cap_s, delay)
         next_at = answered + int(delay * _US)
-        await self.writer.observe(
-            op.operation_id,
+        # stored with the write this answer leads to (one commit), and covered by its entry if it is a transition
+        observed: Observe | None = Observe(
+            operation_id=op.operation_id,
             kind="status_poll",
             raw=resp.to_json() | {"error_class": status.error_class, "result_ref": status.result_ref},
             http_status=resp.http_status,
@@ -168,6 +169,7 @@ class ObserveFlow:
                     **effects,
                     "state_reason": f"status poll failed ({status.error_class}); next poll at {rfc3339(next_at)}",
                 },
+                observed=observed,
             )
         evidence = StatusObservation(
             remote_state=status.remote_state,
@@ -195,15 +197,23 @@ class ObserveFlow:
                     **effects,
                     "next_action_at_us": now if ending else next_at,
                 },
+                observed=observed,
             )
             if ending is None:
                 return op
+            observed = None
         if ending is None:
-            return await self._keep_polling(op, status, polls, next_at, effects)
-        return await self._end(op, provider, ending, status, evidence, request_ids, effects)
+            return await self._keep_polling(op, status, polls, next_at, effects, observed)
+        return await self._end(op, provider, ending, status, evidence, request_ids, effects, observed)
 
     async def _keep_polling(
-        self, op: Operation, status: StatusOutcome, polls: int, next_at: int, effects: Changes
+        self,
+        op: Operation,
+        status: StatusOutcome,
+        polls: int,
+        next_at: int,
+        effects: Changes,
+        observed: Observe | None,
     ) -> Operation:
         unknown = status.remote_state is RemoteState.UNKNOWN
         waiting: str = "unknown state, still polling" if unknown else status.remote_state.value
@@ -222,6 +232,7 @@ class ObserveFlow:
                 **effects,
                 "state_reason": f"{waiting}; next poll at {rfc3339(next_at)}",
             },
+            observed=observed,
         )
 
     async def _end(
@@ -233,11 +244,15 @@ class ObserveFlow:
         evidence: StatusObservation,
         request_ids: tuple[str, ...],
         effects: Changes,
+        observed: Observe | None,
     ) -> Operation:
         """The provider's terminal word, with the partial output a cancelled or expired job left."""
         reason = _ending_reason(op, ending, status.raw_state, status.remote_state)
         partial = None
         if status.result_ref is not None and status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
+            if observed is not None:  # durable before another request goes out
+                await self.writer.apply(observed)
+                observed = None
             partial, note = await self._partial_output(op, provider, status.result_ref)
             reason = f"{reason}; {note}"
             if partial is not None:
@@ -260,6 +275,7 @@ class ObserveFlow:
                 "state_reason": reason,
             },
             result=partial,
+            observed=observed,
         )
 
     async def _partial_output(self, op: Operation, provider: Provider, ref: str) -> tuple[StoredResult | None, str]:

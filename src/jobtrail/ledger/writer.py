@@ -89,12 +89,14 @@ class Writer:
         changes: Changes | None = None,
         request_ids: Sequence[str] = (),
         result: StoredResult | None = None,
+        observed: Observe | None = None,
     ) -> Operation:
-        """Move ``op`` to ``to`` (None: stay, and only append the history entry); ``result`` lands with it."""
+        """Move ``op`` to ``to`` (None: stay, and only append the history entry); ``result`` lands with it,
+        and so does ``observed``, the answer that caused it (its entry then covers it)."""
         change = Change(
             op=op, to=to, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids, result=result
         )
-        return landed(await self.apply(change))
+        return landed(await self._after(observed, change))
 
     async def record(
         self,
@@ -107,8 +109,14 @@ class Writer:
     ) -> Operation:
         return await self.transition(op, None, evidence, actor=actor, changes=changes, request_ids=request_ids)
 
-    async def reschedule(self, op: Operation, changes: Changes) -> Operation:
-        return landed(await self.apply(Reschedule(op=op, changes=changes)))
+    async def reschedule(self, op: Operation, changes: Changes, *, observed: Observe | None = None) -> Operation:
+        return landed(await self._after(observed, Reschedule(op=op, changes=changes)))
+
+    async def _after(self, observed: Observe | None, item: Write) -> Applied:
+        """``item``, in one transaction with the observation that led to it (one commit where there were two)."""
+        if observed is None:
+            return await self.apply(item)
+        return (await self.apply_all([observed, item]))[1]
 
     async def observe(self, operation_id: str, *, kind: str, raw: Any, **fields: Any) -> int:
         observation_id = await self.apply(Observe(operation_id=operation_id, kind=kind, raw=raw, **fields))
