@@ -116,7 +116,7 @@ def _count_sql(db: str) -> dict[str, int]:
     COMMIT or ROLLBACK)."""
     import sqlalchemy as sa
 
-    counts = {"statements": 0, "round_trips": 0}
+    counts = {"statements": 0, "round_trips": 0, "commits": 0}
     if db.startswith("postgres"):
         import psycopg
 
@@ -139,6 +139,7 @@ def _count_sql(db: str) -> dict[str, int]:
         def counted_commit(self: Any) -> Any:
             if self.info.transaction_status != idle:
                 counts["round_trips"] += 2
+                counts["commits"] += 1
             return commit(self)
 
         def counted_rollback(self: Any) -> Any:
@@ -153,8 +154,10 @@ def _count_sql(db: str) -> dict[str, int]:
     else:
         # SQLite runs in-process: every statement it executes (BEGIN and COMMIT included), no round trips
 
-        def trace(_sql: str) -> None:
+        def trace(sql: str) -> None:
             counts["statements"] += 1
+            if sql.startswith("COMMIT"):
+                counts["commits"] += 1
 
         sa.event.listen(sa.engine.Engine, "connect", lambda dbapi_conn, _rec: dbapi_conn.set_trace_callback(trace))
     return counts
@@ -219,7 +222,8 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
         "rss_mb": rss,
         "latencies": latencies,
         "succeeded": len(done),
-        "transactions": stats.transactions + (n + 499) // 500 + stats.claims,
+        "transactions": stats.transactions + jt.writer.transactions + stats.claims,
+        "submit_transactions": jt.writer.transactions,
         "worker_transactions": stats.transactions,
         "writes": stats.writes,
         "rows": rows,
@@ -325,12 +329,13 @@ def main() -> None:
         f"jobtrail database: {durable['transactions'] / n:.2f} transactions/op "
         f"({durable['worker_transactions']} group commits for {durable['writes']} writes, "
         f"{durable['claim_queries']} claim queries, "
-        f"submits in {(n + 499) // 500} transactions), rows/op: "
+        f"submits in {durable['submit_transactions']} transactions), rows/op: "
         f"history {rows['history'] / n:.1f}, observations {rows['observations'] / n:.1f}"
     )
     sql = durable["sql"]
     print(
-        f"jobtrail SQL: {sql['statements'] / n:.1f} statements/op"
+        f"jobtrail SQL: {sql['commits'] / n:.3f} commits/op (every COMMIT the driver sent), "
+        f"{sql['statements'] / n:.1f} statements/op"
         + (f", {sql['round_trips'] / n:.2f} round trips/op" if engine_name == "postgresql" else "")
     )
     print(

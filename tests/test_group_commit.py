@@ -127,9 +127,7 @@ def test_writes_asked_for_together_land_together_or_not_at_all(store: Store, com
     assert [row["raw"] for row in store.observations(op_b.operation_id)] == [{"b": 1}]
 
 
-def test_processes_racing_for_one_key_in_their_groups_all_get_the_one_operation(
-    open_store: Any, fake: Any
-) -> None:
+def test_processes_racing_for_one_key_in_their_groups_all_get_the_one_operation(open_store: Any, fake: Any) -> None:
     """Each client's group holds the same key and its own submits: one record for the key, nobody's
     other submits lost to the race (on PostgreSQL the loser's whole group meets the unique key)."""
     stores = [open_store() for _ in range(4)]

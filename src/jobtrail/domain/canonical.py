@@ -28,6 +28,7 @@ from jobtrail.domain.errors import UsageError
 
 FINGERPRINT_VERSION = "jobtrail/request/v1"
 _FLAT = frozenset({str, int, bool, type(None)})
+_FLAT_OR_FLOAT = _FLAT | {float}
 _CONSTANTS = {None: "null", True: "true", False: "false"}
 #: one encoder for every write (json.dumps with options builds a new one per call)
 _COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -35,9 +36,13 @@ _COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=
 
 def canonical_json(value: Any) -> str:
     """Return the canonical text of ``value`` (see the module docstring)."""
-    if type(value) is dict and all(type(k) is str for k in value) and all(type(v) in _FLAT for v in value.values()):
-        # a flat object without floats (the ledger's rows): the C encoder writes exactly these bytes
-        return compact_json(value)
+    if type(value) is dict and all(type(k) is str for k in value):
+        types = {type(v) for v in value.values()}
+        if types <= _FLAT:
+            # a flat object without floats (the ledger's rows): the C encoder writes exactly these bytes
+            return compact_json(value)
+        if types <= _FLAT_OR_FLOAT:  # a row with a float (a progress): only the floats need writing by hand
+            return "{" + ",".join(f"{encode_basestring(k)}:{_scalar(v)}" for k, v in sorted(value.items())) + "}"
     parts: list[str] = []
     _write(value, parts)
     return "".join(parts)
@@ -69,8 +74,27 @@ def compact_json(value: Any) -> str:
     return _COMPACT.encode(value)
 
 
+def _scalar(value: str | int | float | bool | None) -> str:
+    kind = type(value)
+    if kind is str:
+        return encode_basestring(value)  # type: ignore[arg-type]
+    if kind is float:
+        return es_number(value)  # type: ignore[arg-type]
+    if kind is int:
+        return str(value)
+    return _CONSTANTS[value]  # type: ignore[index]
+
+
 def _write(value: Any, out: list[str]) -> None:
-    if value is None or value is True or value is False:
+    kind = type(value)
+    # exact types first: nearly every value is one, and the ABC checks below cost more than the writing
+    if kind is str:
+        out.append(encode_basestring(value))
+    elif kind is int:
+        out.append(str(value))
+    elif kind is float:
+        out.append(es_number(value))
+    elif value is None or value is True or value is False:
         out.append(_CONSTANTS[value])
     elif isinstance(value, str):
         out.append(encode_basestring(value))
@@ -78,7 +102,12 @@ def _write(value: Any, out: list[str]) -> None:
         out.append(str(value))
     elif isinstance(value, float):
         out.append(es_number(value))
-    elif isinstance(value, Mapping):
+    else:
+        _write_container(value, out)
+
+
+def _write_container(value: Any, out: list[str]) -> None:
+    if isinstance(value, Mapping):
         out.append("{")
         for i, key in enumerate(sorted(value)):
             if not isinstance(key, str):
@@ -109,6 +138,11 @@ def es_number(x: float) -> str:
         raise UsageError("NaN and infinite numbers have no JSON form; send them as strings")
     if x == 0:
         return "0"
+    text = repr(x)
+    if "e" not in text:
+        # Python writes 1e-4 <= |x| < 1e16 positionally with the same shortest digits ECMAScript
+        # chooses, and ECMAScript writes that range positionally too; only an integral ".0" differs
+        return text[:-2] if text.endswith(".0") else text
     sign = "-" if x < 0 else ""
     _, digit_tuple, exponent = Decimal(repr(abs(x))).as_tuple()
     digits = "".join(map(str, digit_tuple)).rstrip("0") or "0"

@@ -204,22 +204,24 @@ class BatchWriter(Writer):
         self._settle(batch, outcomes)
         self._next()
 
-    def _settle(self, batch: list[_Queued], outcomes: list[Outcome]) -> None:
+    def _settle(self, batch: list[_Queued], outcomes: list[Outcome], start: int = 0) -> None:
         """Wake the writers, a bounded number per loop turn.
 
         A commit that waited (on a lock held elsewhere, say) may complete hundreds of
         writes at once; waking every caller in one turn would hold the loop for all
         of their next steps, and timers (time-outs of calls in flight) would wait.
         """
-        for q, outcome in zip(batch[:_WAKE_PER_TURN], outcomes[:_WAKE_PER_TURN], strict=True):
-            if q.future.done():
+        end = min(start + _WAKE_PER_TURN, len(batch))
+        for i in range(start, end):
+            future, outcome = batch[i].future, outcomes[i]
+            if future.done():
                 continue
             if isinstance(outcome, Exception):
-                q.future.set_exception(outcome)
+                future.set_exception(outcome)
             else:
-                q.future.set_result(outcome)
-        if len(batch) > _WAKE_PER_TURN:
-            asyncio.get_running_loop().call_soon(self._settle, batch[_WAKE_PER_TURN:], outcomes[_WAKE_PER_TURN:])
+                future.set_result(outcome)
+        if end < len(batch):
+            asyncio.get_running_loop().call_soon(self._settle, batch, outcomes, end)
 
     def _next(self) -> None:
         if self._pending:
