@@ -202,6 +202,9 @@ class FakeProvider(ServedInThread):
     idempotency: bool = True
     #: when set, every request must carry ``Authorization: Bearer <this>``
     require_bearer: str | None = None
+    #: a fixed cost of every API answer (seconds), as a remote provider's round trip; slept, so
+    #: requests are still served concurrently (the ``/_fake`` control routes answer at once)
+    latency_s: float = 0.0
     counts: Counter[str] = field(default_factory=Counter)
     jobs: dict[str, FakeJob] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
@@ -363,6 +366,8 @@ class FakeProvider(ServedInThread):
             with self._lock:
                 self.counts["unauthorized"] += 1
             return web.json_response({"error": "unauthorized"}, status=401)
+        if self.latency_s > 0 and not request.path.startswith("/_fake"):
+            await asyncio.sleep(self.latency_s)
         response: web.StreamResponse = await handler(request)
         return response
 

@@ -16,9 +16,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--job-duration", type=float, default=1.0, help="seconds until a job succeeds")
     parser.add_argument("--no-idempotency", action="store_true", help="ignore Idempotency-Key entirely")
+    parser.add_argument(
+        "--latency-ms", type=float, default=0.0, help="a fixed delay before every API answer (default 0)"
+    )
     args = parser.parse_args()
     fake = FakeProvider(
-        host=args.host, port=args.port, job_duration_s=args.job_duration, idempotency=not args.no_idempotency
+        host=args.host,
+        port=args.port,
+        job_duration_s=args.job_duration,
+        idempotency=not args.no_idempotency,
+        latency_s=args.latency_ms / 1000,
     )
     # the handlers are in place before anyone learns the address, so a prompt SIGTERM still ends it cleanly
     stop = threading.Event()
