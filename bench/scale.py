@@ -68,22 +68,6 @@ def _ticks(pid: int | None = None) -> tuple[int, int]:
     return sum(cpu) - cpu[3] - cpu[4], sum(cpu)  # idle and iowait are not busy
 
 
-def _count_commits(counts: dict[str, int]) -> None:
-    """Count transactions committed at the driver (installed over _count_sql's own wrapper)."""
-    import psycopg
-
-    commit = psycopg.Connection.commit
-    idle = psycopg.pq.TransactionStatus.IDLE
-
-    def counted(self: Any) -> Any:
-        if self.info.transaction_status != idle:
-            counts["commits"] += 1
-        return commit(self)
-
-    counts["commits"] = 0
-    psycopg.Connection.commit = counted  # type: ignore[method-assign]
-
-
 # -- one worker process -----------------------------------------------------------------------------
 
 
@@ -104,7 +88,6 @@ def child(base: str, db: str, worker_id: str, max_connections: int, concurrency:
     # the worker calls it when a newer lease fenced its write
     worker_module.lease_taken_over = counted_takeover  # type: ignore[attr-defined]
     sql = _count_sql(db)
-    _count_commits(sql)
     store = Store.open(db)
     config = _config(base, max_connections)
     worker = Worker(
@@ -149,7 +132,6 @@ def _submit(db: str, base: str, n: int, max_connections: int) -> dict[str, int]:
 
     store = Store.open(db)  # creates the tables: the fresh database is the reset ledger
     sql = _count_sql(db)
-    _count_commits(sql)
 
     async def run() -> None:
         jt = AsyncJobtrail(store=store, providers=[_config(base, max_connections)])
