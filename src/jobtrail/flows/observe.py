@@ -388,8 +388,28 @@ class CollectFlow:
                 return await self._finish(op, provider, resp, f"fetched {ref or 'result'}")
         finally:  # stored by now, or not to be: a spooled body never outlives its collect step
             discard(resp)
+        return await self._fetch_failed(op, provider, resp, attempts, one_time=one_time)
+
+    async def _fetch_failed(
+        self, op: Operation, provider: Provider, resp: Response | NoAnswer, attempts: int, *, one_time: bool
+    ) -> Operation:
+        """Fetch ``attempts`` brought no result: try again later, or say why it never will."""
         if isinstance(resp, NoAnswer) and resp.refused:  # no request made; asking again cannot change the answer
             return await self._unavailable(op, resp.detail, None)
+        retry_after = resp.retry_after_s if isinstance(resp, Response) else None
+        # counted from the answer (Retry-After means "after this answer"), not from when the fetch was sent
+        next_at = self.store.clock() + int(provider.backoff.after(retry_after, attempts, self.rng) * _US)
+        if isinstance(resp, NoAnswer) and resp.not_sent:
+            # nothing reached the provider (no connection came free, or none could be made): no attempt
+            # is spent, so only the result deadline ends the retries, never "gave up after N attempts"
+            return await self.writer.reschedule(
+                op,
+                {
+                    "polls": attempts - 1,
+                    "next_action_at_us": next_at,
+                    "state_reason": f"result fetch not sent ({resp.detail}); retrying at {rfc3339(next_at)}",
+                },
+            )
         status = resp.http_status if isinstance(resp, Response) else None
         why = f"result fetch {attempts} failed (HTTP {status or 'no answer'})"
         # an error answer, or a connection that was never made, handed nothing over; silence or 410 may have
@@ -401,9 +421,6 @@ class CollectFlow:
                 else f"gave up after {attempts} attempts"
             )
             return await self._unavailable(op, f"{why}; {give_up}", status)
-        # counted from the answer (Retry-After means "after this answer"), not from when the fetch was sent
-        retry_after = resp.retry_after_s if isinstance(resp, Response) else None
-        next_at = self.store.clock() + int(provider.backoff.after(retry_after, attempts, self.rng) * _US)
         return await self.writer.reschedule(
             op,
             {"polls": attempts, "next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"},
@@ -541,7 +558,9 @@ def discard(resp: Response | NoAnswer) -> None:
 async def record_fetch(writer: Writer, operation_id: str, resp: Response | NoAnswer, *, attempt: int) -> None:
     if isinstance(resp, NoAnswer):
         raw: dict[str, Any] = {"http_status": None, "headers": {}, "attempt": attempt, "size": None}
-        await writer.observe(operation_id, kind="result_fetch", raw={**raw, "error": resp.to_json()})
+        # a fetch that never left is no fetch: a one-time result's count of fetches made must not include it
+        kind = "result_fetch_not_sent" if resp.not_sent else "result_fetch"
+        await writer.observe(operation_id, kind=kind, raw={**raw, "error": resp.to_json()})
         return
     fetched = resp.fetched
     await writer.observe(

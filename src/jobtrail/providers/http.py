@@ -179,6 +179,9 @@ class HttpProvider:
         self._credential: tuple[float, dict[str, str]] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._foreign: aiohttp.ClientSession | None = None
+        #: one slot per connection of each session (see _send_when_free)
+        self._gate = asyncio.Semaphore(config.max_connections)
+        self._foreign_gate = asyncio.Semaphore(config.max_connections)
         self._foreign_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -192,6 +195,7 @@ class HttpProvider:
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
                 headers={"User-Agent": _USER_AGENT},
             )
+            self._gate = asyncio.Semaphore(self.config.max_connections)
             self._loop = loop
         return self._session
 
@@ -204,6 +208,7 @@ class HttpProvider:
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
                 headers={"User-Agent": _USER_AGENT},
             )
+            self._foreign_gate = asyncio.Semaphore(self.config.max_connections)
             self._foreign_loop = loop
         return self._foreign
 
@@ -347,25 +352,60 @@ class HttpProvider:
         The deterministic simulation replaces only this method, so everything above the
         socket (headers, credentials, parsing, classification) is the code that runs for real.
         """
-        try:
-            async with self._client().request(method, url, headers=headers, json=body, allow_redirects=False) as resp:
-                raw = await read_at_most(resp, max_bytes)
-                return WireAnswer(resp.status, {k: v for k, v in resp.headers.items()}, raw)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return self._failure(exc)
+        return await self._exchange(method, url, max_bytes, headers=headers, json=body)
 
-    async def _foreign_transport(self, url: yarl.URL, max_bytes: int) -> WireAnswer | NoAnswer:
-        """A GET to a declared download host: no credential, no provider headers, no redirects."""
+    async def _exchange(
+        self, method: str, url: str | yarl.URL, max_bytes: int, *, foreign: bool = False, **request: Any
+    ) -> WireAnswer | NoAnswer:
+        """One request on a free connection (of the provider's, or ``foreign``: of the download hosts'),
+        its answer read up to ``max_bytes``; no redirects are followed."""
+        if foreign:
+            client, gate = self._foreign_client(), self._foreign_gate
+        else:
+            client, gate = self._client(), self._gate  # the gate of this loop's session
+        if not await self._free_slot(gate):
+            return self._no_slot()
         try:
-            async with self._foreign_client().get(url, allow_redirects=False) as resp:
+            async with client.request(method, url, allow_redirects=False, **request) as resp:
                 raw = await read_at_most(resp, max_bytes)
                 return WireAnswer(resp.status, {k: v for k, v in resp.headers.items()}, raw)
         except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.os_error, AddressRefused):
-                return refusal(UrlRefused(str(exc.os_error), url.host or ""), url_key="status.result_ref")
+            if isinstance(exc.os_error, AddressRefused):  # a download host that resolved to a private address
+                return refusal(UrlRefused(str(exc.os_error), yarl.URL(url).host or ""), url_key="status.result_ref")
             return self._failure(exc)
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._failure(exc)
+        finally:
+            gate.release()
+
+    async def _free_slot(self, gate: asyncio.Semaphore) -> bool:
+        """Wait for one of the provider's connections, at most the connect time-out.
+
+        Waiting for a connection is not part of a request's time-out: a request queued behind
+        busy connections and timed out there was never sent, and must not be taken for a create
+        that may have reached the provider (nor hold its request objects while it waits).
+        """
+        if not gate.locked():
+            await gate.acquire()
+            return True
+        try:
+            async with asyncio.timeout(self.config.connect_timeout_s):
+                await gate.acquire()
+        except TimeoutError:
+            return False
+        return True
+
+    def _no_slot(self) -> NoAnswer:
+        return NoAnswer(
+            "not_sent",
+            f"none of the {self.config.max_connections} connections to the provider came free within "
+            f"{self.config.connect_timeout_s:g} s (connect_timeout_s); nothing was sent. More in flight than "
+            "the provider's max_connections serve: lower the worker's concurrency or raise max_connections",
+        )
+
+    async def _foreign_transport(self, url: yarl.URL, max_bytes: int) -> WireAnswer | NoAnswer:
+        """A GET to a declared download host: no credential, no provider headers, no redirects."""
+        return await self._exchange("GET", url, max_bytes, foreign=True)
 
     def _failure(self, exc: BaseException) -> NoAnswer:
         """What a request that got no usable answer tells us.

@@ -25,6 +25,7 @@ _OBSERVATION = {
     "webhook": "webhook",
     "cancel_response": "answer to the cancel",
     "result_fetch": "result fetched",
+    "result_fetch_not_sent": "result fetch not sent (no connection)",
     "synchronous_result": "result in the create answer",
     "reconcile": "reconciliation answer",
 }

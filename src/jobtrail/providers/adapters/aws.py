@@ -34,8 +34,6 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from jobtrail.domain.canonical import compact_json, parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.record import Operation
@@ -44,7 +42,7 @@ from jobtrail.domain.states import RemoteState, State
 from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, Spooled, StatusOutcome, WireAnswer
 from jobtrail.providers.credentials import Credential
 from jobtrail.providers.declared import is_loopback
-from jobtrail.providers.http import HttpProvider, parse_config, read_at_most
+from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
 
 #: how long Step Functions keeps a STANDARD execution's name after it closes (the name cannot be reused before)
@@ -203,12 +201,7 @@ class AwsJsonProvider(HttpProvider):
         self, method: str, url: str, headers: Mapping[str, str], payload: bytes, max_bytes: int, frozen: Any
     ) -> WireAnswer | NoAnswer:
         signed = self._signed(method, url, headers, payload, frozen)
-        try:
-            async with self._client().request(method, url, headers=signed, data=payload, allow_redirects=False) as resp:
-                raw = await read_at_most(resp, max_bytes)
-                return WireAnswer(resp.status, {k: v for k, v in resp.headers.items()}, raw)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return self._failure(exc)
+        return await self._exchange(method, url, max_bytes, headers=signed, data=payload)
 
     async def _call(
         self, action: str, op: Operation, payload: Mapping[str, Any], *, max_bytes: int | None = None

@@ -57,7 +57,7 @@ from jobtrail.providers.contract import (
     WireAnswer,
     join_bodies,
 )
-from jobtrail.providers.http import SPOOL_OVER_BYTES, HttpProvider, parse_config, read_at_most
+from jobtrail.providers.http import SPOOL_OVER_BYTES, HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
 
 #: the metadata key our idempotency token travels in
@@ -595,12 +595,7 @@ class OpenAIFileProvider(_OpenAIProvider):
         form = aiohttp.FormData()
         form.add_field("purpose", body.purpose)
         form.add_field("file", body.content, filename=body.filename, content_type="application/octet-stream")
-        try:
-            async with self._client().request(method, url, headers=headers, data=form, allow_redirects=False) as resp:
-                raw = await read_at_most(resp, max_bytes)
-                return WireAnswer(resp.status, dict(resp.headers.items()), raw)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return self._failure(exc)
+        return await self._exchange(method, url, max_bytes, headers=headers, data=form)
 
 
 def _read(path: Path) -> bytes:
