@@ -5,10 +5,13 @@
 
 The fake provider runs in its own process; each job succeeds --job-duration seconds after its
 create. N operations are submitted (submit_many, 1000 a transaction), then one Worker runs in a
-child process with concurrency N, polling every --poll-s seconds. The parent reads the child's
-VmRSS and VmHWM from /proc every 0.5 s and counts states in the ledger. A baseline child runs the
-same Worker on the same ledger before anything is submitted (0 operations) for a few seconds.
-On PostgreSQL the run uses a database of its own (jobtrail_mem), created and dropped here.
+child process with its default concurrency (1,000 actions at once: an operation in flight is a
+row in the ledger between its polls, not a task in memory), polling every --poll-s seconds,
+until all N are in flight at once (accepted, not ended) and then --hold-s longer; then it is
+stopped with SIGTERM and reports its own peak. The parent reads the child's VmRSS and VmHWM from
+/proc every 0.5 s and counts states in the ledger. A baseline child runs the same Worker on the
+same ledger before anything is submitted (0 operations) for a few seconds. On PostgreSQL the run
+uses a database of its own (jobtrail_mem), created and dropped here.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -43,7 +47,7 @@ def _config(base: str, poll_s: float, max_connections: int, timeout_s: float) ->
     return {
         "name": "fake",
         "base_url": base,
-        "timeout_s": timeout_s,  # aiohttp's total: includes the wait for one of max_connections
+        "timeout_s": timeout_s,
         "connect_timeout_s": 10,
         "create": {"path": "/v1/jobs", "job_id": "$.id"},
         "status": {"path": "/v1/jobs/{job_id}", "state": "$.status", "result_ref": "$.result_url"},
@@ -69,7 +73,12 @@ def child(db: str, config: dict[str, Any], concurrency: int, batch: int, max_s: 
         lease_s=max(120, 2 * (config["timeout_s"] + config["connect_timeout_s"]) + 10),
         batch=batch,
     )
-    stats = asyncio.run(worker.run(until_settled=settle, timeout=max_s))
+
+    async def run() -> Any:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)
+        return await worker.run(until_settled=settle, timeout=max_s)
+
+    stats = asyncio.run(run())
     store.close()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     out = {"ru_maxrss_mb": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime}
@@ -97,7 +106,8 @@ def _states(engine: Any) -> dict[str, int]:
 
 
 def _spawn(args: argparse.Namespace, db: str, config: dict[str, Any], max_s: float, settle: bool) -> Any:
-    cmd = [sys.executable, __file__, "--child", db, "--config", json.dumps(config), "--n", str(args.n)]
+    cmd = [sys.executable, __file__, "--child", db, "--config", json.dumps(config)]
+    cmd += ["--concurrency", str(args.concurrency)]
     cmd += ["--batch", str(args.batch), "--max-s", str(max_s), *(["--settle"] if settle else [])]
     # the worker logs every failed action: to a file, so a bad run cannot flood the terminal
     log = tempfile.NamedTemporaryFile("w+", prefix="memory-worker-", suffix=".log", delete=False)  # noqa: SIM115
@@ -155,6 +165,9 @@ def measure(args: argparse.Namespace, db: str, config: dict[str, Any], engine: A
             all_accepted = (elapsed, rss)
         if states.get("succeeded", 0) >= n:
             break
+        if all_in_flight is not None and elapsed >= all_in_flight[0] + args.hold_s:
+            proc.send_signal(signal.SIGTERM)  # stop claiming, finish what is in flight, report
+            break
         time.sleep(0.5)
     wall = time.monotonic() - t0
     result = _finish(proc, log, grace_s=60)
@@ -192,11 +205,13 @@ async def _submit(db: str, config: dict[str, Any], n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=100_000, help="operations (and the worker's concurrency)")
+    parser.add_argument("--n", type=int, default=100_000, help="operations")
+    parser.add_argument("--concurrency", type=int, default=1000, help="the worker's (default: its own default)")
+    parser.add_argument("--hold-s", type=float, default=30, help="how long to go on once all N are in flight")
     parser.add_argument("--db", default="", help="PostgreSQL URL (default: a temp SQLite file)")
     parser.add_argument("--max-s", type=float, default=300, help="longest worker run (default 300)")
-    parser.add_argument("--job-duration", type=float, default=60, help="seconds until a job succeeds")
-    parser.add_argument("--poll-s", type=float, default=5, help="poll interval (default 5)")
+    parser.add_argument("--job-duration", type=float, default=900, help="seconds until a job succeeds")
+    parser.add_argument("--poll-s", type=float, default=60, help="poll interval (default 60)")
     parser.add_argument("--max-connections", type=int, default=256, help="HTTP connections (jobtrail's default)")
     parser.add_argument("--timeout-s", type=float, default=30, help="provider call timeout (default 30)")
     parser.add_argument("--batch", type=int, default=1000, help="operations claimed per query")
@@ -205,7 +220,7 @@ def main() -> None:
     parser.add_argument("--settle", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, json.loads(args.config), args.n, args.batch, args.max_s, args.settle)
+        child(args.child, json.loads(args.config), args.concurrency, args.batch, args.max_s, args.settle)
         return
 
     port = _free_port()
@@ -242,7 +257,7 @@ def main() -> None:
 
     engine = "postgresql" if args.db else "sqlite"
     print(
-        f"N = {args.n}, {engine}, worker concurrency {args.n}, claim batch {args.batch}, "
+        f"N = {args.n}, {engine}, worker concurrency {args.concurrency}, claim batch {args.batch}, "
         f"{args.max_connections} HTTP connections, timeout {args.timeout_s:g} s, polls every {args.poll_s:g} s, "
         f"jobs succeed {args.job_duration:g} s after create"
     )
