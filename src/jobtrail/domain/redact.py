@@ -226,6 +226,7 @@ _CREDENTIAL_KEY_SUFFIXES = (
 
 
 @functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)
 def _norm(name: str) -> str:
     return _NON_ALNUM.sub("", name.lower())
 
@@ -501,11 +502,12 @@ class Redactor:
                 if key_s != str(key):  # a key that carries a credential
                     out[_unique(out, key_s)] = REDACTED
                     continue
+                norm = _norm(key_s)
                 if is_secret_name(key_s) and _carries_secret(item):
                     out[key_s] = REDACTED
-                elif _norm(key_s) in ("headers", "responseheaders", "requestheaders") and isinstance(item, Mapping):
+                elif norm in ("headers", "responseheaders", "requestheaders") and isinstance(item, Mapping):
                     out[key_s] = self.headers(item)
-                elif _norm(key_s) in ("url", "statusurl", "href", "resultreference", "location"):
+                elif norm in ("url", "statusurl", "href", "resultreference", "location"):
                     out[key_s] = self.url(item) if isinstance(item, str) else self.value(item)
                 else:
                     out[key_s] = self.value(item)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import os
 import time
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from typing import TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
+from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 from opentelemetry.trace import (
     NonRecordingSpan,
     NoOpTracerProvider,
@@ -108,8 +110,28 @@ def _operation_parent(trace_id: str) -> Context:
 
 
 def _tracing() -> bool:
-    """Is a tracer provider (an SDK) configured? Asked at each action: one may be installed at any time."""
-    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
+    """Is a tracer provider (an SDK) configured? Asked at each action: one may be installed at any time.
+
+    Once one is, it stays (the API allows setting it once). Until then, the API's own answer reads
+    the environment at every call, which costs more than the rest of an untraced action's telemetry;
+    its module-level provider says the same without that (a provider named in the environment is
+    looked for at every call, as the API would).
+    """
+    if _Sdk.seen:
+        return True
+    if getattr(trace, "_TRACER_PROVIDER", _UNSET) is None and not _PROVIDER_FROM_ENV:
+        return False
+    _Sdk.seen = not isinstance(trace.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
+    return _Sdk.seen
+
+
+_UNSET = object()
+#: an SDK named in the environment (the API loads it on its first use)
+_PROVIDER_FROM_ENV = OTEL_PYTHON_TRACER_PROVIDER in os.environ
+
+
+class _Sdk:
+    seen = False
 
 
 def _parent(trace_id: str) -> Context | None:
