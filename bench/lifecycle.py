@@ -163,6 +163,13 @@ def _count_sql(db: str) -> dict[str, int]:
     return counts
 
 
+def _wal_lsn(engine: Any) -> str:
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
+        return str(conn.execute(sa.text("SELECT pg_current_wal_insert_lsn()")).scalar_one())
+
+
 def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str, Any]:
     import sqlalchemy as sa
 
@@ -186,6 +193,8 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
     sql = _count_sql(db)
     store.close()
     store = Store.open(db)
+    postgres = db.startswith("postgres")
+    wal0 = _wal_lsn(store.engine) if postgres else None
     cpu0, _ = _usage()
     t0 = time.monotonic()
     jt = AsyncJobtrail(store=store, providers=[config])
@@ -215,6 +224,17 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
             t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
             for t in ("operations", "history", "observations")
         }
+        disk = 0
+        wal = 0
+        if postgres:
+            # what an operator plans storage and replication by: WAL written (the whole server's, so run
+            # on a quiet one) and the tables' size on disk, indexes and TOAST included
+            since = sa.text("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), :lsn)")
+            wal = int(conn.execute(since, {"lsn": wal0}).scalar_one())
+            disk = sum(
+                int(conn.execute(sa.text(f"SELECT pg_total_relation_size('{t}')")).scalar_one())
+                for t in ("operations", "history", "observations", "results")
+            )
     store.close()
     return {
         "wall_s": wall,
@@ -230,6 +250,8 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
         "claims": stats.claimed,
         "claim_queries": stats.claims,
         "sql": sql_counts,
+        "wal_bytes": wal,
+        "disk_bytes": disk,
     }
 
 
@@ -338,6 +360,11 @@ def main() -> None:
         f"{sql['statements'] / n:.1f} statements/op"
         + (f", {sql['round_trips'] / n:.2f} round trips/op" if engine_name == "postgresql" else "")
     )
+    if engine_name == "postgresql":
+        print(
+            f"jobtrail PostgreSQL: {durable['wal_bytes'] / n / 1024:.1f} KiB WAL/op, "
+            f"{durable['disk_bytes'] / n / 1024:.1f} KiB on disk/op (tables, indexes, TOAST)"
+        )
     print(
         f"jobtrail HTTP: {req2['creates_received'] / n:.2f} creates, {req2['status'] / n:.2f} polls, "
         f"{req2['results'] / n:.2f} result fetches per op (plain: {req['status'] / n:.2f} polls)"
