@@ -159,3 +159,21 @@ def test_processes_racing_for_one_key_in_their_groups_all_get_the_one_operation(
     assert len(set(others)) == 40
     assert stores[0].count() == 41
     assert all(stores[0].get(op_id).state is State.CREATE_PENDING for op_id in others)
+
+
+def test_a_submit_abandoned_with_its_loop_does_not_stall_the_next_loop(store: Store, fake: Any) -> None:
+    """The sync client runs one loop per call: a call interrupted while its write waited for the group's
+    window (Ctrl-C) leaves a timer that will never fire; the next call still commits."""
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+
+    async def interrupted() -> None:
+        asyncio.create_task(jt.submit("fake", {"n": 1}))  # noqa: RUF006 - abandoned on purpose
+        await asyncio.sleep(0)  # queued; the loop ends before its window does
+
+    asyncio.run(interrupted())
+
+    async def next_call() -> Any:
+        return await asyncio.wait_for(jt.submit("fake", {"n": 2}), timeout=10)
+
+    op = asyncio.run(next_call())
+    assert store.get(op.operation_id).state is State.CREATE_PENDING

@@ -152,6 +152,7 @@ class BatchWriter(Writer):
         self._pending: list[_Queued] = []
         self._committing = False
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._commits: set[asyncio.Task[None]] = set()
         self._requests = 0
         self.transactions = 0
@@ -162,7 +163,13 @@ class BatchWriter(Writer):
 
     async def apply_all(self, items: Sequence[Write]) -> list[Applied]:
         """Queue writes for the next group commit; they land in the same transaction, together."""
+        if not items:
+            return []
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # a new loop (the sync client runs one per call): what a closed one left queued has no
+            # caller left to answer, and its window's timer will never fire
+            self._loop, self._pending, self._committing, self._timer = loop, [], False, None
         self._requests += 1
         queued = [_Queued(item, loop.create_future(), self._requests) for item in items]
         self._pending.extend(queued)
