@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -49,6 +50,20 @@ def _counts(base: str) -> dict[str, int]:
     with urllib.request.urlopen(f"{base}/_fake/counts", timeout=10) as resp:
         data: dict[str, int] = json.loads(resp.read())
         return data
+
+
+#: seconds the garbage collector ran in this process (each phase is a process of its own)
+_GC = {"s": 0.0, "started": 0.0}
+
+
+def _gc_timer(phase: str, _info: dict[str, Any]) -> None:
+    if phase == "start":
+        _GC["started"] = time.perf_counter()
+    else:
+        _GC["s"] += time.perf_counter() - _GC["started"]
+
+
+gc.callbacks.append(_gc_timer)
 
 
 def _usage() -> tuple[float, float]:
@@ -100,6 +115,7 @@ def phase_plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
     cpu1, rss = _usage()
     return {
         "wall_s": wall,
+        "gc_s": _GC["s"],
         "cpu_s": cpu1 - cpu0,
         "rss_mb": rss,
         "latencies": out["latencies"],
@@ -238,6 +254,7 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
     store.close()
     return {
         "wall_s": wall,
+        "gc_s": _GC["s"],
         "cpu_s": cpu1 - cpu0,
         "rss_mb": rss,
         "latencies": latencies,
@@ -280,7 +297,7 @@ def _line(name: str, r: dict[str, Any], n: int, requests: int) -> str:
         f"{name:<9} {n / r['wall_s']:8.0f} ops/s  {r['cpu_s'] * 1000 / n:6.2f} CPU ms/op  "
         f"{requests / n:5.2f} HTTP req/op  peak RSS {r['rss_mb']:6.1f} MB  "
         f"latency p50 {statistics.median(lat):.2f} s p99 {_pct(lat, 0.99):.2f} s  "
-        f"({r['succeeded']}/{n} succeeded)"
+        f"({r['succeeded']}/{n} succeeded; garbage collector {r['gc_s'] / r['cpu_s']:.0%} of the CPU)"
     )
 
 
