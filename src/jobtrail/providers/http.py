@@ -179,7 +179,7 @@ class HttpProvider:
         self._credential: tuple[float, dict[str, str]] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._foreign: aiohttp.ClientSession | None = None
-        #: one slot per connection of each session (see _send_when_free)
+        #: one slot per connection of each session (see _free_slot)
         self._gate = asyncio.Semaphore(config.max_connections)
         self._foreign_gate = asyncio.Semaphore(config.max_connections)
         self._foreign_loop: asyncio.AbstractEventLoop | None = None
