@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobtrail import UsageError
-from jobtrail.domain.canonical import canonical_json, es_number, request_fingerprint
+from jobtrail.domain.canonical import _write, canonical_json, compact_json, es_number, request_fingerprint
 
 
 @pytest.mark.parametrize(
@@ -67,3 +71,46 @@ def test_es_number_matches_ecmascript() -> None:
         "-2.5",
         "100",
     ]
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from('\x00\x1f\x7f\u2028\ud800"\\')),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _json_module(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_JSON_VALUES)
+def test_stored_json_is_what_the_json_module_writes(value: object) -> None:
+    """Every stored document and hashed row is written by orjson where it can: the same bytes as before,
+    whatever the value (NaN still refused, huge integers, lone surrogates, floats with exponents)."""
+    try:
+        expected = _json_module(value)
+    except ValueError:
+        with pytest.raises(ValueError):
+            compact_json(value)
+        return
+    assert compact_json(value) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(_JSON_VALUES)
+def test_canonical_json_is_the_same_on_every_path(value: object) -> None:
+    """The fast path (orjson, no floats) and the writer by hand agree byte for byte."""
+    parts: list[str] = []
+    try:
+        _write(value, parts)
+    except UsageError:
+        with pytest.raises(UsageError):
+            canonical_json(value)
+        return
+    assert canonical_json(value) == "".join(parts)

@@ -24,6 +24,8 @@ from decimal import Decimal
 from json.encoder import encode_basestring
 from typing import Any
 
+import orjson
+
 from jobtrail.domain.errors import UsageError
 
 FINGERPRINT_VERSION = "jobtrail/request/v1"
@@ -32,10 +34,15 @@ _FLAT_OR_FLOAT = _FLAT | {float}
 _CONSTANTS = {None: "null", True: "true", False: "false"}
 #: one encoder for every write (json.dumps with options builds a new one per call)
 _COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_ORJSON_SORTED = orjson.OPT_SORT_KEYS
+#: orjson writes integers in this range; a larger one goes to the json module
+_I64 = (-(2**63), 2**64 - 1)
 
 
 def canonical_json(value: Any) -> str:
     """Return the canonical text of ``value`` (see the module docstring)."""
+    if _plain(value, False):  # no float anywhere: orjson writes exactly the canonical bytes
+        return _orjson(value)
     if type(value) is dict and all(type(k) is str for k in value):
         types = {type(v) for v in value.values()}
         if types <= _FLAT:
@@ -70,8 +77,54 @@ def compact_json(value: Any) -> str:
     For values made only of strings, integers, booleans, null, lists and objects
     this is byte-for-byte :func:`canonical_json`, at C speed; floats are written
     as Python writes them, which is why fingerprints use :func:`canonical_json`.
+
+    Every write encodes several documents, so orjson writes those it writes exactly as
+    ``json`` does (exact JSON types, string keys, 64-bit integers, finite floats that Python
+    writes without an exponent): about twenty times faster. Anything else goes to ``json``.
     """
+    if _plain(value, True):
+        return _orjson(value)
     return _COMPACT.encode(value)
+
+
+def _orjson(value: Any) -> str:
+    try:
+        return orjson.dumps(value, option=_ORJSON_SORTED).decode("utf-8")
+    except TypeError:  # a lone surrogate, which json writes as it is
+        return _COMPACT.encode(value)
+
+
+def _plain(value: Any, floats: bool) -> bool:
+    """Is ``value`` made only of what orjson writes byte for byte as ``json.dumps(ensure_ascii=False,
+    sort_keys=True)`` does: exact ``dict`` (string keys), ``list``, ``str``, ``bool``, ``None``, 64-bit
+    ``int`` and (``floats``) a finite float that ``repr`` writes positionally?
+
+    orjson writes NaN as null where json refuses it, ``1e-07`` as ``1e-7`` and refuses larger integers;
+    subclasses (enums) and other mappings are json's to write, as before.
+    """
+    stack = [value]
+    lo, hi = _I64
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if not lo <= item <= hi:
+                return False
+        elif kind is dict:
+            for key in item:
+                if type(key) is not str:
+                    return False
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind is float:
+            if not floats or not math.isfinite(item) or "e" in repr(item):
+                return False
+        else:
+            return False
+    return True
 
 
 def _scalar(value: str | int | float | bool | None) -> str:
