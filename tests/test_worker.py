@@ -342,3 +342,38 @@ def test_ops_list_shows_the_next_action_and_when(db_url: str, fake: FakeProvider
     shown = json.loads(out.stdout)
     assert shown["next_action"] == "send the create with the stored token"
     assert shown["next_action_at"] is not None
+
+
+def test_a_first_answer_that_is_already_the_ending_lands_in_one_write(db_url: str) -> None:
+    """A job that finished before its first poll: accepted -> observing -> result_collecting in one
+    transaction (one conditional UPDATE, two chained entries), and the audit still verifies every link."""
+    fake = FakeProvider(job_duration_s=0.0).start()
+    try:
+        store = Store.open(db_url)
+        config = fake.provider_config(poll={"initial_s": 0.2, "factor": 1, "cap_s": 0.2})
+        op_id = asyncio.run(AsyncJobtrail(store=store, providers=[config]).submit("fake", {"x": 1})).operation_id
+        worker = Worker(store, {"fake": load_provider(config)}, worker_id="w", idle_s=0.01)
+        asyncio.run(worker.run(until_settled=True, timeout=30))
+        op = store.get(op_id)
+        assert op.state is S.SUCCEEDED
+        entries = store.history(op_id)
+        assert [e.to_state for e in entries] == [
+            S.CREATE_PENDING,
+            S.CREATE_PENDING,
+            S.ACCEPTED,
+            S.OBSERVING,
+            S.RESULT_COLLECTING,
+            S.SUCCEEDED,
+        ]
+        observing, collecting = entries[3], entries[4]
+        # written together: the same time, the second linked to the first, both for the one status answer
+        assert observing.at_us == collecting.at_us
+        assert collecting.prev_hash == observing.entry_hash
+        assert observing.cause == collecting.cause == "status_observation"
+        polls = [o for o in store.observations(op_id) if o["kind"] == "status_poll"]
+        assert len(polls) == 1 and fake.counts["status"] == 1
+        assert op.version == len(entries) and op.history_head == entries[-1].entry_hash
+        assert verify(store).ok
+        store.close()
+    finally:
+        fake.stop()

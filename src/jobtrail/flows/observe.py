@@ -40,7 +40,7 @@ from jobtrail.domain.results import (
 from jobtrail.domain.states import ESCALATED_STATES, RemoteState, State
 from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.results import carries_secret, prepare_result
-from jobtrail.ledger.store import Moved, Observe, Reschedule, Store, StoredResult
+from jobtrail.ledger.store import FollowUp, Moved, Observe, Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import attach_orphans
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, StatusOutcome
@@ -185,6 +185,21 @@ class ObserveFlow:
         request_ids = (resp.provider_request_id,) if resp.provider_request_id else ()
         ending = _ENDINGS.get(status.remote_state)
         if op.state is State.ACCEPTED:
+            # the first answer moves the job to observing; one that is already the job's ending moves it on
+            # in the same write, unless there is partial output to fetch first (durable before that request)
+            follow = None
+            if ending is not None and _partial_output_ref(status) is None:
+                follow = FollowUp(
+                    to=ending,
+                    evidence=evidence,
+                    request_ids=request_ids,
+                    changes={
+                        "remote_state": status.raw_state,
+                        "result_ref": status.result_ref,
+                        **effects,
+                        "state_reason": _ending_reason(op, ending, status.raw_state, status.remote_state),
+                    },
+                )
             op = await self.writer.transition(
                 op,
                 State.OBSERVING,
@@ -198,8 +213,9 @@ class ObserveFlow:
                     "next_action_at_us": now if ending else next_at,
                 },
                 observed=observed,
+                then=follow,
             )
-            if ending is None:
+            if ending is None or follow is not None:
                 return op
             observed = None
         if ending is None:
@@ -249,11 +265,12 @@ class ObserveFlow:
         """The provider's terminal word, with the partial output a cancelled or expired job left."""
         reason = _ending_reason(op, ending, status.raw_state, status.remote_state)
         partial = None
-        if status.result_ref is not None and status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
+        partial_ref = _partial_output_ref(status)
+        if partial_ref is not None:
             if observed is not None:  # durable before another request goes out
                 await self.writer.apply(observed)
                 observed = None
-            partial, note = await self._partial_output(op, provider, status.result_ref)
+            partial, note = await self._partial_output(op, provider, partial_ref)
             reason = f"{reason}; {note}"
             if partial is not None:
                 evidence = dataclasses.replace(
@@ -320,6 +337,13 @@ class ObserveFlow:
                 "was known",
             },
         )
+
+
+def _partial_output_ref(status: StatusOutcome) -> str | None:
+    """Where a cancelled or expired job's output is (fetched and stored with its ending), if it names any."""
+    if status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
+        return status.result_ref
+    return None
 
 
 def _ending_reason(op: Operation, ending: State, raw_state: str | None, remote: RemoteState) -> str:

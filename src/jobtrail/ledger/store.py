@@ -145,6 +145,19 @@ class Change:
     #: the validated result this change records (its evidence a ValidatedResult of the same sha256):
     #: stored in the same transaction, so only the lease owner's own transition can store it
     result: StoredResult | None = None
+    #: a second transition that continues from this one's outcome in the same write (one UPDATE, two
+    #: entries): a first status answer that is already terminal moves accepted -> observing -> its ending
+    then: FollowUp | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FollowUp:
+    """The transition a :class:`Change` continues with, by the same actor under the same lease."""
+
+    to: State
+    evidence: Evidence
+    changes: Changes = field(default_factory=Changes)
+    request_ids: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -592,7 +605,7 @@ class Store:
                 results[slot] = Moved(self._stale(conn, item))
                 continue
             if entry is not None:
-                history_rows.append(entry)
+                history_rows.extend(_entries(entry))
                 covered[entry["operation_id"]] = entry["obs_upto"]
             if isinstance(item, Change) and item.result is not None:
                 result_rows.append(_result_row(item.op.operation_id, item.result, now))
@@ -608,29 +621,62 @@ class Store:
 
     def _prepare(self, item: Write, now: int) -> tuple[Write, dict[str, Any], dict[str, Any] | None]:
         if isinstance(item, Create):
-            _, row, entry = self._new_operation(item.spec, item.actor)
-            return item, row, entry
+            _, row, created_entry = self._new_operation(item.spec, item.actor)
+            return item, row, created_entry
         if isinstance(item, Observe):
             return item, self._observation_row(item, now), None
         if isinstance(item, Release):
             return item, {"b_operation_id": item.operation_id, "b_epoch": item.epoch}, None
-        bad = set(item.changes) - MUTABLE_COLUMNS
+        epoch = item.epoch if item.epoch is not None else (item.op.lease_epoch if item.op.lease_owner else None)
+        if isinstance(item, Reschedule):
+            update, _ = self._row_write(item.op, None, None, "", item.changes, (), None, epoch, now)
+            return item, update, None
+        update, entry = self._row_write(
+            item.op, item.to, item.evidence, item.actor, item.changes, item.request_ids, item.result, epoch, now
+        )
+        if item.result is not None:
+            _check_result(item)
+        then = item.then
+        if then is not None:
+            # the follow-up starts from the row as the first transition leaves it; its entry is hashed
+            # after the first one's (_finish_entry), and one conditional UPDATE writes the row as it ends
+            middle = _advanced(item.op, update)
+            follow, second = self._row_write(
+                middle, then.to, then.evidence, item.actor, then.changes, then.request_ids, None, epoch, now
+            )
+            follow["b_version"] = item.op.version
+            assert entry is not None and second is not None
+            entry["then"] = second
+            update = follow
+        return item, update, entry
+
+    def _row_write(
+        self,
+        op: Operation,
+        to_state: State | None,
+        evidence: Evidence | None,
+        actor: str,
+        changes: Changes,
+        request_ids: Sequence[str],
+        result: StoredResult | None,
+        epoch: int | None,
+        now: int,
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The conditional UPDATE of one transition (``evidence`` set) or reschedule, and its unfinished entry."""
+        bad = set(changes) - MUTABLE_COLUMNS
         if bad:
             raise UsageError(f"cannot change {', '.join(sorted(bad))} through a transition")
-        op = item.op
         to = op.state
-        if isinstance(item, Reschedule) and op.state not in AUTOMATIC_STATES:
+        if evidence is None and op.state not in AUTOMATIC_STATES:
             # nothing is scheduled in a resting state, and a row changed without an entry there is
             # exactly what the audit reports as an edit
             raise UsageError(
                 f"operation {op.operation_id} is {op.state.value}: nothing is scheduled in that state, "
                 "so it cannot be rescheduled; record a transition instead"
             )
-        if isinstance(item, Change) and item.to is not None:
-            check_transition(op, item.to, item.evidence)
-            to = item.to
-        if isinstance(item, Change) and item.result is not None:
-            _check_result(item)
+        if evidence is not None and to_state is not None:
+            check_transition(op, to_state, evidence)
+            to = to_state
         values: dict[str, Any] = {
             "remote_job_id": op.remote_job_id,
             "remote_state": op.remote_state,
@@ -648,7 +694,7 @@ class Store:
             # and starts its request count afresh
             values["next_action_at_us"] = now if to in AUTOMATIC_STATES else None
             values["polls"] = 0
-        values.update(item.changes)
+        values.update(changes)
         if to not in AUTOMATIC_STATES:
             values["next_action_at_us"] = None
         if values["state_reason"] is not None:
@@ -657,7 +703,6 @@ class Store:
             values["remote_state"] = self.redactor.text(str(values["remote_state"]))
         if values["partial_effects"] is not None:  # any JSON value, a bare string too: always encoded
             values["partial_effects"] = compact_json(self.redactor.value(values["partial_effects"]))
-        epoch = item.epoch if item.epoch is not None else (op.lease_epoch if op.lease_owner else None)
         update = {
             **values,
             "b_operation_id": op.operation_id,
@@ -668,34 +713,34 @@ class Store:
             "version": op.version,
             "history_head": op.history_head,
         }
-        if isinstance(item, Reschedule):
+        if evidence is None:
             update["row_seal"] = seal(update)
-            return item, update, None
+            return update, None
         # the entry covers the row as this transition writes it; the observations it covers
         # are read inside the transaction (_finish_entry), which also computes its hash
         digests = field_digests(update, ENTRY_FIELDS)
         update["row_seal"] = seal(update, digests)
         covers: dict[str, Any] = {"row": digests}
-        if item.result is not None:  # _check_result made sure the evidence names exactly these bytes
-            covers["result"] = item.result.sha256
+        if result is not None:  # _check_result made sure the evidence names exactly these bytes
+            covers["result"] = result.sha256
         entry = self._entry(
             operation_id=op.operation_id,
             seq=op.version + 1,
             at_us=now,
-            actor=item.actor,
+            actor=actor,
             from_state=op.state,
             to_state=to,
-            evidence=item.evidence,
+            evidence=evidence,
             remote_job_id=values["remote_job_id"],
             trace_id=op.trace_id,
-            request_ids=item.request_ids,
+            request_ids=request_ids,
             fingerprint=op.request_fingerprint,
             prev_hash=op.history_head,
             covers=covers,
             finished=False,
         )
         update["version"] = op.version + 1
-        return item, update, entry
+        return update, entry
 
     @staticmethod
     def _windows(conn: Connection, op_ids: Sequence[str]) -> dict[str, tuple[int | None, list[tuple[int, Any]]]]:
@@ -745,12 +790,12 @@ class Store:
                 for oid, digest in _OBSERVATION_WINDOW.fetch(conn, {"b_operation_id": op_id, "b_after": after})
             ]
         upto = items[-1][0] if items else after
-        covers = entry["covers"]
-        covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
-        entry["covers"] = compact_json(covers)
-        entry["obs_upto"] = upto
-        entry["entry_hash"] = entry_hash(entry)
-        update["history_head"] = entry["entry_hash"]
+        _seal_entry(entry, after, upto, items)
+        then = entry.get("then")
+        if then is not None:  # a follow-up in the same write: nothing was observed between the two
+            then["prev_hash"] = entry["entry_hash"]
+            _seal_entry(then, upto, upto, [])
+        update["history_head"] = (then or entry)["entry_hash"]
 
     def _stale(self, conn: Connection, change: Change | Reschedule) -> StaleRecord:
         current = conn.execute(
@@ -1210,6 +1255,21 @@ def _filters(providers: Sequence[str] | None, states: Sequence[State] | None) ->
     if states is not None:
         out.append(t.operations.c.state.in_([State(s).value for s in states]))
     return out
+
+
+def _entries(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A change's history rows: its entry, and its follow-up's if it has one."""
+    then = entry.pop("then", None)
+    return [entry] if then is None else [entry, then]
+
+
+def _seal_entry(entry: dict[str, Any], after: int, upto: int, items: list[tuple[int, Any]]) -> None:
+    """Finish an entry: the observations it covers (ids after ``after`` up to ``upto``), then its hash."""
+    covers = entry["covers"]
+    covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
+    entry["covers"] = compact_json(covers)
+    entry["obs_upto"] = upto
+    entry["entry_hash"] = entry_hash(entry)
 
 
 def _operation(row: Any) -> Operation:

@@ -27,6 +27,7 @@ from jobtrail.ledger.store import (
     Change,
     Create,
     Created,
+    FollowUp,
     Observe,
     Release,
     Reschedule,
@@ -90,11 +91,20 @@ class Writer:
         request_ids: Sequence[str] = (),
         result: StoredResult | None = None,
         observed: Observe | None = None,
+        then: FollowUp | None = None,
     ) -> Operation:
         """Move ``op`` to ``to`` (None: stay, and only append the history entry); ``result`` lands with it,
-        and so does ``observed``, the answer that caused it (its entry then covers it)."""
+        and so does ``observed``, the answer that caused it (its entry then covers it), and ``then``, a
+        second transition that continues from this one in the same write."""
         change = Change(
-            op=op, to=to, evidence=evidence, actor=actor, changes=changes or {}, request_ids=request_ids, result=result
+            op=op,
+            to=to,
+            evidence=evidence,
+            actor=actor,
+            changes=changes or {},
+            request_ids=request_ids,
+            result=result,
+            then=then,
         )
         return landed(await self._after(observed, change))
 
