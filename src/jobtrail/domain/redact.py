@@ -325,6 +325,8 @@ class Redactor:
         self._texts: dict[str, str] = {}
         #: looks_like_credential() of short strings already seen (provider ids and states, on every answer)
         self._looks: dict[str, bool] = {}
+        #: how value() treats a field of each name already seen (see _field_rule)
+        self._fields: dict[str, tuple[str, int]] = {}
         #: the values registered here, and the redactors that learn each of them too (see forward_to)
         self._values: list[str] = []
         self._forward: weakref.WeakSet[Redactor] = weakref.WeakSet()
@@ -349,7 +351,8 @@ class Redactor:
             forms = {*self._exact, *_b64_cores(value.encode("utf-8"))}
             forms |= {f.lower() for f in forms if f.isascii() and _HEXISH.fullmatch(f)}
             self._detect = sorted({*self._detect, *forms}, key=len, reverse=True)
-            self._texts, self._looks = {}, {}  # what was clean may carry the new credential
+            # what was clean may carry the new credential
+            self._texts, self._looks, self._fields = {}, {}, {}
 
     # -- detection -------------------------------------------------------------------
 
@@ -493,28 +496,54 @@ class Redactor:
 
     def value(self, value: Any) -> Any:
         """Redact a JSON-like value recursively (a new value; the input is untouched)."""
+        kind = type(value)
+        # exact types first: every stored answer is walked, and most of its values are plain scalars
+        if kind is str:
+            return self.text(value)
+        if kind is int or kind is float or kind is bool or value is None:
+            return value
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, Mapping):
             out: dict[str, Any] = {}
+            fields = self._fields
             for key, item in value.items():
-                key_s = self.text(str(key))
-                if key_s != str(key):  # a key that carries a credential
+                name = key if type(key) is str else str(key)
+                rule = fields.get(name)
+                if rule is None:
+                    rule = self._field_rule(name)
+                    if len(fields) >= _TEXT_CACHE_SIZE:
+                        fields.clear()
+                    fields[name] = rule
+                key_s, how = rule
+                if how == _KEY_CARRIES_SECRET:
                     out[_unique(out, key_s)] = REDACTED
-                    continue
-                norm = _norm(key_s)
-                if is_secret_name(key_s) and _carries_secret(item):
+                elif how == _SECRET_NAME and _carries_secret(item):
                     out[key_s] = REDACTED
-                elif norm in ("headers", "responseheaders", "requestheaders") and isinstance(item, Mapping):
+                elif how == _HEADERS and isinstance(item, Mapping):
                     out[key_s] = self.headers(item)
-                elif norm in ("url", "statusurl", "href", "resultreference", "location"):
-                    out[key_s] = self.url(item) if isinstance(item, str) else self.value(item)
+                elif how == _URL and isinstance(item, str):
+                    out[key_s] = self.url(item)
                 else:
                     out[key_s] = self.value(item)
             return out
         if isinstance(value, list | tuple):
             return [self.value(item) for item in value]
         return value
+
+    def _field_rule(self, name: str) -> tuple[str, int]:
+        """How :meth:`value` treats a field called ``name``: its stored name, and what its value gets."""
+        key_s = self.text(name)
+        if key_s != name:  # a key that carries a credential
+            return key_s, _KEY_CARRIES_SECRET
+        norm = _norm(key_s)
+        if is_secret_name(key_s):
+            return key_s, _SECRET_NAME
+        if norm in ("headers", "responseheaders", "requestheaders"):
+            return key_s, _HEADERS
+        if norm in ("url", "statusurl", "href", "resultreference", "location"):
+            return key_s, _URL
+        return key_s, _PLAIN
 
     def looks_like_credential(self, text: str) -> bool:
         """A registered credential or a known secret format (``Bearer ...``, a JWT, a key prefix,
@@ -587,6 +616,8 @@ class NullRedactor(Redactor):
         return value
 
 
+#: what Redactor.value does with a field, by its name (see Redactor._field_rule)
+_PLAIN, _KEY_CARRIES_SECRET, _SECRET_NAME, _HEADERS, _URL = range(5)
 #: JSON documents larger than this are not parsed to look for a credential split across strings
 _SPLIT_SCAN_MAX = 64 * 1024 * 1024
 _HEXISH = re.compile(r"[0-9A-Fa-f]+")

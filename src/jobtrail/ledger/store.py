@@ -571,9 +571,10 @@ class Store:
         (each one's outcome says stale or not); then the history, result and release rows."""
         observations = [(slot, row) for slot, item, row, _ in prepared if isinstance(item, Observe)]
         if observations:
-            ids = conn.execute(_INSERT_OBSERVATION, [row for _, row in observations]).scalars().all()
-            for (slot, _), observation_id in zip(observations, ids, strict=True):
-                results[slot] = int(observation_id)
+            ids = self._observation_ids(conn, len(observations))
+            for (slot, row), observation_id in zip(observations, ids, strict=True):
+                row["observation_id"] = results[slot] = observation_id
+            _RAW_INSERT_OBSERVATION.run_many(conn, [row for _, row in observations])
         covered: dict[str, int] = {}
         windows = self._windows(conn, [e["operation_id"] for _, _, _, e in prepared if e is not None])
         updates = [
@@ -618,6 +619,22 @@ class Store:
         releases = [row for _, item, row, _ in prepared if isinstance(item, Release)]
         if releases:
             _RELEASE.run_many(conn, releases)
+
+    def _observation_ids(self, conn: Connection, n: int) -> list[int]:
+        """Ids for ``n`` new observations, ascending, taken before the rows are written: one plain
+        executemany then inserts them (an INSERT ... RETURNING in parameter order costs several times
+        more). SQLite: this transaction holds the write lock, and these are the ids SQLite would give
+        (one above the largest); PostgreSQL: the column's own sequence."""
+        if self.dialect == "postgresql":
+            rows = conn.exec_driver_sql(
+                "SELECT nextval(pg_get_serial_sequence('observations', 'observation_id')) "
+                "FROM generate_series(1, %(n)s) ORDER BY 1",
+                {"n": n},
+            )
+            return [int(row[0]) for row in rows]
+        top = conn.exec_driver_sql("SELECT max(observation_id) FROM observations").scalar()
+        first = int(top or 0) + 1
+        return list(range(first, first + n))
 
     def _prepare(self, item: Write, now: int) -> tuple[Write, dict[str, Any], dict[str, Any] | None]:
         if isinstance(item, Create):
@@ -1294,7 +1311,6 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
 
 _INSERT_OPERATION = sa.insert(t.operations)
 _INSERT_HISTORY = sa.insert(t.history)
-_INSERT_OBSERVATION = sa.insert(t.observations).returning(t.observations.c.observation_id, sort_by_parameter_order=True)
 _UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head", "row_seal")
 
 
@@ -1380,6 +1396,9 @@ _LEGACY_OBSERVATIONS = _Prepared(
 )
 _DELETE_RESULT = _Prepared(sa.delete(t.results).where(t.results.c.operation_id == sa.bindparam("b_operation_id")))
 _INSERT_RESULT = _Prepared(sa.insert(t.results).values({c.name: sa.bindparam(c.name) for c in t.results.c}))
+_RAW_INSERT_OBSERVATION = _Prepared(
+    sa.insert(t.observations).values({c.name: sa.bindparam(c.name) for c in t.observations.c})
+)
 _RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
 
 
