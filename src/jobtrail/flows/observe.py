@@ -48,6 +48,8 @@ from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, S
 _US = 1_000_000
 #: a result fetch that keeps failing is given up after this many attempts
 MAX_RESULT_ATTEMPTS = 5
+#: a result in memory up to this size is checked on the loop (no file is written for it, see _finish)
+_CHECKED_ON_THE_LOOP = 16 * 1024
 
 _ENDINGS = {
     RemoteState.SUCCEEDED: State.RESULT_COLLECTING,
@@ -407,9 +409,16 @@ class CollectFlow:
         resp = await provider_call(op, "fetch_result", provider.fetch_result(op, ref))
         try:
             failpoint("collect.after_fetch")
-            await record_fetch(self.writer, op.operation_id, resp, attempt=attempts)
-            if isinstance(resp, Response) and resp.http_status == 200 and resp.fetched is not None:
-                return await self._finish(op, provider, resp, f"fetched {ref or 'result'}")
+            fetch = fetch_observation(op.operation_id, resp, attempt=attempts)
+            fetched = isinstance(resp, Response) and resp.http_status == 200 and resp.fetched is not None
+            if one_time or not fetched:
+                # a one-time result's fetch is durable before anything else: its count says what was handed over
+                await self.writer.apply(fetch)
+            if isinstance(resp, Response) and fetched:
+                # a safe read's fetch lands with the ending it leads to: one commit (a crash before it
+                # only means the result is read again)
+                pending = None if one_time else fetch
+                return await self._finish(op, provider, resp, f"fetched {ref or 'result'}", observed=pending)
         finally:  # stored by now, or not to be: a spooled body never outlives its collect step
             discard(resp)
         return await self._fetch_failed(op, provider, resp, attempts, one_time=one_time)
@@ -470,7 +479,7 @@ class CollectFlow:
             changes={"state_reason": f"the remote job finished; {reason}"},
         )
 
-    async def _refuse_credential(self, op: Operation) -> Operation:
+    async def _refuse_credential(self, op: Operation, observed: Observe | None = None) -> Operation:
         return await self.writer.transition(
             op,
             State.RESULT_VALIDATION_FAILED,
@@ -479,15 +488,30 @@ class CollectFlow:
             changes={
                 "state_reason": f"the remote job finished; its result failed validation ({NO_CREDENTIALS_REASON})"
             },
+            observed=observed,
         )
 
     async def _finish(
-        self, op: Operation, provider: Provider, resp: Response, source: str, *, checksum: bool = True
+        self,
+        op: Operation,
+        provider: Provider,
+        resp: Response,
+        source: str,
+        *,
+        checksum: bool = True,
+        observed: Observe | None = None,
     ) -> Operation:
+        """Check the result and store it with its ending (and ``observed``, the fetch that brought it)."""
         spec = provider.result_spec if checksum else dataclasses.replace(provider.result_spec, checksum_header=None)
-        checked = await self.io(check_and_prepare, self.store, op.operation_id, resp, spec, self._check_for(provider))
+        check = self._check_for(provider)
+        if check is None and isinstance(resp.fetched, bytes) and len(resp.fetched) <= _CHECKED_ON_THE_LOOP:
+            # a small result in memory, no caller's code to run: checking it touches no file and is
+            # quicker than the hop to a thread and back
+            checked = check_and_prepare(self.store, op.operation_id, resp, spec, None)
+        else:
+            checked = await self.io(check_and_prepare, self.store, op.operation_id, resp, spec, check)
         if checked.validation is None:
-            return await self._refuse_credential(op)
+            return await self._refuse_credential(op, observed)
         stored = checked.stored
         if stored is None:
             return await self.writer.transition(
@@ -496,6 +520,7 @@ class CollectFlow:
                 ValidationFailure(check=checked.failed_check, reason=checked.refusal),
                 actor=self.actor,
                 changes={"state_reason": f"the remote job finished; its result failed validation ({checked.refusal})"},
+                observed=observed,
             )
         summary = stored.summary
         if summary and summary.get("failed"):
@@ -518,6 +543,7 @@ class CollectFlow:
             actor=self.actor,
             changes={"state_reason": reason},
             result=stored,
+            observed=observed,
         )
 
 
@@ -580,15 +606,19 @@ def discard(resp: Response | NoAnswer) -> None:
 
 
 async def record_fetch(writer: Writer, operation_id: str, resp: Response | NoAnswer, *, attempt: int) -> None:
+    await writer.apply(fetch_observation(operation_id, resp, attempt=attempt))
+
+
+def fetch_observation(operation_id: str, resp: Response | NoAnswer, *, attempt: int) -> Observe:
+    """A result fetch as the observation that records it (stored by itself, or with the write it leads to)."""
     if isinstance(resp, NoAnswer):
         raw: dict[str, Any] = {"http_status": None, "headers": {}, "attempt": attempt, "size": None}
         # a fetch that never left is no fetch: a one-time result's count of fetches made must not include it
         kind = "result_fetch_not_sent" if resp.not_sent else "result_fetch"
-        await writer.observe(operation_id, kind=kind, raw={**raw, "error": resp.to_json()})
-        return
+        return Observe(operation_id=operation_id, kind=kind, raw={**raw, "error": resp.to_json()})
     fetched = resp.fetched
-    await writer.observe(
-        operation_id,
+    return Observe(
+        operation_id=operation_id,
         kind="result_fetch",
         raw={
             "http_status": resp.http_status,
