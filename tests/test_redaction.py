@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobtrail import (
     ConflictingJobIds,
@@ -253,3 +255,19 @@ def test_redacted_evidence_keeps_its_shape(store: Store) -> None:
     )
     entry = store.history(moved.operation_id)[-1].to_json()
     assert entry["evidence"]["problem"] == {"title": "bad", "api_key": REDACTED}
+
+
+_HINTED_TEXT = st.text(
+    alphabet=st.sampled_from("abeginrtokys_-:/KEYBASICTOKEN\u017f\u0130 \u212a=") | st.characters(codec="utf-8"), max_size=30
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_HINTED_TEXT)
+def test_the_fast_hint_checks_find_what_the_case_insensitive_patterns_find(text: str) -> None:
+    """The hint checks that decide whether a string is searched for credential formats lower ASCII text
+    instead of matching without case: the same answer for every string, Unicode case rules included."""
+    from jobtrail.domain import redact
+
+    assert redact._strong_hint(text) == bool(redact._STRONG_HINT_ANY_CASE.search(text))
+    assert redact._kv_hint(text) == bool(redact._KV_HINT_ANY_CASE.search(text))
