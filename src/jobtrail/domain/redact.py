@@ -176,6 +176,8 @@ def _kv_hint(text: str) -> bool:
     if text.isascii():
         return _KV_HINT_LOWER.search(text.lower()) is not None
     return _KV_HINT_ANY_CASE.search(text) is not None
+
+
 _NON_ALNUM = re.compile(r"[^a-z0-9]")
 
 #: ``key=value`` / ``"key": "value"`` where the key names a secret. Used to redact,
