@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobtrail import UsageError
-from jobtrail.domain.canonical import _write, canonical_json, compact_json, es_number, request_fingerprint
+from jobtrail.domain.canonical import (
+    _write,
+    canonical_json,
+    compact_json,
+    es_number,
+    floatless_json,
+    request_fingerprint,
+)
 
 
 @pytest.mark.parametrize(
@@ -114,3 +121,16 @@ def test_canonical_json_is_the_same_on_every_path(value: object) -> None:
             canonical_json(value)
         return
     assert canonical_json(value) == "".join(parts)
+
+
+_FLOATLESS = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_FLOATLESS)
+def test_entries_and_seals_are_written_as_compact_json_writes_them(value: object) -> None:
+    assert floatless_json(value) == compact_json(value)

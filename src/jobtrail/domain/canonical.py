@@ -87,6 +87,12 @@ def compact_json(value: Any) -> str:
     return _COMPACT.encode(value)
 
 
+def floatless_json(value: Any) -> str:
+    """:func:`compact_json` of a document of the ledger's own making that holds no float (digests, ids,
+    integers, null: an entry, what it covers, a seal): the same bytes, without looking at every value first."""
+    return _orjson(value)
+
+
 def _orjson(value: Any) -> str:
     try:
         return orjson.dumps(value, option=_ORJSON_SORTED).decode("utf-8")

@@ -37,7 +37,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jobtrail.domain.canonical import canonical_bytes, compact_json, rfc3339
+from jobtrail.domain.canonical import canonical_bytes, floatless_json, rfc3339
 
 HASH_VERSION = 2
 GENESIS = "0" * 64
@@ -123,8 +123,8 @@ def entry_hash(row: Mapping[str, Any]) -> str:
         raise ValueError(f"unknown history hash version {version}")
     doc = {name: row[name] for name in _COLUMNS[version]}
     doc["at"] = rfc3339(doc.pop("at_us"))
-    # every value here is a string, an integer or null, so compact_json is the canonical encoding
-    return hashlib.sha256(_PREFIXES[version] + compact_json(doc).encode("utf-8")).hexdigest()
+    # every value here is a string, an integer or null, so this is the canonical encoding
+    return hashlib.sha256(_PREFIXES[version] + floatless_json(doc).encode("utf-8")).hexdigest()
 
 
 def field_digest(value: Any) -> str:
@@ -164,7 +164,7 @@ def seal(row: Mapping[str, Any], digests: Mapping[str, str] | None = None) -> st
     """
     if digests is None:
         digests = field_digests(row, SEALED_FIELDS)
-    return compact_json({name: digests[name] for name in SEALED_FIELDS})
+    return floatless_json({name: digests[name] for name in SEALED_FIELDS})
 
 
 def leaf_bytes(operation_id: str, seq: int, head: str) -> bytes:

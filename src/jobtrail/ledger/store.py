@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from jobtrail.domain.canonical import compact_json, request_fingerprint, to_us
+from jobtrail.domain.canonical import compact_json, floatless_json, request_fingerprint, to_us
 from jobtrail.domain.errors import (
     ConfigError,
     OperationKeyConflict,
@@ -869,7 +869,7 @@ class Store:
             "evidence": compact_json(redact.value(evidence.to_json())),
             "remote_job_id": remote_job_id,
             "trace_id": trace_id,
-            "request_ids": compact_json([redact.text(r) for r in request_ids]),
+            "request_ids": floatless_json([redact.text(r) for r in request_ids]),
             "request_fingerprint": fingerprint,
             "prev_hash": prev_hash,
             "hash_version": HASH_VERSION,
@@ -878,7 +878,7 @@ class Store:
             "obs_upto": 0,
         }
         if finished:
-            row["covers"] = compact_json(covers)
+            row["covers"] = floatless_json(covers)
             row["entry_hash"] = entry_hash(row)
         return row
 
@@ -1284,7 +1284,7 @@ def _seal_entry(entry: dict[str, Any], after: int, upto: int, items: list[tuple[
     """Finish an entry: the observations it covers (ids after ``after`` up to ``upto``), then its hash."""
     covers = entry["covers"]
     covers["obs"] = {"after": after, "upto": upto, "count": len(items), "digest": window_digest(items)}
-    entry["covers"] = compact_json(covers)
+    entry["covers"] = floatless_json(covers)
     entry["obs_upto"] = upto
     entry["entry_hash"] = entry_hash(entry)
 
