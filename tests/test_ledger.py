@@ -28,6 +28,7 @@ from jobtrail import (
     ValidatedResult,
     ValidationFailure,
 )
+from jobtrail.domain.evidence import DefinitiveRejection
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.results import stored_result
 from jobtrail.ledger.store import Change, Reschedule, StoredResult
@@ -387,4 +388,24 @@ def test_many_records_in_one_transaction_keep_the_key_rules(store: Store) -> Non
     assert mixed[1] == (first, False) and mixed[0][1] is True
     with pytest.raises(OperationKeyConflict):
         store.create_operations([spec(body={"i": 100}), spec(operation_key="dup", body={"changed": 1})])
+    assert verify(store).ok
+
+
+def test_the_write_that_enters_a_resting_state_ends_the_lease(store: Store) -> None:
+    """Nothing automatic follows a resting state, so its lease ends in the same write (no release after);
+    a write that leaves more to do keeps it, and neither moves the fencing epoch."""
+    op, _ = store.create_operation(spec())
+    (leased,) = store.claim("w", limit=1, lease_s=30)
+    attempted = store.record(leased, CreateAttempt(attempt=1), actor="worker:w", changes={"attempts": 1})
+    assert attempted.lease_owner == "w" and store.get(op.operation_id).lease_owner == "w"
+    failed = store.transition(
+        attempted,
+        S.FAILED,
+        DefinitiveRejection(http_status=422, problem={"title": "bad input"}),
+        actor="worker:w",
+    )
+    stored = store.get(op.operation_id)
+    assert failed.lease_owner is None and failed.lease_expires_at_us is None
+    assert stored.lease_owner is None and stored.lease_expires_at_us is None
+    assert stored.lease_epoch == leased.lease_epoch == failed.lease_epoch
     assert verify(store).ok

@@ -725,6 +725,9 @@ class Store:
             "b_operation_id": op.operation_id,
             "b_version": op.version,
             "b_epoch": epoch,
+            # nothing automatic follows a resting state: the write that enters one ends its lease too,
+            # instead of a release of its own after it
+            "b_release": epoch is not None and to not in AUTOMATIC_STATES,
             "state": to.value,
             "updated_at_us": now,
             "version": op.version,
@@ -1306,6 +1309,8 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
     data["state"] = State(update["state"])
     if data["partial_effects"] is not None:
         data["partial_effects"] = json.loads(data["partial_effects"])
+    if update["b_release"]:
+        data["lease_owner"] = data["lease_expires_at_us"] = None
     return Operation(**data)
 
 
@@ -1485,6 +1490,12 @@ def _update_statement(fenced: bool, returning: bool = False) -> _Prepared:
             t.operations.c.version == sa.bindparam("b_version"),
         )
         .values({name: sa.bindparam(name) for name in _UPDATE_VALUES})
+        .values(
+            {
+                name: sa.case((sa.bindparam("b_release", type_=sa.Boolean()), sa.null()), else_=t.operations.c[name])
+                for name in ("lease_owner", "lease_expires_at_us")
+            }
+        )
     )
     if fenced:
         stmt = stmt.where(t.operations.c.lease_epoch == sa.bindparam("b_epoch"))

@@ -288,7 +288,8 @@ class Worker:
                 op = new
                 if stop:
                     break
-            await self.writer.release(op)
+            if op.lease_owner is not None:  # entering a resting state ended the lease already
+                await self.writer.release(op)
         except StaleRecord as exc:
             # our lease was taken over, or someone (a person's cancel) changed the record: drop the operation,
             # and give the lease back so the next claim acts at once (fenced: a successor's lease stays)
