@@ -431,3 +431,35 @@ def test_a_synchronous_result_is_checked_and_stored_too(ledger: Store, fake: Fak
     assert ledger.get(op_id).state is S.SUCCEEDED and fake.counts["results"] == 0
     _row, data = read_result(ledger, op_id)
     assert json.loads(data)["output"] == {"echo": {"quick": True}}
+
+
+def test_a_fetch_whose_ending_did_not_land_is_still_recorded(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small result's fetch lands with its ending; when checking it fails unexpectedly, the fetch that
+    reached the provider is recorded all the same, and the next try collects the result."""
+    import jobtrail.flows.observe as observe_flow
+
+    fake = FakeProvider(job_duration_s=0.0).start()
+    real = observe_flow.check_and_prepare
+    calls = {"n": 0}
+
+    def fails_once(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the check broke")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(observe_flow, "check_and_prepare", fails_once)
+    try:
+        store = Store.open(db_url)
+        provider = fake.provider_config()
+        op_id = asyncio.run(AsyncJobtrail(store=store, providers=[provider]).submit("fake", {"x": 1})).operation_id
+        worker = Worker(store, {"fake": load_provider(provider)}, worker_id="w", idle_s=0.01)
+        asyncio.run(worker.run(until_settled=True, timeout=30))
+        assert store.get(op_id).state is State.SUCCEEDED
+        fetches = [o for o in store.observations(op_id) if o["kind"] == "result_fetch"]
+        assert fake.counts["results"] == 2 and len(fetches) == 2
+        assert calls["n"] == 2 and worker.stats.errors == 1
+        assert verify(store).ok
+        store.close()
+    finally:
+        fake.stop()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobtrail import UsageError
+from jobtrail import UsageError, ValidatedResult
 from jobtrail.domain.canonical import (
     _write,
     canonical_json,
@@ -134,3 +135,22 @@ _FLOATLESS = st.recursive(
 @given(_FLOATLESS)
 def test_entries_and_seals_are_written_as_compact_json_writes_them(value: object) -> None:
     assert floatless_json(value) == compact_json(value)
+
+
+def test_a_value_that_contains_itself_is_refused_not_walked_forever() -> None:
+    looped: list[object] = []
+    looped.append(looped)
+    with pytest.raises(ValueError, match="Circular"):
+        compact_json(looped)
+    deep: object = "x"
+    for _ in range(300):
+        deep = [deep]
+    assert compact_json(deep) == _json_module(deep)  # past orjson's depth, json writes it as before
+
+
+@pytest.mark.parametrize("value", [{"t": datetime.now(UTC)}, {"d": ValidatedResult(sha256="0" * 64, size=1)}])
+def test_what_json_refuses_stays_refused(value: object) -> None:
+    """orjson would write datetimes and dataclasses; the ledger's encoder refuses them as json does."""
+    for encode in (compact_json, floatless_json):
+        with pytest.raises(TypeError):
+            encode(value)

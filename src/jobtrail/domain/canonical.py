@@ -34,7 +34,10 @@ _FLAT_OR_FLOAT = _FLAT | {float}
 _CONSTANTS = {None: "null", True: "true", False: "false"}
 #: one encoder for every write (json.dumps with options builds a new one per call)
 _COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_ORJSON_SORTED = orjson.OPT_SORT_KEYS
+#: datetimes and dataclasses are refused (as json refuses them), not written
+_ORJSON_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+#: deeper than this, json decides (orjson stops at 255; a value that contains itself never ends)
+_PLAIN_DEPTH = 200
 #: orjson writes integers in this range; a larger one goes to the json module
 _I64 = (-(2**63), 2**64 - 1)
 
@@ -93,6 +96,17 @@ def floatless_json(value: Any) -> str:
     return _orjson(value)
 
 
+def _plain_scalar(item: Any, floats: bool, lo: int, hi: int) -> bool:
+    kind = type(item)
+    if kind is str or kind is bool or item is None:
+        return True
+    if kind is int:
+        return bool(lo <= item <= hi)
+    if kind is float:
+        return floats and math.isfinite(item) and "e" not in repr(item)
+    return False
+
+
 def _orjson(value: Any) -> str:
     try:
         return orjson.dumps(value, option=_ORJSON_SORTED).decode("utf-8")
@@ -108,28 +122,29 @@ def _plain(value: Any, floats: bool) -> bool:
     orjson writes NaN as null where json refuses it, ``1e-07`` as ``1e-7`` and refuses larger integers;
     subclasses (enums) and other mappings are json's to write, as before.
     """
-    stack = [value]
     lo, hi = _I64
+    if type(value) is not dict and type(value) is not list:
+        return _plain_scalar(value, floats, lo, hi)
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item = stack.pop()
-        kind = type(item)
-        if kind is str or kind is bool or item is None:
-            continue
-        if kind is int:
-            if not lo <= item <= hi:
-                return False
-        elif kind is dict:
-            for key in item:
+        container, depth = stack.pop()
+        if depth >= _PLAIN_DEPTH:
+            return False
+        if type(container) is dict:
+            for key in container:
                 if type(key) is not str:
                     return False
-            stack.extend(item.values())
-        elif kind is list:
-            stack.extend(item)
-        elif kind is float:
-            if not floats or not math.isfinite(item) or "e" in repr(item):
-                return False
+            children = container.values()
         else:
-            return False
+            children = container
+        for item in children:
+            kind = type(item)
+            if kind is str or kind is bool or item is None:
+                continue
+            if kind is dict or kind is list:
+                stack.append((item, depth + 1))
+            elif not _plain_scalar(item, floats, lo, hi):
+                return False
     return True
 
 

@@ -48,8 +48,9 @@ from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, S
 _US = 1_000_000
 #: a result fetch that keeps failing is given up after this many attempts
 MAX_RESULT_ATTEMPTS = 5
-#: a result in memory up to this size is checked on the loop (no file is written for it, see _finish)
-_CHECKED_ON_THE_LOOP = 16 * 1024
+#: a result in memory up to this size may be checked on the loop (see CollectFlow._checks_inline): its
+#: credential scan takes well under a millisecond even when every byte looks encoded
+_CHECKED_ON_THE_LOOP = 1024
 
 _ENDINGS = {
     RemoteState.SUCCEEDED: State.RESULT_COLLECTING,
@@ -381,6 +382,18 @@ class CollectFlow:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
         self.checks = dict(checks or {})
 
+    def _checks_inline(self, provider: Provider, resp: Response) -> bool:
+        """Is this result checked on the loop? Only a small one in memory, with no schema and no caller's
+        check: a few bytes scanned, no file written, no code of anyone else's (nor its imports) run,
+        quicker than the hop to a thread and back."""
+        fetched = resp.fetched
+        return (
+            isinstance(fetched, bytes)
+            and len(fetched) <= _CHECKED_ON_THE_LOOP
+            and provider.result_spec.schema is None
+            and self._check_for(provider) is None
+        )
+
     def _check_for(self, provider: Provider) -> Check | None:
         return self.checks[provider.name] if provider.name in self.checks else named_check(provider)
 
@@ -411,14 +424,21 @@ class CollectFlow:
             failpoint("collect.after_fetch")
             fetch = fetch_observation(op.operation_id, resp, attempt=attempts)
             fetched = isinstance(resp, Response) and resp.http_status == 200 and resp.fetched is not None
-            if one_time or not fetched:
-                # a one-time result's fetch is durable before anything else: its count says what was handed over
+            # a small safe read, checked at once on the loop, lands with the ending it leads to (one commit;
+            # a crash before it only means the result is read again); any other fetch is durable first (a
+            # one-time result's count of fetches says what was handed over)
+            folded = isinstance(resp, Response) and fetched and not one_time and self._checks_inline(provider, resp)
+            if not folded:
                 await self.writer.apply(fetch)
             if isinstance(resp, Response) and fetched:
-                # a safe read's fetch lands with the ending it leads to: one commit (a crash before it
-                # only means the result is read again)
-                pending = None if one_time else fetch
-                return await self._finish(op, provider, resp, f"fetched {ref or 'result'}", observed=pending)
+                try:
+                    return await self._finish(
+                        op, provider, resp, f"fetched {ref or 'result'}", observed=fetch if folded else None
+                    )
+                except Exception:
+                    if folded:  # the ending did not land: the fetch that reached the provider is still recorded
+                        await self.writer.apply(fetch)
+                    raise
         finally:  # stored by now, or not to be: a spooled body never outlives its collect step
             discard(resp)
         return await self._fetch_failed(op, provider, resp, attempts, one_time=one_time)
@@ -503,13 +523,12 @@ class CollectFlow:
     ) -> Operation:
         """Check the result and store it with its ending (and ``observed``, the fetch that brought it)."""
         spec = provider.result_spec if checksum else dataclasses.replace(provider.result_spec, checksum_header=None)
-        check = self._check_for(provider)
-        if check is None and isinstance(resp.fetched, bytes) and len(resp.fetched) <= _CHECKED_ON_THE_LOOP:
-            # a small result in memory, no caller's code to run: checking it touches no file and is
-            # quicker than the hop to a thread and back
+        if self._checks_inline(provider, resp):
             checked = check_and_prepare(self.store, op.operation_id, resp, spec, None)
         else:
-            checked = await self.io(check_and_prepare, self.store, op.operation_id, resp, spec, check)
+            checked = await self.io(
+                check_and_prepare, self.store, op.operation_id, resp, spec, self._check_for(provider)
+            )
         if checked.validation is None:
             return await self._refuse_credential(op, observed)
         stored = checked.stored
