@@ -48,7 +48,7 @@ from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, S
 _US = 1_000_000
 #: a result fetch that keeps failing is given up after this many attempts
 MAX_RESULT_ATTEMPTS = 5
-#: a result in memory up to this size may be checked on the loop (see CollectFlow._checks_inline): its
+#: a result in memory up to this size may be checked on the loop (see _checked_on_the_loop): its
 #: credential scan takes well under a millisecond even when every byte looks encoded
 _CHECKED_ON_THE_LOOP = 1024
 
@@ -306,7 +306,7 @@ class ObserveFlow:
         """
         resp = await provider_call(op, "fetch_result", provider.fetch_result(op, ref))
         try:
-            await record_fetch(self.writer, op.operation_id, resp, attempt=1)
+            await self.writer.apply(fetch_observation(op.operation_id, resp, attempt=1))
             if isinstance(resp, NoAnswer) or resp.http_status != 200 or resp.fetched is None:
                 why = f"HTTP {resp.http_status}" if isinstance(resp, Response) else str(resp)
                 return None, f"its partial output ({ref}) could not be fetched ({why})"
@@ -382,18 +382,6 @@ class CollectFlow:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
         self.checks = dict(checks or {})
 
-    def _checks_inline(self, provider: Provider, resp: Response) -> bool:
-        """Is this result checked on the loop? Only a small one in memory, with no schema and no caller's
-        check: a few bytes scanned, no file written, no code of anyone else's (nor its imports) run,
-        quicker than the hop to a thread and back."""
-        fetched = resp.fetched
-        return (
-            isinstance(fetched, bytes)
-            and len(fetched) <= _CHECKED_ON_THE_LOOP
-            and provider.result_spec.schema is None
-            and self._check_for(provider) is None
-        )
-
     def _check_for(self, provider: Provider) -> Check | None:
         return self.checks[provider.name] if provider.name in self.checks else named_check(provider)
 
@@ -423,17 +411,18 @@ class CollectFlow:
         try:
             failpoint("collect.after_fetch")
             fetch = fetch_observation(op.operation_id, resp, attempt=attempts)
-            fetched = isinstance(resp, Response) and resp.http_status == 200 and resp.fetched is not None
+            good = resp if isinstance(resp, Response) and resp.http_status == 200 and resp.fetched is not None else None
+            check = self._check_for(provider)
             # a small safe read, checked at once on the loop, lands with the ending it leads to (one commit;
             # a crash before it only means the result is read again); any other fetch is durable first (a
             # one-time result's count of fetches says what was handed over)
-            folded = isinstance(resp, Response) and fetched and not one_time and self._checks_inline(provider, resp)
+            folded = good is not None and not one_time and _checked_on_the_loop(good, provider, check)
             if not folded:
                 await self.writer.apply(fetch)
-            if isinstance(resp, Response) and fetched:
+            if good is not None:
                 try:
                     return await self._finish(
-                        op, provider, resp, f"fetched {ref or 'result'}", observed=fetch if folded else None
+                        op, provider, good, f"fetched {ref or 'result'}", check, observed=fetch if folded else None
                     )
                 except Exception:
                     if folded:  # the ending did not land: the fetch that reached the provider is still recorded
@@ -488,7 +477,7 @@ class CollectFlow:
         synchronous = Response(
             http_status=200, headers={"Content-Type": "application/json"}, raw=canonical_bytes(raw.get("result"))
         )
-        return await self._finish(op, provider, synchronous, "synchronous", checksum=False)
+        return await self._finish(op, provider, synchronous, "synchronous", self._check_for(provider), checksum=False)
 
     async def _unavailable(self, op: Operation, reason: str, status: int | None) -> Operation:
         return await self.writer.transition(
@@ -517,18 +506,18 @@ class CollectFlow:
         provider: Provider,
         resp: Response,
         source: str,
+        check: Check | None,
         *,
         checksum: bool = True,
         observed: Observe | None = None,
     ) -> Operation:
-        """Check the result and store it with its ending (and ``observed``, the fetch that brought it)."""
+        """Check the result (with the caller's ``check``) and store it with its ending (and ``observed``,
+        the fetch that brought it)."""
         spec = provider.result_spec if checksum else dataclasses.replace(provider.result_spec, checksum_header=None)
-        if self._checks_inline(provider, resp):
+        if _checked_on_the_loop(resp, provider, check):
             checked = check_and_prepare(self.store, op.operation_id, resp, spec, None)
         else:
-            checked = await self.io(
-                check_and_prepare, self.store, op.operation_id, resp, spec, self._check_for(provider)
-            )
+            checked = await self.io(check_and_prepare, self.store, op.operation_id, resp, spec, check)
         if checked.validation is None:
             return await self._refuse_credential(op, observed)
         stored = checked.stored
@@ -587,6 +576,19 @@ class Checked:
         return f"{failed['check']}: expected {failed['expected']}, saw {failed['seen']}"
 
 
+def _checked_on_the_loop(resp: Response, provider: Provider, check: Check | None) -> bool:
+    """Is this result checked on the loop? Only a small one in memory, with no schema and no caller's
+    check: a few bytes scanned, no file written, no code of anyone else's (nor its imports) run,
+    quicker than the hop to a thread and back."""
+    fetched = resp.fetched
+    return (
+        isinstance(fetched, bytes)
+        and len(fetched) <= _CHECKED_ON_THE_LOOP
+        and provider.result_spec.schema is None
+        and check is None
+    )
+
+
 def check_and_prepare(
     store: Store, operation_id: str, resp: Response, spec: ResultSpec, check: Check | None
 ) -> Checked:
@@ -622,10 +624,6 @@ def discard(resp: Response | NoAnswer) -> None:
     """Drop a fetched body's spool file, if it has one (again is harmless)."""
     if isinstance(resp, Response) and resp.spooled is not None:
         resp.spooled.discard()
-
-
-async def record_fetch(writer: Writer, operation_id: str, resp: Response | NoAnswer, *, attempt: int) -> None:
-    await writer.apply(fetch_observation(operation_id, resp, attempt=attempt))
 
 
 def fetch_observation(operation_id: str, resp: Response | NoAnswer, *, attempt: int) -> Observe:
