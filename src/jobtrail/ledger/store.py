@@ -581,17 +581,15 @@ class Store:
             (slot, item, row, entry) for slot, item, row, entry in prepared if isinstance(item, Change | Reschedule)
         ]
         landed: set[str] | None = None
-        if (
-            self.dialect == "postgresql"
-            and updates
-            and len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates)
-        ):
+        if updates and len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates):
             # one write per operation: no entry depends on another's outcome, so every entry is
-            # finished first and the UPDATEs go in one pipelined round trip instead of one each
+            # finished first and the UPDATEs go together (PostgreSQL: one pipelined round trip;
+            # SQLite: one executemany per kind) instead of one statement each
             for _, _, update, entry in updates:
                 if entry is not None:
                     self._finish_entry(conn, entry, update, covered, windows)
-            landed = _update_pipelined(conn, [update for _, _, update, _ in updates])
+            rows = [update for _, _, update, _ in updates]
+            landed = _update_pipelined(conn, rows) if self.dialect == "postgresql" else _update_together(conn, rows)
         history_rows: list[dict[str, Any]] = []
         result_rows: list[dict[str, Any]] = []
         for slot, item, update, entry in updates:
@@ -1478,6 +1476,35 @@ def _update_pipelined(conn: Connection, updates: list[dict[str, Any]]) -> set[st
     finally:
         cursor.close()
     return landed
+
+
+def _update_together(conn: Connection, updates: list[dict[str, Any]]) -> set[str]:
+    """Run the conditional UPDATEs of distinct operations as one executemany per kind (SQLite); returns
+    those that landed.
+
+    SQLite's executemany reports only how many rows it changed in all. When every UPDATE matched its
+    version and epoch (nearly always), that is all there is to know; when fewer did, the batch's UPDATEs
+    are undone (a savepoint) and run one by one, so each one's own outcome is known.
+    """
+    cursor: Any = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute("SAVEPOINT jobtrail_updates")
+        changed = 0
+        for fenced in (False, True):
+            group = [u for u in updates if (u["b_epoch"] is not None) is fenced]
+            if group:
+                prepared = _update_statement(fenced)
+                sql = prepared._args(conn, group[0])[0]
+                cursor.executemany(sql, [prepared._args(conn, u)[1] for u in group])
+                changed += cursor.rowcount
+        if changed != len(updates):
+            cursor.execute("ROLLBACK TO jobtrail_updates")
+        cursor.execute("RELEASE jobtrail_updates")
+    finally:
+        cursor.close()
+    if changed == len(updates):
+        return {u["b_operation_id"] for u in updates}
+    return {u["b_operation_id"] for u in updates if _update_statement(u["b_epoch"] is not None).run(conn, u) == 1}
 
 
 @functools.cache

@@ -57,6 +57,8 @@ _USER_AGENT = "jobtrail/0.1"
 CREDENTIAL_TTL_S = 60.0
 #: a body larger than this is spooled to a file as it arrives (see read_at_most)
 SPOOL_OVER_BYTES = 1024 * 1024
+#: a body of declared length up to this is read in one call (most answers: a status, a small result)
+_READ_WHOLE_BYTES = 64 * 1024
 #: of a large answer that is not a result (an error page), this much is kept
 _ERROR_BODY_KEPT = 64 * 1024
 #: where providers put their request id (generic, OpenAI and Anthropic, AWS JSON and S3 APIs)
@@ -75,6 +77,17 @@ async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | Spoo
     A body past :data:`SPOOL_OVER_BYTES` goes to a file as it arrives (written off the event
     loop, its sha256 counted on the way), so a large result is never held in memory.
     """
+    headers = resp.headers
+    length = resp.content_length
+    if (
+        length is not None
+        and length <= min(limit, _READ_WHOLE_BYTES)
+        and "Transfer-Encoding" not in headers
+        and headers.get("Content-Encoding", "identity").lower() == "identity"
+    ):
+        # a small body of declared length, not compressed: exactly that many bytes arrive (the parser
+        # reads no further), so it is read in one go; a compressed body may inflate past its length
+        return (await resp.read())[:limit]
     chunks: list[bytes] = []
     total = 0
     spool: Any = None
