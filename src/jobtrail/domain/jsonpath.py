@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,7 @@ def unusable(text: str, redactor: Redactor | None = None) -> str | None:
     the provider's own credential values."""
     if len(text) > MAX_TEXT:
         return f"longer than {MAX_TEXT} characters"
-    if "\ufffd" in text or any(_is_control(c) for c in text):
+    if "\ufffd" in text or _CONTROL.search(text):
         return "control characters or bytes that are not UTF-8"
     # a redactor checks every form looks_secret checks, and the values it knows besides
     if redactor.secret_paths(text) if redactor is not None else looks_secret(text):
@@ -53,9 +54,8 @@ def why_unusable(
     return None if text is None else unusable_id(text, redactor)
 
 
-def _is_control(char: str) -> bool:
-    code = ord(char)
-    return code < 32 or 127 <= code < 160
+#: C0 controls, DEL and C1 controls
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import logging
+import operator
 import os
 import sqlite3
 import sys
@@ -1327,8 +1328,9 @@ class _Prepared:
 
     def __init__(self, statement: sa.Update | sa.Insert | sa.Delete | sa.Select[Any]) -> None:
         self.statement = statement
-        #: per dialect: (SQL, values fixed in the statement, parameter names, positional or not)
-        self._compiled: dict[str, tuple[str, dict[str, Any], tuple[str, ...], bool]] = {}
+        #: per dialect: (SQL, values fixed in the statement, parameter names, their values in order or
+        #: None for named parameters)
+        self._compiled: dict[str, tuple[str, dict[str, Any], tuple[str, ...], Callable[[Any], Any] | None]] = {}
 
     def _args(self, conn: Connection, params: dict[str, Any]) -> tuple[str, Any]:
         entry = self._compiled.get(conn.dialect.name)
@@ -1339,12 +1341,13 @@ class _Prepared:
             sample = compiled.construct_params(params)
             fixed = {k: v for k, v in sample.items() if k not in params}
             names = tuple(compiled.positiontup or sample)
+            in_order = _in_order(names) if compiled.positiontup else None
             # published whole, in one assignment: another thread sees all of it or none of it
-            entry = self._compiled[conn.dialect.name] = (compiled.string, fixed, names, bool(compiled.positiontup))
-        sql, fixed, names, positional = entry
+            entry = self._compiled[conn.dialect.name] = (compiled.string, fixed, names, in_order)
+        sql, fixed, names, in_order = entry
         values = {**fixed, **params} if fixed else params
-        if positional:
-            return sql, [values[name] for name in names]
+        if in_order is not None:
+            return sql, in_order(values)
         return sql, {name: values[name] for name in names}
 
     def run(self, conn: Connection, params: dict[str, Any]) -> int:
@@ -1374,6 +1377,13 @@ class _Prepared:
             cursor.executemany(sql, [self._args(conn, row)[1] for row in rows])
         finally:
             cursor.close()
+
+
+def _in_order(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """The values of ``names`` from a mapping, as a tuple in that order (one C call per row)."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    return lambda values: tuple(values[name] for name in names)
 
 
 _RELEASE = _Prepared(

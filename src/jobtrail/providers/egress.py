@@ -219,7 +219,7 @@ class EgressPolicy:
         ``@host:port/x`` becomes a path segment and cannot change the host. A network-path
         reference (``//host/x``) names another host and is judged like an absolute URL.
         """
-        if any(ord(c) < 33 or ord(c) == 127 or c == "\\" for c in ref):
+        if _BAD_URL_CHAR.search(ref):
             raise UrlRefused("the reference contains whitespace, control characters or a backslash")
         if _SCHEME.match(ref):
             return ref
