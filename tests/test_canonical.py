@@ -16,6 +16,7 @@ from jobtrail.domain.canonical import (
     compact_json,
     es_number,
     floatless_json,
+    parse_json,
     request_fingerprint,
 )
 
@@ -154,3 +155,59 @@ def test_what_json_refuses_stays_refused(value: object) -> None:
     for encode in (compact_json, floatless_json):
         with pytest.raises(TypeError):
             encode(value)
+
+
+def _typed(value: object) -> object:
+    """``value`` with every number tagged by its type: 1 and 1.0 compare equal, but are not the same JSON."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if isinstance(value, float):
+        return ("float", repr(value))
+    return (type(value).__name__, value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    _JSON_VALUES,
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_provider_answer_parses_exactly_as_the_json_module_reads_it(
+    value: object, separators: tuple[str, str], ascii_only: bool, as_bytes: bool
+) -> None:
+    """Answers are parsed by orjson where it reads them as json does: the same values, an integer
+    past 64 bits still an integer, NaN and Infinity still refused, lone surrogates still read."""
+    text = json.dumps(value, separators=separators, ensure_ascii=ascii_only)
+    data: str | bytes = text.encode("utf-8", "surrogatepass") if as_bytes else text
+    try:
+        expected = json.loads(data, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+    except ValueError:
+        with pytest.raises(ValueError):
+            parse_json(data)
+        return
+    assert _typed(parse_json(data)) == _typed(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("123456789012345678901234567890", 123456789012345678901234567890),
+        ('{"n": 18446744073709551616}', {"n": 18446744073709551616}),
+        ('{"n": -9223372036854775809}', {"n": -9223372036854775809}),
+        ('"\\ud800"', "\ud800"),
+        ("[1e400]", [float("inf")]),
+        ("-0", 0),
+    ],
+)
+def test_what_orjson_would_read_differently_is_read_by_json(text: str, expected: object) -> None:
+    assert _typed(parse_json(text)) == _typed(expected)
+    assert _typed(parse_json(text.encode())) == _typed(expected)
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", '{"a": -Infinity}'])
+def test_nan_and_infinity_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not JSON"):
+        parse_json(text)

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -38,6 +39,9 @@ _COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=
 _ORJSON_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 #: deeper than this, json decides (orjson stops at 255; a value that contains itself never ends)
 _PLAIN_DEPTH = 200
+#: a number orjson might read as a float where json reads an integer (2**63 has 19 digits)
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+_LONG_DIGITS_BYTES = re.compile(rb"[0-9]{19}")
 #: orjson writes integers in this range; a larger one goes to the json module
 _I64 = (-(2**63), 2**64 - 1)
 
@@ -70,7 +74,18 @@ def parse_json(text: str | bytes) -> Any:
     """Parse JSON from outside (providers, webhooks, results) strictly: ``NaN``/``Infinity`` are refused.
 
     Python's parser accepts them, but nothing that holds them can be stored or fingerprinted.
+
+    Every provider answer is parsed here, so orjson (several times faster) parses what it parses
+    exactly as ``json`` does; whatever it refuses (NaN, lone surrogates, other encodings, too deep)
+    goes to ``json``, and so does any text with a run of 19 digits or more: orjson turns an integer
+    past 64 bits into a float, where ``json`` keeps it exact.
     """
+    long_digits = _LONG_DIGITS.search(text) if isinstance(text, str) else _LONG_DIGITS_BYTES.search(text)
+    if not long_digits:
+        try:
+            return orjson.loads(text)
+        except (ValueError, TypeError):
+            pass
     return json.loads(text, parse_constant=_no_constant)
 
 

@@ -394,8 +394,8 @@ class Store:
             else:
                 outcomes.append(Created(existing, False))
         if rows:
-            conn.execute(_INSERT_OPERATION, rows)
-            conn.execute(_INSERT_HISTORY, entries)
+            _RAW_INSERT_OPERATION.run_many(conn, rows)
+            _RAW_INSERT_HISTORY.run_many(conn, entries)
         return outcomes
 
     def _new_operation(
@@ -1233,7 +1233,8 @@ def created(outcomes: Sequence[Applied]) -> list[Created]:
 def key_race(exc: StorageError) -> bool:
     """A write refused by a unique key (another process created the same operation key at that moment):
     the batch is worth trying again, each write on its own."""
-    return isinstance(exc.__cause__, sa.exc.IntegrityError)
+    # raised through SQLAlchemy, or by the driver itself (the hot inserts run on its cursor)
+    return isinstance(exc.__cause__, (sa.exc.IntegrityError, sqlite3.IntegrityError, *_psycopg("IntegrityError")))
 
 
 def _key_conflict(spec: OperationSpec, existing: Operation, fingerprint: str) -> OperationKeyConflict:
@@ -1313,8 +1314,6 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
     return Operation(**data)
 
 
-_INSERT_OPERATION = sa.insert(t.operations)
-_INSERT_HISTORY = sa.insert(t.history)
 _UPDATE_VALUES = (*sorted(MUTABLE_COLUMNS), "state", "updated_at_us", "version", "history_head", "row_seal")
 
 
@@ -1411,6 +1410,9 @@ _DELETE_RESULT = _Prepared(sa.delete(t.results).where(t.results.c.operation_id =
 _INSERT_RESULT = _Prepared(sa.insert(t.results).values({c.name: sa.bindparam(c.name) for c in t.results.c}))
 _RAW_INSERT_OBSERVATION = _Prepared(
     sa.insert(t.observations).values({c.name: sa.bindparam(c.name) for c in t.observations.c})
+)
+_RAW_INSERT_OPERATION = _Prepared(
+    sa.insert(t.operations).values({c.name: sa.bindparam(c.name) for c in t.operations.c})
 )
 _RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
 
