@@ -16,6 +16,8 @@ from jobtrail.domain.redact import Redactor, looks_secret
 
 #: longest identifier, state, reference or time accepted from a provider
 MAX_TEXT = 2048
+#: C0 controls, DEL and C1 controls
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def extract(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
@@ -52,10 +54,6 @@ def why_unusable(
     """Why the job id at ``path`` was not usable, when one is there (for a reason text; never the value)."""
     text = _extract(path, body, headers)
     return None if text is None else unusable_id(text, redactor)
-
-
-#: C0 controls, DEL and C1 controls
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:

@@ -1369,11 +1369,14 @@ class _Prepared:
         finally:
             cursor.close()
 
+    def many_args(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> tuple[str, list[Any]]:
+        """The SQL and the parameter sets of one executemany over ``rows``."""
+        return self._args(conn, rows[0])[0], [self._args(conn, row)[1] for row in rows]
+
     def run_many(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-        sql = self._args(conn, rows[0])[0]
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
-            cursor.executemany(sql, [self._args(conn, row)[1] for row in rows])
+            cursor.executemany(*self.many_args(conn, rows))
         finally:
             cursor.close()
 
@@ -1474,13 +1477,8 @@ def _update_pipelined(conn: Connection, updates: list[dict[str, Any]]) -> set[st
     landed: set[str] = set()
     cursor: Any = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # psycopg's own cursor
     try:
-        for fenced in (False, True):
-            group = [u for u in updates if (u["b_epoch"] is not None) is fenced]
-            if not group:
-                continue
-            prepared = _update_statement(fenced, returning=True)
-            sql = prepared._args(conn, group[0])[0]
-            cursor.executemany(sql, [prepared._args(conn, u)[1] for u in group], returning=True)
+        for fenced, group in _by_fence(updates):
+            cursor.executemany(*_update_statement(fenced, returning=True).many_args(conn, group), returning=True)
             while True:
                 landed.update(row[0] for row in cursor.fetchall())
                 if not cursor.nextset():
@@ -1488,6 +1486,14 @@ def _update_pipelined(conn: Connection, updates: list[dict[str, Any]]) -> set[st
     finally:
         cursor.close()
     return landed
+
+
+def _by_fence(updates: list[dict[str, Any]]) -> Iterator[tuple[bool, list[dict[str, Any]]]]:
+    """The UPDATEs not under a lease, then those fenced on their epoch (each kind is one statement)."""
+    for fenced in (False, True):
+        group = [u for u in updates if (u["b_epoch"] is not None) is fenced]
+        if group:
+            yield fenced, group
 
 
 def _update_together(conn: Connection, updates: list[dict[str, Any]]) -> set[str]:
@@ -1502,13 +1508,9 @@ def _update_together(conn: Connection, updates: list[dict[str, Any]]) -> set[str
     try:
         cursor.execute("SAVEPOINT jobtrail_updates")
         changed = 0
-        for fenced in (False, True):
-            group = [u for u in updates if (u["b_epoch"] is not None) is fenced]
-            if group:
-                prepared = _update_statement(fenced)
-                sql = prepared._args(conn, group[0])[0]
-                cursor.executemany(sql, [prepared._args(conn, u)[1] for u in group])
-                changed += cursor.rowcount
+        for fenced, group in _by_fence(updates):
+            cursor.executemany(*_update_statement(fenced).many_args(conn, group))
+            changed += cursor.rowcount
         if changed != len(updates):
             cursor.execute("ROLLBACK TO jobtrail_updates")
         cursor.execute("RELEASE jobtrail_updates")
