@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp.abc
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.domain.errors import ConfigError
@@ -574,6 +576,48 @@ def test_relative_references_never_change_the_host() -> None:
     for ref in ("//evil.net/x", "http://127.0.0.1:18001/x", "https://127.0.0.1:1800/x"):
         with pytest.raises(UrlRefused):
             policy.judge(policy.resolve_reference(ref))
+
+
+_HOME_BASES = ("http://127.0.0.1:1800", "https://api.example.com/v1", "HTTPS://API.Example.COM:443")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:1800/v1/jobs/abc",
+        "http://127.0.0.1:1800/@127.0.0.2:9911/steal",
+        "http://127.0.0.1:18001/x",
+        "http://127.0.0.1:1800@127.0.0.2:9911/steal",
+        "http://127.0.0.1:1800\\@evil.net/",
+        "http://127.0.0.1:1800/x y",
+        "https://127.0.0.1:1800/x",
+        "http://[::ffff:127.0.0.1]:1800/x",
+        "https://api.example.com/v1/batches/b_1",
+        "https://api.example.com/v2",
+        "https://api.example.com.evil.net/v1/x",
+        "https://api.example.com/v1@evil.net/x",
+        "https://API.EXAMPLE.com/other",
+    ],
+)
+@pytest.mark.parametrize("base", _HOME_BASES)
+def test_the_quick_home_check_agrees_with_the_origin_judge(base: str, url: str) -> None:
+    policy = EgressPolicy(base)
+    try:
+        expected = policy.judge(url).home
+    except UrlRefused:
+        expected = False
+    assert policy.is_home(url) is expected
+
+
+@given(suffix=st.text(max_size=40), base=st.sampled_from(_HOME_BASES))
+def test_whatever_follows_base_url_the_quick_home_check_agrees_with_the_origin_judge(suffix: str, base: str) -> None:
+    policy = EgressPolicy(base)
+    url = policy.base_url + "/" + suffix
+    try:
+        expected = policy.judge(url).home
+    except UrlRefused:
+        expected = False
+    assert policy.is_home(url) is expected
 
 
 def test_declared_hosts_match_exactly() -> None:

@@ -597,7 +597,9 @@ class Redactor:
         """JSON paths in ``value`` that the redactor would mask (used to refuse request bodies)."""
         found: list[str] = []
         if isinstance(value, str):
-            if self._strong(value) != value or self.looks_like_credential(value):
+            # whatever _strong would mask (a registered value, a secret format) this finds too, and it is
+            # remembered: provider ids and states are checked on every answer
+            if self.looks_like_credential(value):
                 found.append(path)
         elif isinstance(value, Mapping):
             for key, item in value.items():

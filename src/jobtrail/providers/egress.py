@@ -211,6 +211,9 @@ class EgressPolicy:
         self.base_url = base_url.rstrip("/")
         self.home = origin_of(self.base_url)
         self.download_hosts = download_hosts
+        # base_url passed parse(), so its authority ends before this "/" (or at a "/" of its own path):
+        # any URL that starts with these exact characters has base_url's authority, whatever follows
+        self._home_prefix = self.base_url + "/"
 
     def resolve_reference(self, ref: str) -> str:
         """An absolute URL for a provider-supplied reference (absolute, or relative to ``base_url``).
@@ -226,6 +229,19 @@ class EgressPolicy:
         if ref.startswith("//"):
             return f"{self.home.scheme}:{ref}"
         return urllib.parse.urljoin(self.base_url + "/", ref)
+
+    def is_home(self, url: str) -> bool:
+        """Whether ``url`` goes to the home origin (the credential may go with it); never raises.
+
+        The URLs of the provider file's own paths start with ``base_url`` itself, which decides
+        this without a parse; anything else is judged by origin (:meth:`judge`).
+        """
+        if url.startswith(self._home_prefix) and not _BAD_URL_CHAR.search(url):
+            return True
+        try:
+            return self.judge(url).home
+        except UrlRefused:
+            return False
 
     def judge(self, url: str) -> Target:
         """The target for ``url``, or UrlRefused naming the host and what would allow it."""

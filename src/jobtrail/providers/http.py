@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import os
+import string
 import tempfile
 import time
 import urllib.parse
@@ -71,6 +73,12 @@ def _path_value(value: str, *, keep_slashes: bool) -> str:
     return urllib.parse.quote(value, safe="/" if keep_slashes else "")
 
 
+@functools.lru_cache(maxsize=256)
+def _placeholders(path: str) -> frozenset[str]:
+    """The placeholder names of a provider file's path template (``{job_id}``, ``{+job_id}``)."""
+    return frozenset(name for _, name, _, _ in string.Formatter().parse(path) if name)
+
+
 async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | Spooled:
     """The body, or its first ``limit`` bytes: a huge answer is never read whole.
 
@@ -121,9 +129,13 @@ async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | Spoo
     return Spooled(Path(spool.name), total, digest.hexdigest())
 
 
+#: where providers say how long to wait (see _retry_after)
+_RETRY_HEADERS = ("retry-after-ms", "retry-after")
+
+
 def _retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait, from ``retry-after-ms`` (OpenAI, Anthropic: finer, so it wins) or ``Retry-After``."""
-    lowered = {k.lower(): v for k, v in headers.items() if k.lower() in ("retry-after-ms", "retry-after")}
+    lowered = {k.lower(): v for k, v in headers.items() if k.lower() in _RETRY_HEADERS}
     try:
         millis = float(lowered.get("retry-after-ms", "nan"))
     except ValueError:
@@ -238,10 +250,14 @@ class HttpProvider:
             "trace_id": op.trace_id,
             **extra,
         }
-        # only provider-file paths are formatted (checked at load); a provider's answer never is
+        # only provider-file paths are formatted (checked at load); a provider's answer never is;
+        # only the placeholders the path names are encoded
         filled = path.format(
-            **{k: _path_value(v, keep_slashes=False) for k, v in values.items()},
-            **{f"+{k}": _path_value(v, keep_slashes=True) for k, v in values.items()},
+            **{
+                name: _path_value(values[name.removeprefix("+")], keep_slashes=name.startswith("+"))
+                for name in _placeholders(path)
+                if name.removeprefix("+") in values
+            }
         )
         if filled.startswith(("http://", "https://")):
             return filled
@@ -286,15 +302,15 @@ class HttpProvider:
     ) -> Response | NoAnswer:
         """One request to the provider's own origin (credential and provider headers attached):
         the response, or why there was none (:class:`NoAnswer`)."""
-        try:
-            home = self.egress.judge(url).home
-        except UrlRefused as exc:
-            home, why = False, exc.reason
-        else:
-            why = f"not the origin of base_url ({self.egress.home})"
-        if not home:
+        if not self.egress.is_home(url):
             # provider-file paths are checked at load and answers are judged before they get here:
             # reaching this line is a bug, and the credential must not go out because of it
+            try:
+                self.egress.judge(url)
+            except UrlRefused as exc:
+                why = exc.reason
+            else:
+                why = f"not the origin of base_url ({self.egress.home})"
             raise ConfigError(f"refusing to send a request to {self.redactor.url(url)}: {why}")
         credential = await self._credential_headers()
         answer = await self._transport(
@@ -322,8 +338,20 @@ class HttpProvider:
         if isinstance(answer, NoAnswer):
             return answer
         status, raw_headers, received = answer.status, answer.headers, answer.body
-        # header bytes that are not UTF-8 arrive as lone surrogates, which no database can store
-        resp_headers = {_text(k): _text(v) for k, v in raw_headers.items()}
+        resp_headers: dict[str, str] = {}
+        request_id: str | None = None
+        retry: dict[str, str] = {}
+        for raw_name, raw_value in raw_headers.items():
+            name, value = raw_name, raw_value
+            if not (name.isascii() and value.isascii()):
+                # header bytes that are not UTF-8 arrive as lone surrogates, which no database can store
+                name, value = _text(name), _text(value)
+            resp_headers[name] = value
+            lower = name.lower()
+            if lower in _REQUEST_ID_HEADERS:
+                request_id = value if request_id is None else request_id
+            elif lower in _RETRY_HEADERS:
+                retry[lower] = value
         size = received.size if isinstance(received, Spooled) else len(received)
         spooled: Spooled | None = None
         raw = received if isinstance(received, bytes) else b""
@@ -346,13 +374,12 @@ class HttpProvider:
                 body_value = parse_json(text) if text.strip() else None
             except ValueError:
                 body_value = {"_jobtrail_unparsed": text[:2000]}
-        request_id = next((v for k, v in resp_headers.items() if k.lower() in _REQUEST_ID_HEADERS), None)
         return Response(
             http_status=status,
             headers=resp_headers,
             body=body_value,
             provider_request_id=request_id,
-            retry_after_s=_retry_after(resp_headers),
+            retry_after_s=_retry_after(retry) if retry else None,
             raw=raw if keep_raw and spooled is None else None,
             spooled=spooled,
         )
@@ -692,11 +719,12 @@ class HttpProvider:
             # a reference the provider handed us: judged by origin, never formatted, never given
             # the credential unless it points at exactly base_url's origin
             try:
-                target = self.egress.judge(self.egress.resolve_reference(result_ref))
+                url = self.egress.resolve_reference(result_ref)
+                target = None if self.egress.is_home(url) else self.egress.judge(url)
             except UrlRefused as exc:
                 return refusal(exc, url_key="status.result_ref")
-            if target.home:
-                sent = await self._send("GET", str(target.url), op, keep_raw=True, max_bytes=max_bytes)
+            if target is None or target.home:
+                sent = await self._send("GET", url, op, keep_raw=True, max_bytes=max_bytes)
             else:
                 answer = await self._foreign_transport(target.url, max_bytes + 1)
                 sent = self._response(answer, max_bytes, keep_raw=True)
