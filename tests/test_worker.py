@@ -381,3 +381,15 @@ def test_a_first_answer_that_is_already_the_ending_lands_in_one_write(db_url: st
         store.close()
     finally:
         fake.stop()
+
+
+def test_a_long_running_process_runs_on_uvloop_where_it_is_installed() -> None:
+    from jobtrail.runtime.loop import loop_name, run
+
+    async def which() -> str:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+    expected = loop_name()
+    assert run(which()) == expected
+    if sys.platform != "win32":  # a core dependency wherever it is built
+        assert expected == "uvloop"

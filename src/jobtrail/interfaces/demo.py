@@ -38,6 +38,7 @@ from jobtrail.ledger.audit import verify
 from jobtrail.ledger.store import Store
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.client import AsyncJobtrail
+from jobtrail.runtime.loop import run as run_loop
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, Fault, provider_toml
 
@@ -275,7 +276,7 @@ def run_demo(db: str | None, console: Console | None = None) -> bool:
     path = db or str(Path.cwd() / DEFAULT_DEMO_DB)
     console.print(f"jobtrail demo: ledger at [bold]{path}[/bold], fake providers on 127.0.0.1\n")
     started = time.monotonic()
-    ok = asyncio.run(_run(path, console))
+    ok = run_loop(_run(path, console))
     with Store.open(path) as store:
         last = store.list_operations(limit=1, caller="demo")
     key = last[0].operation_key if last else "OP_ID"

@@ -19,6 +19,7 @@ from jobtrail.interfaces.cli.common import (
     log_options,
     open_store,
 )
+from jobtrail.runtime.loop import run as run_loop
 
 
 @cli.command()
@@ -121,7 +122,7 @@ def worker(
             await asyncio.gather(display, return_exceptions=True)
 
     try:
-        stats = asyncio.run(run())
+        stats = run_loop(run())
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()
@@ -251,7 +252,7 @@ def mcp(
                 runner.stop()
                 await task
 
-    asyncio.run(run())
+    run_loop(run())
 
 
 @cli.command()
