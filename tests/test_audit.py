@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -10,10 +11,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jobtrail import Operation, Secret, Store
+from jobtrail.domain.canonical import canonical_bytes
 from jobtrail.ledger.audit import make_anchor, verify
-from jobtrail.ledger.chain import entry_hash
+from jobtrail.ledger.chain import entry_hash, field_digest
 
 from helpers import S, drop_guards, op_in, sql, succeed, valid_evidence
 
@@ -284,3 +288,21 @@ def test_entries_from_before_0006_keep_verifying_and_new_ones_cover_what_follows
     assert verify(store).ok
     sql(store, "DELETE FROM observations WHERE observation_id = :o", o=new_obs)
     assert [(f.field, f.kind) for f in verify(store).findings] == [("observations", "deleted")]
+
+
+@given(
+    value=st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.integers(min_value=2**62, max_value=2**80),
+        st.text(max_size=250),
+        st.lists(st.integers(), max_size=3),
+        st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+    )
+)
+def test_a_field_digest_is_the_documented_hash_of_the_values_canonical_bytes(value: Any) -> None:
+    # the audit recomputes digests with the same function: this pins it to the documented bytes
+    expected = hashlib.sha256(b"jobtrail/field/v1\0" + canonical_bytes(value)).hexdigest()[:32]
+    assert field_digest(value) == expected
+    assert field_digest(value) == expected  # and again, from whatever was remembered

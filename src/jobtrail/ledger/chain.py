@@ -129,18 +129,27 @@ def entry_hash(row: Mapping[str, Any]) -> str:
 
 def field_digest(value: Any) -> str:
     """128 bits of sha256 over one stored column value: enough to name the field, never its content."""
-    # states, zeros and nulls repeat on every write; long values (a provider's partial effects) are not kept
-    if value is None or isinstance(value, int) or (isinstance(value, str) and len(value) <= _CACHED_LEN):
+    kind = type(value)
+    if kind is int:  # times and counts: the canonical form of an integer is its decimal digits
+        return hashlib.sha256(_FIELD_PREFIX + b"%d" % value).hexdigest()[:32]
+    if value is None:
+        return _NULL_DIGEST
+    # states and reasons repeat on every write; long values (a provider's partial effects) are not kept
+    if kind is str and len(value) <= _CACHED_LEN:
         return _scalar_digest(value)
     return _digest(value)
 
 
+_FIELD_PREFIX = b"jobtrail/field/v1\0"
+
+
 def _digest(value: Any) -> str:
-    return hashlib.sha256(b"jobtrail/field/v1\0" + canonical_bytes(value)).hexdigest()[:32]
+    return hashlib.sha256(_FIELD_PREFIX + canonical_bytes(value)).hexdigest()[:32]
 
 
 _CACHED_LEN = 200
-_scalar_digest = functools.lru_cache(maxsize=4096, typed=True)(_digest)
+_scalar_digest = functools.lru_cache(maxsize=4096)(_digest)
+_NULL_DIGEST = _digest(None)
 
 
 def field_digests(row: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:

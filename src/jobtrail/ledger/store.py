@@ -1120,9 +1120,12 @@ class Store:
             .returning(*ops.c)
         )
         with self.writing("claiming operations") as conn:
-            rows = conn.execute(stmt).mappings().all()
-        # RETURNING promises no order: earliest due first, as the claim chose them
-        return sorted((_operation(row) for row in rows), key=lambda op: (op.next_action_at_us, op.operation_id))
+            result = conn.execute(stmt)
+            names, rows = tuple(result.keys()), result.all()
+        # RETURNING promises no order: earliest due first, as the claim chose them; plain rows zipped with
+        # their names (a RowMapping copies one key at a time, in Python)
+        claimed = [_operation(dict(zip(names, row, strict=True))) for row in rows]
+        return sorted(claimed, key=lambda op: (op.next_action_at_us, op.operation_id))
 
     def lease(self, operation_id: str, owner: str, *, lease_s: float) -> Operation | None:
         """Lease one operation, due or not, if nobody holds a live lease on it (raising its epoch).
@@ -1295,18 +1298,21 @@ def _seal_entry(entry: dict[str, Any], after: int, upto: int, items: list[tuple[
 def _operation(row: Any) -> Operation:
     data = dict(row)
     data.pop("row_seal", None)  # the audit's, not the record's
-    data["state"] = State(data["state"])
+    data["state"] = _STATES.get(data["state"]) or State(data["state"])
     data["request_body"] = json.loads(data["request_body"])
     if data.get("partial_effects") is not None:
         data["partial_effects"] = json.loads(data["partial_effects"])
     return Operation(**data)
 
 
+_STATES = {state.value: state for state in State}
+
+
 def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
     data = {f: getattr(op, f) for f in Operation.__dataclass_fields__}
     for key in (*MUTABLE_COLUMNS, "updated_at_us", "version", "history_head"):
         data[key] = update[key]
-    data["state"] = State(update["state"])
+    data["state"] = _STATES.get(update["state"]) or State(update["state"])
     if data["partial_effects"] is not None:
         data["partial_effects"] = json.loads(data["partial_effects"])
     if update["b_release"]:
