@@ -761,27 +761,30 @@ class Store:
         update["version"] = op.version + 1
         return update, entry
 
-    @staticmethod
-    def _windows(conn: Connection, op_ids: Sequence[str]) -> dict[str, tuple[int | None, list[tuple[int, Any]]]]:
+    def _windows(self, conn: Connection, op_ids: Sequence[str]) -> dict[str, tuple[int | None, list[tuple[int, Any]]]]:
         """For each operation: where its last entry's coverage ends, and the observations stored since.
 
-        One query for the whole batch (the entries' rows are locked already on PostgreSQL).
+        One query for the whole batch (the entries' rows are locked already on PostgreSQL), its SQL
+        written once: built through SQLAlchemy, each batch's IN list was a new statement to build.
         """
         if not op_ids:
             return {}
-        o, h, ob = t.operations.c, t.history.c, t.observations.c
-        query = (
-            sa.select(o.operation_id, h.obs_upto, ob.observation_id, ob.digest)
-            .select_from(
-                t.operations.outerjoin(
-                    t.history, sa.and_(h.operation_id == o.operation_id, h.seq == o.version)
-                ).outerjoin(t.observations, sa.and_(ob.operation_id == o.operation_id, ob.observation_id > h.obs_upto))
-            )
-            .where(o.operation_id.in_(sorted(set(op_ids))))
-            .order_by(o.operation_id, ob.observation_id)
+        ids = sorted(set(op_ids))
+        params: Any
+        if self.dialect == "postgresql":
+            where, params = "o.operation_id = ANY(%(ids)s)", {"ids": ids}
+        else:  # sqlite3 keeps the compiled statement for each batch size
+            where, params = f"o.operation_id IN ({','.join('?' * len(ids))})", tuple(ids)
+        # the only text put into it is placeholders
+        sql = (
+            "SELECT o.operation_id, h.obs_upto, ob.observation_id, ob.digest FROM operations AS o "  # noqa: S608
+            "LEFT OUTER JOIN history AS h ON h.operation_id = o.operation_id AND h.seq = o.version "
+            "LEFT OUTER JOIN observations AS ob ON ob.operation_id = o.operation_id AND ob.observation_id > h.obs_upto "
+            f"WHERE {where} ORDER BY o.operation_id, ob.observation_id"
         )
+        rows = conn.exec_driver_sql(sql, params)
         out: dict[str, tuple[int | None, list[tuple[int, Any]]]] = {}
-        for op_id, upto, oid, digest in conn.execute(query):
+        for op_id, upto, oid, digest in rows:
             _, items = out.setdefault(op_id, (None if upto is None else int(upto), []))
             if oid is not None:
                 items.append((int(oid), digest))
@@ -1213,11 +1216,10 @@ def _lock_in_order(conn: Connection, writes: list[Write]) -> None:
     observations to cover (sequence order is not commit order otherwise), and batches cannot deadlock.
     """
     touched = sorted({w.operation_id if isinstance(w, Observe | Release) else w.op.operation_id for w in writes})  # type: ignore[union-attr]
-    conn.execute(
-        sa.select(t.operations.c.operation_id)
-        .where(t.operations.c.operation_id.in_(touched))
-        .order_by(t.operations.c.operation_id)
-        .with_for_update()
+    # one fixed statement with an array (an IN list of its own length would be a new statement to build each time)
+    conn.exec_driver_sql(
+        "SELECT operation_id FROM operations WHERE operation_id = ANY(%(ids)s) ORDER BY operation_id FOR UPDATE",
+        {"ids": touched},
     ).all()
 
 
@@ -1353,7 +1355,7 @@ class _Prepared:
         values = {**fixed, **params} if fixed else params
         if in_order is not None:
             return sql, in_order(values)
-        return sql, {name: values[name] for name in names}
+        return sql, values  # named parameters (psycopg): it takes the ones the statement names
 
     def run(self, conn: Connection, params: dict[str, Any]) -> int:
         """Execute once; returns the number of rows it touched."""
