@@ -62,6 +62,7 @@ def child(db: str, config: dict[str, Any], concurrency: int, batch: int, max_s: 
     """The measured process: one Worker, then its own peak RSS and stats as one JSON line."""
     from jobtrail import Store
     from jobtrail.providers.http import load_provider
+    from jobtrail.runtime.loop import run as run_loop
     from jobtrail.runtime.worker import Worker
 
     store = Store.open(db)
@@ -78,7 +79,7 @@ def child(db: str, config: dict[str, Any], concurrency: int, batch: int, max_s: 
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)
         return await worker.run(until_settled=settle, timeout=max_s)
 
-    stats = asyncio.run(run())
+    stats = run_loop(run())  # as `jobtrail worker` runs it
     store.close()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     out = {"ru_maxrss_mb": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime}

@@ -76,6 +76,7 @@ def child(base: str, db: str, worker_id: str, max_connections: int, concurrency:
     from jobtrail import Store
     from jobtrail.flows.telemetry import lease_taken_over as taken_over
     from jobtrail.providers.http import load_provider
+    from jobtrail.runtime.loop import run as run_loop
     from jobtrail.runtime.worker import Worker
 
     takeovers = 0
@@ -97,7 +98,7 @@ def child(base: str, db: str, worker_id: str, max_connections: int, concurrency:
     sys.stdin.readline()  # the parent's go: every process starts at once
     before = dict(sql)
     cpu0 = _cpu_s()
-    stats = asyncio.run(worker.run(until_settled=True))
+    stats = run_loop(worker.run(until_settled=True))  # as `jobtrail worker` runs it
     ended = time.monotonic()  # CLOCK_MONOTONIC is system-wide: the parent compares it with its own start
     cpu = _cpu_s() - cpu0
     after = dict(sql)
