@@ -393,3 +393,15 @@ def test_a_long_running_process_runs_on_uvloop_where_it_is_installed() -> None:
     assert run(which()) == expected
     if sys.platform != "win32":  # a core dependency wherever it is built
         assert expected == "uvloop"
+
+
+def test_without_uvloop_a_long_running_process_runs_on_asyncios_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobtrail.runtime.loop import loop_name, run
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError, as where it is not built
+
+    async def which() -> str:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+    assert loop_name() == "asyncio"
+    assert run(which()) == "asyncio"
