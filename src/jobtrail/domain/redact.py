@@ -483,6 +483,10 @@ class Redactor:
         return value
 
     def url(self, value: str) -> str:
+        if "@" not in value and "?" not in value:
+            # no userinfo and no query: nothing but the text itself can carry a credential (a relative
+            # Location, most status URLs), and it is kept as it came instead of re-assembled
+            return self.text(value)
         try:
             parts = urllib.parse.urlsplit(value)
         except ValueError:
@@ -509,7 +513,8 @@ class Redactor:
             if lower in _URL_HEADERS:
                 out[name] = self.url(str(value))
             elif _header_allowed(lower):
-                out[name] = self.text(str(value))
+                text = str(value)
+                out[name] = self._texts.get(text) or self.text(text)
             else:
                 out[name] = REDACTED
         return out
@@ -519,7 +524,7 @@ class Redactor:
         kind = type(value)
         # exact types first: every stored answer is walked, and most of its values are plain scalars
         if kind is str:
-            return self.text(value)
+            return self._texts.get(value) or self.text(value)
         if kind is int or kind is float or kind is bool or value is None:
             return value
         if isinstance(value, str):
@@ -544,6 +549,8 @@ class Redactor:
                     out[key_s] = self.headers(item)
                 elif how == _URL and isinstance(item, str):
                     out[key_s] = self.url(item)
+                elif type(item) is str:  # the common case, without a call of its own
+                    out[key_s] = self._texts.get(item) or self.text(item)
                 else:
                     out[key_s] = self.value(item)
             return out
