@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import re
 import threading
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from jobtrail import (
     ValidatedResult,
     ValidationFailure,
 )
-from jobtrail.domain.evidence import DefinitiveRejection
+from jobtrail.domain.evidence import DefinitiveRejection, StatusObservation
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.results import stored_result
 from jobtrail.ledger.store import Change, Reschedule, StoredResult
@@ -134,6 +135,26 @@ def test_a_stale_writer_is_refused(store: Store) -> None:
     with pytest.raises(StaleRecord, match="changed since it was read"):
         store.transition(op, S.FAILED, obs(RemoteState.FAILED), actor="w2")
     assert store.get(op.operation_id).state is S.OBSERVING
+    assert verify(store).ok
+
+
+_AWKWARD = 'tab\there, new\nline, back\\slash, \\N, a quote " and ü \u2028 end'
+
+
+def test_text_that_bulk_writes_must_escape_is_stored_exactly(store: Store) -> None:
+    """History and observations go in many rows at a time (a COPY on PostgreSQL): what each row holds
+    comes back exactly, and the chain that covers it verifies."""
+    op = op_in(store, S.ACCEPTED)
+    raw = {"detail": _AWKWARD, "list": [_AWKWARD, 1.5, None], _AWKWARD: "key"}
+    observation_id = store.add_observation(op.operation_id, kind="status_poll", raw=raw, raw_state=_AWKWARD)
+    evidence = StatusObservation(remote_state=RemoteState.RUNNING, raw_state=_AWKWARD, http_status=200)
+    store.transition(op, S.OBSERVING, evidence, actor=f"worker {_AWKWARD}", changes={"remote_state": _AWKWARD})
+    stored = store.observation(observation_id)
+    assert stored is not None and stored["raw"] == raw and stored["raw_state"] == _AWKWARD
+    entry = store.history(op.operation_id)[-1]
+    assert entry.actor == f"worker {_AWKWARD}"
+    assert json.loads(entry.evidence)["raw_state"] == _AWKWARD
+    assert store.get(op.operation_id).remote_state == _AWKWARD
     assert verify(store).ok
 
 

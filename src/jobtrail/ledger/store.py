@@ -1359,8 +1359,15 @@ class _Prepared:
     SQLAlchemy transaction, on its connection.
     """
 
-    def __init__(self, statement: sa.Update | sa.Insert | sa.Delete | sa.Select[Any]) -> None:
+    def __init__(
+        self, statement: sa.Update | sa.Insert | sa.Delete | sa.Select[Any], *, copy: sa.Table | None = None
+    ) -> None:
         self.statement = statement
+        #: ``copy``: an INSERT of every column of this table, which PostgreSQL may take as a COPY
+        self._copy: tuple[str, Callable[[Any], tuple[Any, ...]]] | None = None
+        if copy is not None:
+            names = tuple(c.name for c in copy.c)
+            self._copy = (f"COPY {copy.name} ({', '.join(names)}) FROM STDIN", _in_order(names))
         #: per dialect: (SQL, values fixed in the statement, parameter names, their values in order or
         #: None for named parameters)
         self._compiled: dict[str, tuple[str, dict[str, Any], tuple[str, ...], Callable[[Any], Any] | None]] = {}
@@ -1410,7 +1417,15 @@ class _Prepared:
     def run_many(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
-            cursor.executemany(*self.many_args(conn, rows))
+            if self._copy is not None and conn.dialect.name == "postgresql":
+                # an INSERT of many rows: COPY streams them in one go, where a pipelined executemany binds,
+                # sends and answers each row on its own (most of a group commit's Python on PostgreSQL)
+                sql, values = self._copy
+                with cursor.copy(sql) as copy:
+                    for row in rows:
+                        copy.write_row(values(row))
+            else:
+                cursor.executemany(*self.many_args(conn, rows))
         finally:
             cursor.close()
 
@@ -1446,12 +1461,14 @@ _LEGACY_OBSERVATIONS = _Prepared(
 _DELETE_RESULT = _Prepared(sa.delete(t.results).where(t.results.c.operation_id == sa.bindparam("b_operation_id")))
 _INSERT_RESULT = _Prepared(sa.insert(t.results).values({c.name: sa.bindparam(c.name) for c in t.results.c}))
 _RAW_INSERT_OBSERVATION = _Prepared(
-    sa.insert(t.observations).values({c.name: sa.bindparam(c.name) for c in t.observations.c})
+    sa.insert(t.observations).values({c.name: sa.bindparam(c.name) for c in t.observations.c}), copy=t.observations
 )
 _RAW_INSERT_OPERATION = _Prepared(
     sa.insert(t.operations).values({c.name: sa.bindparam(c.name) for c in t.operations.c})
 )
-_RAW_INSERT_HISTORY = _Prepared(sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}))
+_RAW_INSERT_HISTORY = _Prepared(
+    sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}), copy=t.history
+)
 
 
 def _check_result(change: Change) -> None:
