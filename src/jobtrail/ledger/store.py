@@ -1464,7 +1464,7 @@ _RAW_INSERT_OBSERVATION = _Prepared(
     sa.insert(t.observations).values({c.name: sa.bindparam(c.name) for c in t.observations.c}), copy=t.observations
 )
 _RAW_INSERT_OPERATION = _Prepared(
-    sa.insert(t.operations).values({c.name: sa.bindparam(c.name) for c in t.operations.c})
+    sa.insert(t.operations).values({c.name: sa.bindparam(c.name) for c in t.operations.c}), copy=t.operations
 )
 _RAW_INSERT_HISTORY = _Prepared(
     sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}), copy=t.history
