@@ -129,16 +129,16 @@ def phase_plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
 
 
 def _count_sql(db: str) -> dict[str, int]:
-    """Count what reaches the database driver: statements (each parameter set of an executemany)
-    and, on PostgreSQL, round trips (an execute, a pipelined executemany, a transaction's BEGIN and its
-    COMMIT or ROLLBACK)."""
+    """Count what reaches the database driver: statements (each parameter set of an executemany; a
+    COPY is one) and, on PostgreSQL, round trips (an execute, a pipelined executemany, a COPY, a
+    transaction's BEGIN and its COMMIT or ROLLBACK)."""
     import sqlalchemy as sa
 
     counts = {"statements": 0, "round_trips": 0, "commits": 0}
     if db.startswith("postgres"):
         import psycopg
 
-        execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+        execute, executemany, copy = psycopg.Cursor.execute, psycopg.Cursor.executemany, psycopg.Cursor.copy
         commit, rollback = psycopg.Connection.commit, psycopg.Connection.rollback
         idle = psycopg.pq.TransactionStatus.IDLE
 
@@ -152,6 +152,12 @@ def _count_sql(db: str) -> dict[str, int]:
             counts["statements"] += len(params_seq)
             counts["round_trips"] += 1
             return executemany(self, query, params_seq, **kw)
+
+        # a COPY (the ledger's bulk inserts) is one statement, its rows streamed in one round trip
+        def counted_copy(self: Any, statement: Any, params: Any = None, **kw: Any) -> Any:
+            counts["statements"] += 1
+            counts["round_trips"] += 1
+            return copy(self, statement, params, **kw)
 
         # a transaction costs two more: psycopg sends its BEGIN on its own, and the COMMIT or ROLLBACK
         def counted_commit(self: Any) -> Any:
@@ -167,6 +173,7 @@ def _count_sql(db: str) -> dict[str, int]:
 
         psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
         psycopg.Cursor.executemany = counted_executemany  # type: ignore[method-assign]
+        psycopg.Cursor.copy = counted_copy  # type: ignore[method-assign]
         psycopg.Connection.commit = counted_commit  # type: ignore[method-assign]
         psycopg.Connection.rollback = counted_rollback  # type: ignore[method-assign]
     else:
