@@ -80,19 +80,29 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_receiver(store: Store, config: dict[str, Any], port: int) -> Any:
+def _start_receiver(store: Store, config: dict[str, Any], port: int) -> tuple[Any, threading.Thread]:
     import uvicorn
 
     from jobtrail.interfaces.webhooks import webhook_app
 
     provider = load_provider(config)
     app = webhook_app(store, {provider.name: provider.config.webhooks})
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off"))
-    threading.Thread(target=server.run, daemon=True).start()
+    # asyncio's own loop in this thread: a uvloop left running in a thread when the interpreter exits can call
+    # into it while it is torn down (and the thread is stopped and joined before the demo ends, see _stop)
+    settings = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off", loop="asyncio")
+    server = uvicorn.Server(settings)
+    thread = threading.Thread(target=server.run, name="demo-webhook-receiver", daemon=True)
+    thread.start()
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
-    return server
+    return server, thread
+
+
+def _stop(receiver: Any, thread: threading.Thread) -> None:
+    """Stop the webhook receiver and wait for its thread (its loop closed) before going on."""
+    receiver.should_exit = True
+    thread.join(timeout=10)
 
 
 async def _run(db: str, console: Console) -> bool:
@@ -125,7 +135,7 @@ async def _run(db: str, console: Console) -> bool:
         reconcile=None,
         **fast,
     )
-    receiver = _start_receiver(store, good_cfg, port)
+    receiver, receiver_thread = _start_receiver(store, good_cfg, port)
     jt = AsyncJobtrail(store=store, actor="demo", providers=[good_cfg, careless_cfg])
     fakes = {"fake": good, "fake-no-idempotency": careless}
     scenarios = _scenarios()
@@ -218,7 +228,7 @@ async def _run(db: str, console: Console) -> bool:
         await task
         await asyncio.sleep(0.3)  # the last webhook deliveries
     finally:
-        receiver.should_exit = True
+        await asyncio.to_thread(_stop, receiver, receiver_thread)
         good.stop()
         careless.stop()
 
