@@ -40,6 +40,22 @@ POLL_S = 0.25
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2000"))
 
 
+def provider_config(base: str, max_connections: int = 256) -> dict[str, Any]:
+    """The fake provider as every bench declares it: polls every POLL_S with 10 % jitter."""
+    return {
+        "name": "fake",
+        "base_url": base,
+        "timeout_s": 30,
+        "connect_timeout_s": 10,
+        "create": {"path": "/v1/jobs", "job_id": "$.id"},
+        "status": {"path": "/v1/jobs/{job_id}", "state": "$.status", "result_ref": "$.result_url"},
+        "result": {"path": "/v1/jobs/{job_id}/result"},
+        "reconcile": {"modes": ["replay"]},
+        "poll": {"initial_s": POLL_S, "factor": 1, "cap_s": POLL_S, "jitter": 0.1},
+        "max_connections": max_connections,
+    }
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -203,18 +219,7 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
     from jobtrail.runtime.loop import run as run_loop
     from jobtrail.runtime.worker import Worker
 
-    config = {
-        "name": "fake",
-        "base_url": base,
-        "timeout_s": 30,
-        "connect_timeout_s": 10,
-        "create": {"path": "/v1/jobs", "job_id": "$.id"},
-        "status": {"path": "/v1/jobs/{job_id}", "state": "$.status", "result_ref": "$.result_url"},
-        "result": {"path": "/v1/jobs/{job_id}/result"},
-        "reconcile": {"modes": ["replay"]},
-        "poll": {"initial_s": POLL_S, "factor": 1, "cap_s": POLL_S, "jitter": 0.1},
-        "max_connections": max_connections,
-    }
+    config = provider_config(base, max_connections)
     store = Store.open(db)  # migrations (if any) run before the count starts
     sql = _count_sql(db)
     store.close()

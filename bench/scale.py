@@ -33,25 +33,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # so lifecycle's helpers are shared, not copied
 
-from lifecycle import POLL_S, _count_sql, _counts, _free_port
+from lifecycle import POLL_S, _count_sql, _counts, _free_port, provider_config
 
 CHUNK = 500
-
-
-def _config(base: str, max_connections: int) -> dict[str, Any]:
-    """The provider declaration of bench/lifecycle.py's jobtrail phase."""
-    return {
-        "name": "fake",
-        "base_url": base,
-        "timeout_s": 30,
-        "connect_timeout_s": 10,
-        "create": {"path": "/v1/jobs", "job_id": "$.id"},
-        "status": {"path": "/v1/jobs/{job_id}", "state": "$.status", "result_ref": "$.result_url"},
-        "result": {"path": "/v1/jobs/{job_id}/result"},
-        "reconcile": {"modes": ["replay"]},
-        "poll": {"initial_s": POLL_S, "factor": 1, "cap_s": POLL_S, "jitter": 0.1},
-        "max_connections": max_connections,
-    }
 
 
 def _cpu_s() -> float:
@@ -90,7 +74,7 @@ def child(base: str, db: str, worker_id: str, max_connections: int, concurrency:
     worker_module.lease_taken_over = counted_takeover  # type: ignore[attr-defined]
     sql = _count_sql(db)
     store = Store.open(db)
-    config = _config(base, max_connections)
+    config = provider_config(base, max_connections)
     worker = Worker(
         store, {"fake": load_provider(config)}, worker_id=worker_id, concurrency=concurrency, lease_s=120, batch=1000
     )
@@ -135,7 +119,7 @@ def _submit(db: str, base: str, n: int, max_connections: int) -> dict[str, int]:
     sql = _count_sql(db)
 
     async def run() -> None:
-        jt = AsyncJobtrail(store=store, providers=[_config(base, max_connections)])
+        jt = AsyncJobtrail(store=store, providers=[provider_config(base, max_connections)])
         for start in range(0, n, CHUNK):
             await jt.submit_many("fake", [{"i": i} for i in range(start, min(n, start + CHUNK))])
 

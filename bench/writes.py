@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from lifecycle import POLL_S, _free_port
+from lifecycle import _free_port, provider_config
 
 from jobtrail.ledger.store import Create, Moved, Store
 
@@ -94,17 +94,7 @@ def record(base: str, n: int, folder: str) -> _Recording:
     from jobtrail.runtime.loop import run as run_loop
     from jobtrail.runtime.worker import Worker
 
-    config = {
-        "name": "fake",
-        "base_url": base,
-        "timeout_s": 30,
-        "connect_timeout_s": 10,
-        "create": {"path": "/v1/jobs", "job_id": "$.id"},
-        "status": {"path": "/v1/jobs/{job_id}", "state": "$.status", "result_ref": "$.result_url"},
-        "result": {"path": "/v1/jobs/{job_id}/result"},
-        "reconcile": {"modes": ["replay"]},
-        "poll": {"initial_s": POLL_S, "factor": 1, "cap_s": POLL_S, "jitter": 0.1},
-    }
+    config = provider_config(base)
     _Recording.snapshot = os.path.join(folder, "snapshot.db")
     store = _Recording.open(os.path.join(folder, "recorded.db"))
     assert isinstance(store, _Recording)
