@@ -513,8 +513,7 @@ class Redactor:
             if lower in _URL_HEADERS:
                 out[name] = self.url(str(value))
             elif _header_allowed(lower):
-                text = str(value)
-                out[name] = self._texts.get(text) or self.text(text)
+                out[name] = self.text(str(value))
             else:
                 out[name] = REDACTED
         return out

@@ -1300,7 +1300,7 @@ def _seal_entry(entry: dict[str, Any], after: int, upto: int, items: list[tuple[
 def _operation(row: Any) -> Operation:
     data = dict(row)
     data.pop("row_seal", None)  # the audit's, not the record's
-    data["state"] = _STATES.get(data["state"]) or State(data["state"])
+    data["state"] = _state(data["state"])
     data["request_body"] = json.loads(data["request_body"])
     if data.get("partial_effects") is not None:
         data["partial_effects"] = json.loads(data["partial_effects"])
@@ -1310,13 +1310,18 @@ def _operation(row: Any) -> Operation:
 _STATES = {state.value: state for state in State}
 
 
+def _state(value: str) -> State:
+    """A stored state by its value (a dict lookup; State() raises for anything else, as before)."""
+    return _STATES.get(value) or State(value)
+
+
 def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
     """The record as ``update`` (a write that landed) leaves it."""
     effects = update["partial_effects"]
     return _advance(
         op,
         update,
-        _STATES.get(update["state"]) or State(update["state"]),
+        _state(update["state"]),
         None if effects is None else json.loads(effects),
         update["b_release"],
     )
@@ -1359,18 +1364,21 @@ class _Prepared:
     SQLAlchemy transaction, on its connection.
     """
 
-    def __init__(
-        self, statement: sa.Update | sa.Insert | sa.Delete | sa.Select[Any], *, copy: sa.Table | None = None
-    ) -> None:
+    def __init__(self, statement: sa.Update | sa.Insert | sa.Delete | sa.Select[Any]) -> None:
         self.statement = statement
-        #: ``copy``: an INSERT of every column of this table, which PostgreSQL may take as a COPY
+        #: an INSERT of every column of a table (see :meth:`rows_of`): its COPY and the row's values in order
         self._copy: tuple[str, Callable[[Any], tuple[Any, ...]]] | None = None
-        if copy is not None:
-            names = tuple(c.name for c in copy.c)
-            self._copy = (f"COPY {copy.name} ({', '.join(names)}) FROM STDIN", _in_order(names))
-        #: per dialect: (SQL, values fixed in the statement, parameter names, their values in order or
-        #: None for named parameters)
-        self._compiled: dict[str, tuple[str, dict[str, Any], tuple[str, ...], Callable[[Any], Any] | None]] = {}
+        #: per dialect: (SQL, values fixed in the statement, the parameters' values in order or None for
+        #: named parameters)
+        self._compiled: dict[str, tuple[str, dict[str, Any], Callable[[Any], Any] | None]] = {}
+
+    @classmethod
+    def rows_of(cls, table: sa.Table) -> _Prepared:
+        """An INSERT of every column of ``table``, by name; PostgreSQL takes many rows as one COPY."""
+        names = tuple(c.name for c in table.c)
+        prepared = cls(sa.insert(table).values({name: sa.bindparam(name) for name in names}))
+        prepared._copy = (f"COPY {table.name} ({', '.join(names)}) FROM STDIN", _in_order(names))
+        return prepared
 
     def _args(self, conn: Connection, params: dict[str, Any]) -> tuple[str, Any]:
         entry = self._compiled.get(conn.dialect.name)
@@ -1380,11 +1388,10 @@ class _Prepared:
             # values written into the statement itself (``.values(lease_owner=None)``), by rendered name
             sample = compiled.construct_params(params)
             fixed = {k: v for k, v in sample.items() if k not in params}
-            names = tuple(compiled.positiontup or sample)
-            in_order = _in_order(names) if compiled.positiontup else None
+            in_order = _in_order(tuple(compiled.positiontup)) if compiled.positiontup else None
             # published whole, in one assignment: another thread sees all of it or none of it
-            entry = self._compiled[conn.dialect.name] = (compiled.string, fixed, names, in_order)
-        sql, fixed, names, in_order = entry
+            entry = self._compiled[conn.dialect.name] = (compiled.string, fixed, in_order)
+        sql, fixed, in_order = entry
         values = {**fixed, **params} if fixed else params
         if in_order is not None:
             return sql, in_order(values)
@@ -1460,15 +1467,9 @@ _LEGACY_OBSERVATIONS = _Prepared(
 )
 _DELETE_RESULT = _Prepared(sa.delete(t.results).where(t.results.c.operation_id == sa.bindparam("b_operation_id")))
 _INSERT_RESULT = _Prepared(sa.insert(t.results).values({c.name: sa.bindparam(c.name) for c in t.results.c}))
-_RAW_INSERT_OBSERVATION = _Prepared(
-    sa.insert(t.observations).values({c.name: sa.bindparam(c.name) for c in t.observations.c}), copy=t.observations
-)
-_RAW_INSERT_OPERATION = _Prepared(
-    sa.insert(t.operations).values({c.name: sa.bindparam(c.name) for c in t.operations.c}), copy=t.operations
-)
-_RAW_INSERT_HISTORY = _Prepared(
-    sa.insert(t.history).values({c.name: sa.bindparam(c.name) for c in t.history.c}), copy=t.history
-)
+_RAW_INSERT_OBSERVATION = _Prepared.rows_of(t.observations)
+_RAW_INSERT_OPERATION = _Prepared.rows_of(t.operations)
+_RAW_INSERT_HISTORY = _Prepared.rows_of(t.history)
 
 
 def _check_result(change: Change) -> None:

@@ -230,13 +230,18 @@ class EgressPolicy:
             return f"{self.home.scheme}:{ref}"
         return urllib.parse.urljoin(self.base_url + "/", ref)
 
+    def under_base(self, url: str) -> bool:
+        """Whether ``url`` starts with ``base_url`` itself (and has no character a URL may not have): then
+        it goes to the home origin, decided without a parse. False says nothing: judge such a URL."""
+        return url.startswith(self._home_prefix) and not _BAD_URL_CHAR.search(url)
+
     def is_home(self, url: str) -> bool:
         """Whether ``url`` goes to the home origin (the credential may go with it); never raises.
 
-        The URLs of the provider file's own paths start with ``base_url`` itself, which decides
-        this without a parse; anything else is judged by origin (:meth:`judge`).
+        The URLs of the provider file's own paths are :meth:`under_base`; anything else is judged
+        by origin (:meth:`judge`).
         """
-        if url.startswith(self._home_prefix) and not _BAD_URL_CHAR.search(url):
+        if self.under_base(url):
             return True
         try:
             return self.judge(url).home

@@ -720,7 +720,7 @@ class HttpProvider:
             # the credential unless it points at exactly base_url's origin
             try:
                 url = self.egress.resolve_reference(result_ref)
-                target = None if self.egress.is_home(url) else self.egress.judge(url)
+                target = None if self.egress.under_base(url) else self.egress.judge(url)
             except UrlRefused as exc:
                 return refusal(exc, url_key="status.result_ref")
             if target is None or target.home:

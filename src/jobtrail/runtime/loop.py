@@ -17,9 +17,8 @@ _T = TypeVar("_T")
 
 def run(main: Coroutine[Any, Any, _T]) -> _T:
     """Run ``main`` to completion on a new event loop (uvloop's when installed), like :func:`asyncio.run`."""
-    try:
-        import uvloop
-    except ImportError:
+    uvloop = _uvloop()
+    if uvloop is None:
         return asyncio.run(main)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main)
@@ -27,8 +26,13 @@ def run(main: Coroutine[Any, Any, _T]) -> _T:
 
 def loop_name() -> str:
     """Which loop :func:`run` uses: ``uvloop`` or ``asyncio``."""
+    return "asyncio" if _uvloop() is None else "uvloop"
+
+
+def _uvloop() -> Any:
+    """uvloop, or None where it is not installed (imported when asked: a test may take it away)."""
     try:
-        import uvloop  # noqa: F401
+        import uvloop
     except ImportError:
-        return "asyncio"
-    return "uvloop"
+        return None
+    return uvloop
