@@ -35,6 +35,8 @@ import time
 import urllib.request
 from typing import Any
 
+from sqlcount import add_counts, children_counts, count_in_children, count_sql
+
 POLL_S = 0.25
 #: operations one jobtrail worker keeps in flight (the plain loop keeps all N in flight)
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2000"))
@@ -83,8 +85,10 @@ gc.callbacks.append(_gc_timer)
 
 
 def _usage() -> tuple[float, float]:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
+    """CPU seconds and peak RSS (MB) of this process and of its children that ended (the worker's writer
+    process: the worker closes it when it stops)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, (me.ru_maxrss + kids.ru_maxrss) / 1024
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -144,66 +148,6 @@ def phase_plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
 # -- jobtrail ------------------------------------------------------------------------------------
 
 
-def _count_sql(db: str) -> dict[str, int]:
-    """Count what reaches the database driver: statements (each parameter set of an executemany; a
-    COPY is one) and, on PostgreSQL, round trips (an execute, a pipelined executemany, a COPY, a
-    transaction's BEGIN and its COMMIT or ROLLBACK)."""
-    import sqlalchemy as sa
-
-    counts = {"statements": 0, "round_trips": 0, "commits": 0}
-    if db.startswith("postgres"):
-        import psycopg
-
-        execute, executemany, copy = psycopg.Cursor.execute, psycopg.Cursor.executemany, psycopg.Cursor.copy
-        commit, rollback = psycopg.Connection.commit, psycopg.Connection.rollback
-        idle = psycopg.pq.TransactionStatus.IDLE
-
-        def counted_execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
-            counts["statements"] += 1
-            counts["round_trips"] += 1
-            return execute(self, query, params, **kw)
-
-        def counted_executemany(self: Any, query: Any, params_seq: Any, **kw: Any) -> Any:
-            params_seq = list(params_seq)
-            counts["statements"] += len(params_seq)
-            counts["round_trips"] += 1
-            return executemany(self, query, params_seq, **kw)
-
-        # a COPY (the ledger's bulk inserts) is one statement, its rows streamed in one round trip
-        def counted_copy(self: Any, statement: Any, params: Any = None, **kw: Any) -> Any:
-            counts["statements"] += 1
-            counts["round_trips"] += 1
-            return copy(self, statement, params, **kw)
-
-        # a transaction costs two more: psycopg sends its BEGIN on its own, and the COMMIT or ROLLBACK
-        def counted_commit(self: Any) -> Any:
-            if self.info.transaction_status != idle:
-                counts["round_trips"] += 2
-                counts["commits"] += 1
-            return commit(self)
-
-        def counted_rollback(self: Any) -> Any:
-            if self.info.transaction_status != idle:
-                counts["round_trips"] += 2
-            return rollback(self)
-
-        psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
-        psycopg.Cursor.executemany = counted_executemany  # type: ignore[method-assign]
-        psycopg.Cursor.copy = counted_copy  # type: ignore[method-assign]
-        psycopg.Connection.commit = counted_commit  # type: ignore[method-assign]
-        psycopg.Connection.rollback = counted_rollback  # type: ignore[method-assign]
-    else:
-        # SQLite runs in-process: every statement it executes (BEGIN and COMMIT included), no round trips
-
-        def trace(sql: str) -> None:
-            counts["statements"] += 1
-            if sql.startswith("COMMIT"):
-                counts["commits"] += 1
-
-        sa.event.listen(sa.engine.Engine, "connect", lambda dbapi_conn, _rec: dbapi_conn.set_trace_callback(trace))
-    return counts
-
-
 def _wal_lsn(engine: Any) -> str:
     import sqlalchemy as sa
 
@@ -221,7 +165,8 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
 
     config = provider_config(base, max_connections)
     store = Store.open(db)  # migrations (if any) run before the count starts
-    sql = _count_sql(db)
+    sql = count_sql(db)
+    in_children = count_in_children(db)  # the worker's writer process
     store.close()
     store = Store.open(db)
     postgres = db.startswith("postgres")
@@ -246,7 +191,7 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
     stats = run_loop(run())  # as `jobtrail worker` runs it
     wall = time.monotonic() - t0
     cpu1, rss = _usage()
-    sql_counts = dict(sql)
+    sql_counts = add_counts(sql, children_counts(in_children))
     ops = store.list_operations(limit=None)
     done = [op for op in ops if op.state is State.SUCCEEDED]
     latencies = [(op.updated_at_us - op.created_at_us) / 1e6 for op in done]
@@ -330,10 +275,10 @@ def main() -> None:
     parser.add_argument("--base", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "plain":
-        print(json.dumps(phase_plain(args.base, args.n, args.max_connections)))
+        print(json.dumps(phase_plain(args.base, args.n, args.max_connections)), flush=True)
         return
     if args.phase == "jobtrail":
-        print(json.dumps(phase_jobtrail(args.base, args.n, args.db, args.max_connections)))
+        print(json.dumps(phase_jobtrail(args.base, args.n, args.db, args.max_connections)), flush=True)
         return
 
     port = _free_port()

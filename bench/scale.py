@@ -33,14 +33,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # so lifecycle's helpers are shared, not copied
 
-from lifecycle import POLL_S, _count_sql, _counts, _free_port, provider_config
+from lifecycle import POLL_S, _counts, _free_port, provider_config
+from sqlcount import add_counts, children_counts, count_in_children, count_sql
 
 CHUNK = 500
 
 
 def _cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process (the store's I/O threads too)
-    return ru.ru_utime + ru.ru_stime
+    """Every thread of this process (the store's I/O threads too) and its writer process once it ended."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _ticks(pid: int | None = None) -> tuple[int, int]:
@@ -72,7 +74,8 @@ def child(base: str, db: str, worker_id: str, max_connections: int, concurrency:
 
     # the worker calls it when a newer lease fenced its write
     worker_module.lease_taken_over = counted_takeover  # type: ignore[attr-defined]
-    sql = _count_sql(db)
+    sql = count_sql(db)
+    in_children = count_in_children(db)  # the worker's writer process
     store = Store.open(db)
     config = provider_config(base, max_connections)
     worker = Worker(
@@ -85,7 +88,7 @@ def child(base: str, db: str, worker_id: str, max_connections: int, concurrency:
     stats = run_loop(worker.run(until_settled=True))  # as `jobtrail worker` runs it
     ended = time.monotonic()  # CLOCK_MONOTONIC is system-wide: the parent compares it with its own start
     cpu = _cpu_s() - cpu0
-    after = dict(sql)
+    after = add_counts(sql, children_counts(in_children))  # the writer process has ended with the run
     store.close()
     out = {
         "ended": ended,
@@ -116,7 +119,7 @@ def _submit(db: str, base: str, n: int, max_connections: int) -> dict[str, int]:
     from jobtrail import AsyncJobtrail, Store
 
     store = Store.open(db)  # creates the tables: the fresh database is the reset ledger
-    sql = _count_sql(db)
+    sql = count_sql(db)
 
     async def run() -> None:
         jt = AsyncJobtrail(store=store, providers=[provider_config(base, max_connections)])

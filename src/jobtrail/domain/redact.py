@@ -439,6 +439,11 @@ class Redactor:
         # short values would match by accident in a long concatenation
         return any(form in joined for form in self._detect if len(form) >= 8)
 
+    def registered(self) -> tuple[str, ...]:
+        """The values registered so far, in order (what another process needs to mask the same)."""
+        with self._lock:
+            return tuple(self._values)
+
     def forward_to(self, other: Redactor) -> None:
         """Let ``other`` mask every value registered here, now and later: a provider's redactor forwards
         to the ledger's, so whatever the provider resolves is masked in what the ledger stores."""

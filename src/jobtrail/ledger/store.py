@@ -245,6 +245,11 @@ class Store:
         self._file_identity: tuple[int, int] | None = None
         self._write_lock = _process_write_lock(engine)
 
+    @property
+    def default_clock(self) -> bool:
+        """Reads the wall clock (not a test's or the simulation's own)."""
+        return self.clock is _now_us
+
     # -- opening ----------------------------------------------------------------
 
     @classmethod
@@ -271,6 +276,17 @@ class Store:
 
         with self.writing("upgrading the schema") as conn:
             upgrade(conn, revision)
+
+    @property
+    def file_identity(self) -> tuple[int, int] | None:
+        """(device, inode) of the SQLite file, as this store first saw it (None: PostgreSQL, in memory)."""
+        return self._file_identity
+
+    def expect_file(self, identity: tuple[int, int]) -> None:
+        """Hold this store to the file another store saw (a writer process to its worker's): from now on
+        :meth:`check_file` fails unless the file is that one. Raises at once if it is not there."""
+        self._file_identity = identity
+        self.check_file()
 
     def check_file(self) -> None:
         """Raise :class:`StorageError` if the SQLite file was deleted or replaced since this store first looked.

@@ -13,7 +13,7 @@ for every create attempt exactly as with one transaction per write.
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -38,11 +38,7 @@ from jobtrail.ledger.store import (
     key_race,
     landed,
 )
-
-log = logging.getLogger(__name__)
-
-#: one write's outcome from a group commit: what it came to, or the error that refused it alone
-Outcome = Applied | Exception
+from jobtrail.ledger.writer_process import Outcome, WriterProcess, apply_group
 
 #: callers woken per loop turn after a commit (see BatchWriter._settle)
 _WAKE_PER_TURN = 32
@@ -145,6 +141,12 @@ class BatchWriter(Writer):
     database's latency, not with how many answers arrive in one loop turn.
     ``window_s=0`` waits one loop turn only (the default when the work runs
     inline, as in the simulation).
+
+    ``apart`` (the worker's choice) commits in a :class:`WriterProcess`, off the
+    interpreter lock of the event loop's process. Two groups are in flight
+    then: the child reads the next while it commits this one, and commits them
+    in order. Each caller still waits for its own commit, so one caller's
+    writes are never in flight together.
     """
 
     def __init__(
@@ -154,14 +156,18 @@ class BatchWriter(Writer):
         io: Offload = threads,
         window_s: float | None = None,
         max_writes: int = GROUP_MAX,
+        apart: bool = False,
     ) -> None:
         super().__init__(store, io=io)
+        #: the process that prepares and commits the groups (``apart``, where the store allows it)
+        self._apart = WriterProcess.for_store(store) if apart and io is threads else None
+        self._depth = 1 if self._apart is None else 2
         # inline work holds the loop while it commits, so nothing could join during a window: one turn is all
         self.window_s = (0.0 if io is inline else GROUP_WINDOW_S) if window_s is None else window_s
         self.max_writes = max_writes
         self._pending: list[_Queued] = []
-        self._committing = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._running = 0  # commits in flight
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None  # the next commit's start
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commits: set[asyncio.Task[None]] = set()
         self._requests = 0
@@ -179,20 +185,19 @@ class BatchWriter(Writer):
         if loop is not self._loop:
             # a new loop (the sync client runs one per call): what a closed one left queued has no
             # caller left to answer, and its window's timer will never fire
-            self._loop, self._pending, self._committing, self._timer = loop, [], False, None
+            self._loop, self._pending, self._running, self._timer = loop, [], 0, None
         self._requests += 1
         queued = [_Queued(item, loop.create_future(), self._requests) for item in items]
         self._pending.extend(queued)
-        if not self._committing:
-            self._committing = True
-            if self.window_s > 0 and len(self._pending) < self.max_writes:
+        full = len(self._pending) >= self.max_writes
+        if self._timer is None and self._running < self._depth:
+            if self.window_s > 0 and not full:
                 self._timer = loop.call_later(self.window_s, self._start)
             else:
-                loop.call_soon(self._start)
-        elif self._timer is not None and len(self._pending) >= self.max_writes:
+                self._timer = loop.call_soon(self._start)
+        elif full and isinstance(self._timer, asyncio.TimerHandle):
             self._timer.cancel()  # full: no reason to wait out the window
-            self._timer = None
-            loop.call_soon(self._start)
+            self._timer = loop.call_soon(self._start)
         if len(queued) == 1:
             return [await queued[0].future]
         return list(await asyncio.gather(*(q.future for q in queued)))  # a request's writes fail together
@@ -204,21 +209,28 @@ class BatchWriter(Writer):
         while cut < len(self._pending) and self._pending[cut].request == self._pending[cut - 1].request:
             cut += 1
         batch, self._pending = self._pending[:cut], self._pending[cut:]
+        self._running += 1
         task = asyncio.get_running_loop().create_task(self._commit(batch))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
+        self._next()
 
     async def _commit(self, batch: list[_Queued]) -> None:
         try:
-            outcomes: list[Outcome] = await self.io(self._apply_all, batch)
+            if self._apart_ready():
+                outcomes = await self._apart_commit(batch)
+            else:
+                outcomes = await self.io(self._apply_all, batch)
         except Exception as exc:  # the database itself failed: every caller hears it
             outcomes = [exc] * len(batch)
         except BaseException:  # cancelled (the loop is closing): nobody may hang on a future
             for q in batch:
                 q.future.cancel()
+            self._running -= 1
             self._next()
             raise
         self._settle(batch, outcomes)
+        self._running -= 1
         self._next()
 
     def _settle(self, batch: list[_Queued], outcomes: list[Outcome], start: int = 0) -> None:
@@ -241,39 +253,57 @@ class BatchWriter(Writer):
             asyncio.get_running_loop().call_soon(self._settle, batch, outcomes, end)
 
     def _next(self) -> None:
-        if self._pending:
-            asyncio.get_running_loop().call_soon(self._start)
-        else:
-            self._committing = False
+        """Writes that came while the commits were in flight start at once once one is free."""
+        if self._pending and self._timer is None and self._running < self._depth:
+            self._timer = asyncio.get_running_loop().call_soon(self._start)
 
     def _apply_all(self, batch: list[_Queued]) -> list[Outcome]:
         """One transaction for all; if it fails, each request on its own so each caller gets its own answer."""
-        try:
-            results = self.store.apply([q.item for q in batch])
-        except StorageError as exc:
-            # the database itself failed (locked past its time-out, gone): every caller hears it at once;
-            # a key another process took just now is one request's business, found when it runs alone
-            if not key_race(exc):
-                raise
-        except Exception as exc:
-            # one refused write (a transition without its evidence) must not fail its neighbours
-            log.debug("group commit of %d writes refused (%s): each request on its own", len(batch), exc)
-        else:
-            self.transactions += 1
-            self.writes += len(batch)
-            return list(results)
-        requests: dict[int, list[Write]] = {}
-        for q in batch:
-            requests.setdefault(q.request, []).append(q.item)
-        outcomes: list[Outcome] = []
-        for items in requests.values():  # in queue order: a request's writes are adjacent in the batch
-            try:
-                outcomes.extend(self.store.apply(items))
-                self.transactions += 1
-                self.writes += len(items)
-            except Exception as exc:
-                outcomes.extend([exc] * len(items))
+        outcomes, transactions = apply_group(self.store, [(q.request, q.item) for q in batch])
+        self._count(outcomes, transactions)
         return outcomes
+
+    async def _apart_commit(self, batch: list[_Queued]) -> list[Outcome]:
+        assert self._apart is not None
+        outcomes, transactions = await self._apart.apply([(q.request, q.item) for q in batch])
+        self._count(outcomes, transactions)
+        return outcomes
+
+    def _count(self, outcomes: list[Outcome], transactions: int) -> None:
+        self.transactions += transactions
+        self.writes += sum(not isinstance(o, Exception) for o in outcomes)
+
+    async def claim(self, worker_id: str, **kwargs: Any) -> list[Operation]:
+        """:meth:`Store.claim`, where this writer's commits are made (a claim is a write: in the writer
+        process, it queues behind the commit in flight instead of polling for the file's lock)."""
+        if self._apart_ready():
+            assert self._apart is not None
+            return await self._apart.claim(worker_id, **kwargs)
+        return await self.io(functools.partial(self.store.claim, worker_id, **kwargs))
+
+    def _apart_ready(self) -> bool:
+        """Is the writer process there to take this write? (If not, have it started: meanwhile, here.)"""
+        if self._apart is None:
+            return False
+        if self._apart.ready:
+            return True
+        self._apart.start_soon()
+        return False
+
+    @property
+    def process_id(self) -> int | None:
+        """The writer process's pid while it takes this writer's commits (None: they are made here)."""
+        return self._apart.pid if self._apart is not None else None
+
+    def start(self) -> None:
+        """Start the writer process, if this writer has one, in the background (writes land here until then)."""
+        if self._apart is not None:
+            self._apart.start_soon()
+
+    async def close(self) -> None:
+        """Stop the writer process, if one runs (the next write starts it again)."""
+        if self._apart is not None:
+            await self._apart.close()
 
 
 class _Queued(NamedTuple):

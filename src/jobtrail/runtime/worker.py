@@ -153,7 +153,8 @@ class Worker:
                 )
             self._slowest_us[name] = int(slowest * _US)
         self.io = io
-        self.writer = BatchWriter(store, io=io)
+        # the commits' Python runs in a process of its own, not against the loop's interpreter lock
+        self.writer = BatchWriter(store, io=io, apart=True)
         rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
         actor = f"worker:{self.worker_id}"
         self.create = CreateFlow(store, writer=self.writer, actor=actor, rng=rng)
@@ -190,6 +191,7 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         inflight: set[asyncio.Task[None]] = set()
         checked = beat = 0.0
+        self.writer.start()
         try:
             while not self._stopping.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
@@ -221,6 +223,7 @@ class Worker:
             if inflight:
                 await asyncio.gather(*inflight, return_exceptions=True)
             await self._heartbeat(stopped=True)
+            await self.writer.close()
             self.stats.transactions = self.writer.transactions
             self.stats.writes = self.writer.writes
             for provider in self.providers.values():
@@ -235,8 +238,7 @@ class Worker:
 
     async def _claim(self, capacity: int) -> list[Operation]:
         try:
-            claimed = await self.io(
-                self.store.claim,
+            claimed = await self.writer.claim(
                 self.worker_id,
                 limit=min(self.batch, capacity),
                 lease_s=self.lease_s,

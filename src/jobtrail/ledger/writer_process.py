@@ -1,0 +1,396 @@
+"""A worker's group commits, prepared and written by a process of their own.
+
+Preparing a write is Python: the state check, redaction, JSON, the hash chain.
+On a thread of the worker's process it competes for the one interpreter lock
+with the event loop that drives every provider call: at N = 10,000 on SQLite
+the writer threads held the lock a third of the time and the loop waited. A
+child process (:func:`main` of this module) runs the same
+:func:`apply_group` on its own core; the worker sends each group as one pickled
+message on a pipe and resumes its callers when the answer comes back, so
+"durable before the send" holds exactly as on a thread: a caller wakes only
+once the child has committed its write.
+
+What the child needs travels on the pipe, never on its command line (where
+``ps`` would show a database password): the ledger's URL first, then with each
+group the credentials the worker's redactor learned since the last one, so the
+child masks every value the worker would. The child ignores SIGINT and SIGTERM
+(a worker stopping gracefully still has commits to make) and exits when the
+pipe closes: when the worker closes it, or when the worker dies however it dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import enum
+import gc
+import io
+import logging
+import os
+import pickle
+import signal
+import struct
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import sqlalchemy as sa
+
+from jobtrail.domain.errors import JobtrailError, StorageError
+from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import Redactor
+from jobtrail.ledger.store import Applied, Store, Write, key_race
+
+log = logging.getLogger(__name__)
+
+#: one write's outcome from a group commit: what it came to, or the error that refused it alone
+Outcome = Applied | Exception
+
+_LENGTH = struct.Struct("<Q")
+#: how long closing waits for the child to finish its last commit and exit
+_CLOSE_S = 30.0
+#: after a failed start, how long the parent writes itself before it tries again
+_RETRY_S = 30.0
+
+
+def apply_group(store: Store, batch: Sequence[tuple[int, Write]]) -> tuple[list[Outcome], int]:
+    """One transaction for every write of ``batch`` (``(request, write)`` pairs, a request's writes adjacent);
+    if it is refused, each request on its own, so each caller gets its own answer. Returns the outcomes
+    in order and the transactions committed. A failure of the database itself raises."""
+    try:
+        return list(store.apply([item for _, item in batch])), 1
+    except StorageError as exc:
+        # the database itself failed (locked past its time-out, gone): every caller hears it at once;
+        # a key another process took just now is one request's business, found when it runs alone
+        if not key_race(exc):
+            raise
+    except Exception as exc:
+        # one refused write (a transition without its evidence) must not fail its neighbours
+        log.debug("group commit of %d writes refused (%s): each request on its own", len(batch), exc)
+    requests: dict[int, list[Write]] = {}
+    for request, item in batch:
+        requests.setdefault(request, []).append(item)
+    outcomes: list[Outcome] = []
+    transactions = 0
+    for items in requests.values():  # in queue order: a request's writes are adjacent in the batch
+        try:
+            outcomes.extend(store.apply(items))
+            transactions += 1
+        except Exception as exc:
+            outcomes.extend([exc] * len(items))
+    return outcomes, transactions
+
+
+#: per record class, what its instances are made of (see _Pickler)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields_of(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+#: per record class, a function that makes one from its fields' values (see _maker)
+_MAKERS: dict[type, Callable[[tuple[Any, ...]], Any]] = {}
+
+
+def _maker(cls: type) -> Callable[[tuple[Any, ...]], Any]:
+    """What the generated ``__init__`` of a frozen dataclass does, from a tuple, without a loop per field."""
+    lines = [f"    s(o, {name!r}, v[{i}])" for i, name in enumerate(_fields_of(cls))]
+    namespace: dict[str, Any] = {"new": object.__new__, "s": object.__setattr__, "cls": cls}
+    exec("def make(v):\n    o = new(cls)\n" + "\n".join(lines) + "\n    return o\n", namespace)  # noqa: S102
+    make: Callable[[tuple[Any, ...]], Any] = namespace["make"]
+    _MAKERS[cls] = make
+    return make
+
+
+def _rebuild(cls: type, values: tuple[Any, ...]) -> Any:
+    return (_MAKERS.get(cls) or _maker(cls))(values)
+
+
+class _Pickler(pickle.Pickler):
+    """Records (frozen dataclasses with slots: operations, writes, evidence) as their class and a tuple of
+    their fields: pickle's own way for them asks :func:`dataclasses.fields` twice per object, which cost
+    more than the rest of a group's message."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        names = _FIELDS.get(cls)
+        if names is None:
+            if isinstance(obj, enum.Enum):  # by name, found with getattr: not the enum's call by value
+                return getattr, (cls, obj.name)
+            if not (dataclasses.is_dataclass(cls) and hasattr(cls, "__slots__")) or isinstance(obj, type):
+                return NotImplemented
+            names = _fields_of(cls)
+        return _rebuild, (cls, tuple([getattr(obj, name) for name in names]))
+
+
+def _message(message: Any) -> bytes:
+    buffer = io.BytesIO()
+    buffer.write(bytes(_LENGTH.size))
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
+    data = buffer.getbuffer()
+    _LENGTH.pack_into(data, 0, len(data) - _LENGTH.size)
+    return bytes(data)
+
+
+def _send(stream: IO[bytes], message: Any) -> None:
+    stream.write(_message(message))
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> Any:
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        raise EOFError
+    (size,) = _LENGTH.unpack(head)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)  # noqa: S301 - our own parent's message, on a pipe only the two of us hold
+
+
+def _portable(outcomes: list[Outcome]) -> list[Outcome]:
+    """Outcomes as they can cross the pipe: an error that does not pickle goes as its message."""
+    return [_portable_error(o) if isinstance(o, Exception) else o for o in outcomes]
+
+
+def _portable_error(exc: Exception) -> Exception:
+    try:
+        pickle.loads(pickle.dumps(exc))  # noqa: S301 - our own bytes
+    except Exception:
+        return StorageError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+class WriterProcess:
+    """The parent's end, on the event loop: each call is one message on the child's pipe, its answer the
+    next answer to come back (the child answers in order). Messages are written as they come, so the
+    child reads the next group while it commits this one; nothing waits on a thread, and nothing of it
+    competes with the loop for the interpreter lock.
+
+    The child starts in the background (:meth:`start_soon`); until it is :attr:`ready`, and whenever it
+    is not (it died, it could not start), the caller writes in its own process as before.
+    """
+
+    def __init__(self, url: str, redactor: Redactor, file_identity: tuple[int, int] | None = None) -> None:
+        self._url = url
+        self._file_identity = file_identity
+        self._redactor = redactor
+        self._proc: asyncio.subprocess.Process | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._reader: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._retry_at = 0.0
+        self._sent = 0  # the redactor's values the child has
+
+    @classmethod
+    def for_store(cls, store: Store) -> WriterProcess | None:
+        """A writer process for ``store``, or None when another process cannot write for it: an in-memory
+        SQLite ledger, a store on a clock of its own (tests, the simulation) or with writes of its own."""
+        if type(store).apply is not Store.apply or not store.default_clock:
+            return None
+        if store.dialect == "sqlite" and store.engine.url.database in (None, "", ":memory:"):
+            return None
+        url = store.engine.url.render_as_string(hide_password=False)
+        return cls(url, store.redactor, store.file_identity)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def ready(self) -> bool:
+        """The child runs, for this event loop: calls go to it."""
+        return self._proc is not None and self._loop is asyncio.get_running_loop()
+
+    def start_soon(self) -> None:
+        """Start the child in the background, unless it runs, is starting, or failed to start just now."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new loop: what ran on the last one (closed) cannot be reached
+            self._forget()
+            self._loop = loop
+        if self._proc is not None or (self._starting is not None and not self._starting.done()):
+            return
+        if time.monotonic() < self._retry_at:
+            return
+        self._starting = loop.create_task(self._begin())
+
+    def _forget(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, RuntimeError):  # its loop may be closed
+                self._proc.kill()
+        self._proc, self._reader, self._starting, self._waiting = None, None, None, collections.deque()
+
+    async def _begin(self) -> None:
+        try:
+            proc = await self._start()
+        except (JobtrailError, OSError) as exc:
+            self._retry_at = time.monotonic() + _RETRY_S
+            log.warning("the ledger's writer process did not start (%s); this process writes itself meanwhile", exc)
+            return
+        self._proc, self._sent = proc, 0
+        self._reader = asyncio.get_running_loop().create_task(self._read(proc))
+
+    async def apply(self, batch: Sequence[tuple[int, Write]]) -> tuple[list[Outcome], int]:
+        """What :func:`apply_group` returns, from the child; a database failure raises as it would here."""
+        outcomes, transactions = await self._call("apply_group", list(batch))
+        return outcomes, transactions
+
+    async def claim(self, worker_id: str, **kwargs: Any) -> list[Operation]:
+        """:meth:`Store.claim`, in the child: a claim queues with the commits instead of polling for the
+        SQLite file's lock against them."""
+        claimed: list[Operation] = await self._call("claim", worker_id, **kwargs)
+        return claimed
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            raise StorageError("the ledger's writer process is not running; the write was not sent")
+        values = self._redactor.registered()
+        data = _message((values[self._sent :], method, args, kwargs))
+        self._sent = len(values)
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append(answer)
+        proc.stdin.write(data)
+        kind, value = await answer
+        if kind == "raised":
+            raise value
+        return value
+
+    async def _start(self) -> asyncio.subprocess.Process:
+        package_root = str(Path(__file__).resolve().parents[2])  # where this jobtrail is imported from
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        proc = await asyncio.create_subprocess_exec(
+            # imported, not run as __main__: what it pickles must name this module
+            *(sys.executable, "-c", "from jobtrail.ledger.writer_process import main; main()"),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(_message((self._url, self._file_identity)))
+        try:
+            kind, value = await _read_one(proc.stdout)
+        except (asyncio.IncompleteReadError, OSError) as exc:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            code = await proc.wait()
+            raise StorageError(
+                f"the ledger's writer process could not start (status {code}); its error is on this process's "
+                f"standard error. Check that `{sys.executable}` can import jobtrail"
+            ) from exc
+        if kind == "raised":
+            await proc.wait()
+            raise value
+        return proc
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        """Hand each answer to the oldest call waiting; if the child dies, every call waiting hears it."""
+        assert proc.stdout is not None
+        try:
+            while True:
+                answer = await _read_one(proc.stdout)
+                self._waiting.popleft().set_result(answer)
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        if self._proc is proc:
+            self._proc = None
+        code = await proc.wait()
+        waiting, self._waiting = self._waiting, collections.deque()
+        for future in waiting:
+            if not future.done():
+                future.set_exception(
+                    StorageError(
+                        f"the ledger's writer process (pid {proc.pid}) exited with status {code}; what it was "
+                        "writing is not confirmed. It starts again at the next write; its error, if any, is on "
+                        "this process's standard error"
+                    )
+                )
+
+    async def close(self) -> None:
+        """Let the child finish what it was sent, then exit (its pipe closed, it has no work left)."""
+        if self._starting is not None:
+            await self._starting
+        proc, reader, self._proc, self._starting = self._proc, self._reader, None, None
+        if proc is None:
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), _CLOSE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        if reader is not None:
+            await reader
+
+
+async def _read_one(stream: asyncio.StreamReader) -> Any:
+    (size,) = _LENGTH.unpack(await stream.readexactly(_LENGTH.size))
+    return pickle.loads(await stream.readexactly(size))  # noqa: S301 - our own child, on our own pipe
+
+
+def _open(url: str, identity: tuple[int, int] | None) -> Store:
+    """The worker's ledger, the very file it opened: a SQLite file deleted (or replaced) since is not
+    made anew here, where nobody would read what is written to it."""
+    path = sa.engine.make_url(url).database if identity is not None else None
+    if path is not None and not os.path.exists(path):
+        raise StorageError(f"the database file {path} was deleted while the worker had it open")
+    store = Store.open(url, migrate=False)
+    if identity is not None:
+        store.expect_file(identity)
+    return store
+
+
+def main() -> None:
+    """The child: open the ledger, then commit each group that arrives until the pipe closes."""
+    # a Ctrl-C or a service manager's SIGTERM reaches the whole group; the worker decides when this ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write into the answers
+    try:
+        url, identity = _receive(inp)
+    except EOFError:
+        return
+    try:
+        store = _open(url, identity)
+    except Exception as exc:
+        _send(out, ("raised", StorageError(str(exc))))
+        return
+    _send(out, ("ready", None))
+    gc.freeze()  # what exists now (modules, the engine) lives as long as the process: out of every pass
+    gc.set_threshold(50_000, 20, 10)  # as a worker's (see runtime.worker._tune_collector)
+
+    def group(batch: list[tuple[int, Write]]) -> tuple[list[Outcome], int]:
+        outcomes, transactions = apply_group(store, batch)
+        return _portable(outcomes), transactions
+
+    calls: dict[str, Callable[..., Any]] = {"apply_group": group, "claim": store.claim}
+    while True:
+        try:
+            values, method, args, kwargs = _receive(inp)
+        except EOFError:
+            break
+        for value in values:
+            store.redactor.register(value)
+        try:
+            # a SQLite file deleted under the worker: refuse, rather than write into a new empty one
+            store.check_file()
+            answer: tuple[str, Any] = ("done", calls[method](*args, **kwargs))
+        except Exception as exc:
+            answer = ("raised", _portable_error(exc))
+        try:
+            _send(out, answer)
+        except BrokenPipeError:
+            break
+    store.close()

@@ -1,0 +1,209 @@
+"""A worker's commits are made by a process of its own, and that changes nothing a caller relies on.
+
+The writer process prepares and commits the worker's group commits (and claims)
+so that their Python does not compete with the event loop for the interpreter
+lock. A caller still resumes only once its write is durable; the credentials
+the worker learns are masked there too; and the process lives and dies with its
+worker: killed, it is replaced and nothing is lost or sent twice; its worker
+killed, it exits; a Ctrl-C to the whole process group still stops the worker
+gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from jobtrail import AsyncJobtrail, State, Store
+from jobtrail.domain.redact import Redactor
+from jobtrail.ledger.audit import verify
+from jobtrail.ledger.store import Observe
+from jobtrail.ledger.writer_process import WriterProcess
+from jobtrail.providers.http import load_provider
+from jobtrail.runtime.worker import Worker
+from jobtrail.testing import FakeProvider
+
+from helpers import spec
+from processes import finish, start_worker, submit_many, write_provider
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) has stopped running
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _wait_for(condition, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _one_job_each(store: Store, fake: FakeProvider, ids: list[str]) -> None:
+    for op_id in ids:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        assert fake.jobs_for(op.idempotency_token) == [op.remote_job_id]
+    assert fake.counts["jobs_created"] == len(ids), fake.counts
+
+
+async def _until(condition, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_a_workers_commits_are_made_by_a_process_of_its_own(db_url: str) -> None:
+    fake = FakeProvider(job_duration_s=0.2).start()
+    try:
+        store = Store.open(db_url)
+        worker = Worker(store, {"fake": load_provider(fake.provider_config())}, worker_id="w", idle_s=0.01)
+        jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+        seen: set[int | None] = set()
+
+        async def run() -> list[str]:
+            running = asyncio.create_task(worker.run(timeout=120))
+            await _until(lambda: worker.writer.process_id is not None)  # it starts in the background
+            ids = [(await jt.submit("fake", {"i": i})).operation_id for i in range(60)]
+
+            def settled() -> bool:
+                seen.add(worker.writer.process_id)
+                return all(store.get(i).state is State.SUCCEEDED for i in ids)
+
+            await _until(settled)
+            worker.stop()
+            await running
+            return ids
+
+        ids = asyncio.run(run())
+        assert len(seen) == 1 and os.getpid() not in seen, seen
+        assert worker.stats.writes > 0 and worker.stats.transactions > 0
+        assert not _alive(seen.pop()), "the writer process outlived its worker's run"  # type: ignore[arg-type]
+        _one_job_each(store, fake, ids)
+        assert verify(store).ok
+        store.close()
+    finally:
+        fake.stop()
+
+
+def test_a_credential_learned_after_the_writer_process_started_is_masked_there(db_url: str) -> None:
+    store = Store.open(db_url, redactor=Redactor())
+    op, _ = store.create_operation(spec())
+    writer = WriterProcess.for_store(store)
+    assert writer is not None
+    secret = "sk-live-5f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+    async def go() -> None:
+        writer.start_soon()
+        deadline = time.monotonic() + 30
+        while not writer.ready and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert writer.ready
+        store.redactor.register(secret)  # as a provider does when it resolves its credential at send time
+        await writer.apply([(1, Observe(operation_id=op.operation_id, kind="status_poll", raw={"echo": secret}))])
+        await writer.close()
+
+    asyncio.run(go())
+    stored = json.dumps(store.observations(op.operation_id))
+    assert secret not in stored and "echo" in stored
+    store.close()
+
+
+def test_a_killed_writer_process_is_replaced_and_nothing_is_lost_or_sent_twice(db_url: str) -> None:
+    fake = FakeProvider(job_duration_s=0.3).start()
+    try:
+        ids = submit_many(db_url, fake, 200)
+        store = Store.open(db_url)
+        worker = Worker(store, {"fake": load_provider(fake.provider_config())}, worker_id="w", idle_s=0.01, lease_s=15)
+        killed: list[int] = []
+        replaced: list[int] = []
+
+        async def run() -> None:
+            async def kill_the_writer() -> None:
+                await _until(lambda: worker.writer.process_id is not None and fake.counts["jobs_created"] >= 50)
+                pid = worker.writer.process_id
+                assert pid is not None
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                await _until(lambda: worker.writer.process_id not in (None, pid))
+                replaced.append(worker.writer.process_id)
+
+            killer = asyncio.create_task(kill_the_writer())
+            await worker.run(until_settled=True, timeout=120)
+            await killer
+
+        asyncio.run(run())
+        assert killed and replaced and replaced[0] != killed[0]
+        assert worker.stats.settled
+        _one_job_each(store, fake, ids)
+        assert verify(store).ok
+        store.close()
+    finally:
+        fake.stop()
+
+
+@pytest.mark.parametrize("how", ["SIGKILL to the worker", "Ctrl-C to the process group"])
+def test_the_writer_process_ends_with_its_worker(db_url: str, tmp_path: Path, how: str) -> None:
+    fake = FakeProvider(job_duration_s=5.0).start()
+    try:
+        ids = submit_many(db_url, fake, 30)
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        proc = start_worker(db_url, provider, "w", "--lease", "30")
+        assert _wait_for(lambda: fake.counts["jobs_created"] == 30)
+        children = _children(proc.pid)
+        assert len(children) == 1, children  # the writer process
+        if how == "SIGKILL to the worker":
+            proc.send_signal(signal.SIGKILL)
+            assert finish(proc, timeout=30)[0] == -signal.SIGKILL
+        else:
+            # a terminal's Ctrl-C reaches every process of the group: the writer must still take the
+            # worker's last writes (its releases) and exit once the worker is done with it
+            # (both processes signalled by pid: the test's own process group holds pytest too)
+            for pid in (proc.pid, *children):
+                os.kill(pid, signal.SIGINT)
+            code, _out, err = finish(proc, timeout=30)
+            assert code == 0, err
+            with Store.open(db_url) as store:
+                assert all(store.get(i).lease_owner is None for i in ids)
+        assert _wait_for(lambda: not _alive(children[0]), timeout=15), "the writer process outlived its worker"
+    finally:
+        fake.stop()
+
+
+def test_a_store_another_process_cannot_write_for_keeps_its_commits_in_process(tmp_path: Path) -> None:
+    """In memory, nobody else can open it; on a clock of its own (a test's, the simulation's), the child's
+    wall clock would write other times than the store's."""
+    with Store.open(tmp_path / "wall.db") as store:
+        assert WriterProcess.for_store(store) is not None
+    with Store.open(tmp_path / "own-clock.db", clock=lambda: 1_000_000) as store:
+        assert WriterProcess.for_store(store) is None
+    with Store.open("sqlite:///:memory:") as store:
+        assert WriterProcess.for_store(store) is None
