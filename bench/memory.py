@@ -8,7 +8,8 @@ create. N operations are submitted (submit_many, 1000 a transaction), then one W
 child process with its default concurrency (1,000 actions at once: an operation in flight is a
 row in the ledger between its polls, not a task in memory), polling every --poll-s seconds,
 until all N are in flight at once (accepted, not ended) and then --hold-s longer; then it is
-stopped with SIGTERM and reports its own peak. The parent reads the child's VmRSS and VmHWM from
+stopped with SIGTERM and reports its own peak. The parent reads the VmRSS and VmHWM of the child
+(and of its writer process, summed) from
 /proc every 0.5 s and counts states in the ledger. A baseline child runs the same Worker on the
 same ledger before anything is submitted (0 operations) for a few seconds. On PostgreSQL the run
 uses a database of its own (jobtrail_mem), created and dropped here.
@@ -81,21 +82,42 @@ def child(db: str, config: dict[str, Any], concurrency: int, batch: int, max_s: 
 
     stats = run_loop(run())  # as `jobtrail worker` runs it
     store.close()
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    out = {"ru_maxrss_mb": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime}
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = {
+        "ru_maxrss_mb": me.ru_maxrss / 1024,
+        "writer_maxrss_mb": kids.ru_maxrss / 1024,  # the writer process, ended with the run
+        "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+    }
     out |= {k: getattr(stats, k) for k in ("claimed", "claims", "actions", "stale", "lease_too_short", "errors")}
     print(json.dumps(out), flush=True)
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) in MB; VmHWM is the kernel's own peak, so nothing between samples is missed."""
-    fields: dict[str, float] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) / 1024
-    return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
+    """(VmRSS, VmHWM) in MB of the worker and its writer process, summed; VmHWM is the kernel's own peak,
+    so nothing between samples is missed (the sum of two peaks: at most what both held at once)."""
+    rss = hwm = 0.0
+    for one in (pid, *_children(pid)):
+        fields: dict[str, float] = {}
+        try:
+            with open(f"/proc/{one}/status") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key in ("VmRSS", "VmHWM"):
+                        fields[key] = int(value.split()[0]) / 1024
+        except FileNotFoundError:
+            if one == pid:
+                raise
+            continue
+        rss, hwm = rss + fields.get("VmRSS", 0.0), hwm + fields.get("VmHWM", 0.0)
+    return rss, hwm
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return []
 
 
 def _states(engine: Any) -> dict[str, int]:
@@ -275,7 +297,10 @@ def main() -> None:
     if r.get("killed"):
         print(f"; worker killed at the limit (no ru_maxrss), log {r['log']}")
     else:
-        print(f", ru_maxrss {r['ru_maxrss_mb']:.1f} MB ({r['cpu_s']:.0f} CPU s)")
+        print(
+            f", ru_maxrss {r['ru_maxrss_mb']:.1f} MB + writer process {r['writer_maxrss_mb']:.1f} MB "
+            f"({r['cpu_s']:.0f} CPU s)"
+        )
         stats = ", ".join(f"{k} {r[k]}" for k in ("claimed", "claims", "actions", "stale", "lease_too_short", "errors"))
         print(f"worker: {stats}; log {r['log']}")
     print(f"run {r['wall_s']:.1f} s, final states: {json.dumps(r['states'], sort_keys=True)}")

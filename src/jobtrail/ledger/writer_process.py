@@ -28,6 +28,7 @@ import enum
 import gc
 import io
 import logging
+import operator
 import os
 import pickle
 import signal
@@ -85,8 +86,9 @@ def apply_group(store: Store, batch: Sequence[tuple[int, Write]]) -> tuple[list[
     return outcomes, transactions
 
 
-#: per record class, what its instances are made of (see _Pickler)
+#: per record class, its fields' names, and a function that reads their values as a tuple (see _Pickler)
 _FIELDS: dict[type, tuple[str, ...]] = {}
+_VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
 
 
 def _fields_of(cls: type) -> tuple[str, ...]:
@@ -94,6 +96,16 @@ def _fields_of(cls: type) -> tuple[str, ...]:
     if names is None:
         names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return names
+
+
+def _values_of(cls: type) -> Callable[[Any], tuple[Any, ...]]:
+    names = _fields_of(cls)
+    if len(names) == 1:  # attrgetter of one name gives the value, not a tuple
+        (name,) = names
+        _VALUES[cls] = lambda obj: (getattr(obj, name),)
+    else:
+        _VALUES[cls] = operator.attrgetter(*names)
+    return _VALUES[cls]
 
 
 #: per record class, a function that makes one from its fields' values (see _maker)
@@ -121,14 +133,14 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         cls = type(obj)
-        names = _FIELDS.get(cls)
-        if names is None:
+        values = _VALUES.get(cls)
+        if values is None:
             if isinstance(obj, enum.Enum):  # by name, found with getattr: not the enum's call by value
                 return getattr, (cls, obj.name)
             if not (dataclasses.is_dataclass(cls) and hasattr(cls, "__slots__")) or isinstance(obj, type):
                 return NotImplemented
-            names = _fields_of(cls)
-        return _rebuild, (cls, tuple([getattr(obj, name) for name in names]))
+            values = _values_of(cls)
+        return _rebuild, (cls, values(obj))
 
 
 def _message(message: Any) -> bytes:
@@ -358,6 +370,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the answers
+    # what goes wrong here reaches the worker as an error in an answer, and is logged there, redacted;
+    # this process has no log handlers of its own, so it logs nothing that could carry a credential
+    logging.disable(logging.CRITICAL)
     try:
         url, identity = _receive(inp)
     except EOFError:
