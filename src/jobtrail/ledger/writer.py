@@ -143,10 +143,9 @@ class BatchWriter(Writer):
     inline, as in the simulation).
 
     ``apart`` (the worker's choice) commits in a :class:`WriterProcess`, off the
-    interpreter lock of the event loop's process. Two groups are in flight
-    then: the child reads the next while it commits this one, and commits them
-    in order. Each caller still waits for its own commit, so one caller's
-    writes are never in flight together.
+    interpreter lock of the event loop's process; still one commit at a time (two
+    in flight made twice the commits when few connections trickle answers in, and
+    no measurable gain with many).
     """
 
     def __init__(
@@ -161,13 +160,12 @@ class BatchWriter(Writer):
         super().__init__(store, io=io)
         #: the process that prepares and commits the groups (``apart``, where the store allows it)
         self._apart = WriterProcess.for_store(store) if apart and io is threads else None
-        self._depth = 1 if self._apart is None else 2
         # inline work holds the loop while it commits, so nothing could join during a window: one turn is all
         self.window_s = (0.0 if io is inline else GROUP_WINDOW_S) if window_s is None else window_s
         self.max_writes = max_writes
         self._pending: list[_Queued] = []
-        self._running = 0  # commits in flight
-        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None  # the next commit's start
+        self._committing = False
+        self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commits: set[asyncio.Task[None]] = set()
         self._requests = 0
@@ -185,19 +183,20 @@ class BatchWriter(Writer):
         if loop is not self._loop:
             # a new loop (the sync client runs one per call): what a closed one left queued has no
             # caller left to answer, and its window's timer will never fire
-            self._loop, self._pending, self._running, self._timer = loop, [], 0, None
+            self._loop, self._pending, self._committing, self._timer = loop, [], False, None
         self._requests += 1
         queued = [_Queued(item, loop.create_future(), self._requests) for item in items]
         self._pending.extend(queued)
-        full = len(self._pending) >= self.max_writes
-        if self._timer is None and self._running < self._depth:
-            if self.window_s > 0 and not full:
+        if not self._committing:
+            self._committing = True
+            if self.window_s > 0 and len(self._pending) < self.max_writes:
                 self._timer = loop.call_later(self.window_s, self._start)
             else:
-                self._timer = loop.call_soon(self._start)
-        elif full and isinstance(self._timer, asyncio.TimerHandle):
+                loop.call_soon(self._start)
+        elif self._timer is not None and len(self._pending) >= self.max_writes:
             self._timer.cancel()  # full: no reason to wait out the window
-            self._timer = loop.call_soon(self._start)
+            self._timer = None
+            loop.call_soon(self._start)
         if len(queued) == 1:
             return [await queued[0].future]
         return list(await asyncio.gather(*(q.future for q in queued)))  # a request's writes fail together
@@ -209,11 +208,9 @@ class BatchWriter(Writer):
         while cut < len(self._pending) and self._pending[cut].request == self._pending[cut - 1].request:
             cut += 1
         batch, self._pending = self._pending[:cut], self._pending[cut:]
-        self._running += 1
         task = asyncio.get_running_loop().create_task(self._commit(batch))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
-        self._next()
 
     async def _commit(self, batch: list[_Queued]) -> None:
         try:
@@ -226,11 +223,9 @@ class BatchWriter(Writer):
         except BaseException:  # cancelled (the loop is closing): nobody may hang on a future
             for q in batch:
                 q.future.cancel()
-            self._running -= 1
             self._next()
             raise
         self._settle(batch, outcomes)
-        self._running -= 1
         self._next()
 
     def _settle(self, batch: list[_Queued], outcomes: list[Outcome], start: int = 0) -> None:
@@ -253,9 +248,10 @@ class BatchWriter(Writer):
             asyncio.get_running_loop().call_soon(self._settle, batch, outcomes, end)
 
     def _next(self) -> None:
-        """Writes that came while the commits were in flight start at once once one is free."""
-        if self._pending and self._timer is None and self._running < self._depth:
-            self._timer = asyncio.get_running_loop().call_soon(self._start)
+        if self._pending:
+            asyncio.get_running_loop().call_soon(self._start)
+        else:
+            self._committing = False
 
     def _apply_all(self, batch: list[_Queued]) -> list[Outcome]:
         """One transaction for all; if it fails, each request on its own so each caller gets its own answer."""

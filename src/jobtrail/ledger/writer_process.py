@@ -183,8 +183,7 @@ def _portable_error(exc: Exception) -> Exception:
 
 class WriterProcess:
     """The parent's end, on the event loop: each call is one message on the child's pipe, its answer the
-    next answer to come back (the child answers in order). Messages are written as they come, so the
-    child reads the next group while it commits this one; nothing waits on a thread, and nothing of it
+    next answer to come back (the child answers in order). Nothing waits on a thread, so nothing of it
     competes with the loop for the interpreter lock.
 
     The child starts in the background (:meth:`start_soon`); until it is :attr:`ready`, and whenever it
