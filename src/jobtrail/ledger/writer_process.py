@@ -247,8 +247,9 @@ class WriterProcess:
             self._retry_at = time.monotonic() + _RETRY_S
             log.warning("the ledger's writer process did not start (%s); this process writes itself meanwhile", exc)
             return
-        self._proc, self._sent = proc, 0
-        self._reader = asyncio.get_running_loop().create_task(self._read(proc))
+        # each child answers the calls made to it: a successor's calls wait in a queue of their own
+        self._proc, self._sent, self._waiting = proc, 0, collections.deque()
+        self._reader = asyncio.get_running_loop().create_task(self._read(proc, self._waiting))
 
     async def apply(self, batch: Sequence[tuple[int, Write]]) -> tuple[list[Outcome], int]:
         """What :func:`apply_group` returns, from the child; a database failure raises as it would here."""
@@ -304,19 +305,18 @@ class WriterProcess:
             raise value
         return proc
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+    async def _read(self, proc: asyncio.subprocess.Process, waiting: collections.deque[asyncio.Future[Any]]) -> None:
         """Hand each answer to the oldest call waiting; if the child dies, every call waiting hears it."""
         assert proc.stdout is not None
         try:
             while True:
                 answer = await _read_one(proc.stdout)
-                self._waiting.popleft().set_result(answer)
+                waiting.popleft().set_result(answer)
         except (asyncio.IncompleteReadError, OSError):
             pass
         if self._proc is proc:
             self._proc = None
         code = await proc.wait()
-        waiting, self._waiting = self._waiting, collections.deque()
         for future in waiting:
             if not future.done():
                 future.set_exception(
