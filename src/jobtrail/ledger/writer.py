@@ -142,8 +142,8 @@ class BatchWriter(Writer):
     ``window_s=0`` waits one loop turn only (the default when the work runs
     inline, as in the simulation).
 
-    ``apart`` (the worker's choice) commits in a :class:`WriterProcess`, off the
-    interpreter lock of the event loop's process; still one commit at a time (two
+    ``apart`` (the worker's, by default) commits in a :class:`WriterProcess`, off
+    the interpreter lock of the event loop's process; still one commit at a time (two
     in flight made twice the commits when few connections trickle answers in, and
     no measurable gain with many).
     """
@@ -270,9 +270,10 @@ class BatchWriter(Writer):
         self.writes += sum(not isinstance(o, Exception) for o in outcomes)
 
     async def claim(self, worker_id: str, **kwargs: Any) -> list[Operation]:
-        """:meth:`Store.claim`, where this writer's commits are made (a claim is a write: in the writer
-        process, it queues behind the commit in flight instead of polling for the file's lock)."""
-        if self._apart_ready():
+        """:meth:`Store.claim`. On SQLite, where this writer's commits are made: a SQLite file has one
+        writer at a time, so in the writer process a claim queues behind the commit in flight instead of
+        polling for the file's lock against it. PostgreSQL claims here, beside the commits."""
+        if self.store.dialect == "sqlite" and self._apart_ready():
             assert self._apart is not None
             return await self._apart.claim(worker_id, **kwargs)
         return await self.io(functools.partial(self.store.claim, worker_id, **kwargs))

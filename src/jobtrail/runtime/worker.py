@@ -113,6 +113,10 @@ class Worker:
         checks: per provider name, the caller's own check of a result (return None/True to accept,
             False or a message to refuse, or raise).
         io: where database and file work runs (threads, never the event loop; the simulation runs it inline).
+        writer_process: prepare and commit writes in a process of its own (see :class:`WriterProcess`):
+            more operations a second from one worker where a second core is free, at some more CPU per
+            operation (the messages between the two); False where cores are the scarce thing (several
+            workers per core).
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class Worker:
         rng: random.Random | None = None,
         checks: Mapping[str, Check] | None = None,
         io: Offload = threads,
+        writer_process: bool = True,
     ) -> None:
         self.store = store
         self.providers = dict(providers)
@@ -154,7 +159,7 @@ class Worker:
             self._slowest_us[name] = int(slowest * _US)
         self.io = io
         # the commits' Python runs in a process of its own, not against the loop's interpreter lock
-        self.writer = BatchWriter(store, io=io, apart=True)
+        self.writer = BatchWriter(store, io=io, apart=writer_process)
         rng = rng or random.Random()  # noqa: S311 - jitter, not secrecy
         actor = f"worker:{self.worker_id}"
         self.create = CreateFlow(store, writer=self.writer, actor=actor, rng=rng)
