@@ -57,7 +57,7 @@ def _ticks(pid: int | None = None) -> tuple[int, int]:
 # -- one worker process -----------------------------------------------------------------------------
 
 
-def child(base: str, db: str, worker_id: str, max_connections: int, concurrency: int) -> None:
+def child(base: str, db: str, worker_id: str, max_connections: int, concurrency: int, in_process: bool) -> None:
     import jobtrail.runtime.worker as worker_module
     from jobtrail import Store
     from jobtrail.flows.telemetry import lease_taken_over as taken_over
@@ -79,7 +79,13 @@ def child(base: str, db: str, worker_id: str, max_connections: int, concurrency:
     store = Store.open(db)
     config = provider_config(base, max_connections)
     worker = Worker(
-        store, {"fake": load_provider(config)}, worker_id=worker_id, concurrency=concurrency, lease_s=120, batch=1000
+        store,
+        {"fake": load_provider(config)},
+        worker_id=worker_id,
+        concurrency=concurrency,
+        lease_s=120,
+        batch=1000,
+        writer_process=not in_process,
     )
     print("ready", flush=True)
     sys.stdin.readline()  # the parent's go: every process starts at once
@@ -141,6 +147,7 @@ def _run_workers(k: int, args: argparse.Namespace, base: str, db: str) -> tuple[
                     *(sys.executable, __file__, "--child", "--base", base, "--db", db),
                     *("--worker-id", f"scale-{k}-{i}", "--max-connections", str(args.max_connections)),
                     *("--concurrency", str(args.concurrency)),
+                    *(["--writes-in-process"] if args.writes_in_process else []),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -239,13 +246,18 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0, help="the provider's fixed cost per request")
     parser.add_argument("--max-connections", type=int, default=10, help="HTTP connections per worker (default 10)")
     parser.add_argument("--concurrency", type=int, default=2000, help="operations in flight per worker")
+    parser.add_argument(
+        "--writes-in-process",
+        action="store_true",
+        help="each worker writes in its own process (jobtrail worker --writes-in-process), not a writer process",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--submit", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)
     parser.add_argument("--worker-id", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.base, args.db, args.worker_id, args.max_connections, args.concurrency)
+        child(args.base, args.db, args.worker_id, args.max_connections, args.concurrency, args.writes_in_process)
         return
     if args.submit:
         print(json.dumps(_submit(args.db, args.base, args.n, args.max_connections)))
@@ -266,8 +278,9 @@ def main() -> None:
     print(
         f"N = {n} operations on PostgreSQL, a fresh database per K; fake provider in its own process, "
         f"{args.latency_ms:g} ms per request, jobs finish 1.0 s after creation; each worker polls every "
-        f"{POLL_S} s with {args.max_connections} HTTP connections and {args.concurrency} operations in flight; "
-        f"{os.cpu_count()} CPUs. Per op: CPU and SQL summed over the worker processes (submits apart); "
+        f"{POLL_S} s with {args.max_connections} HTTP connections and {args.concurrency} operations in flight"
+        + (", writing in its own process; " if args.writes_in_process else ", writing in a writer process; ")
+        + f"{os.cpu_count()} CPUs. Per op: CPU and SQL summed over the worker processes (submits apart); "
         "fake CPU: the provider process's share of one core; busy: the whole machine's cores (others' work too)."
     )
     print(
