@@ -213,11 +213,15 @@ class BatchWriter(Writer):
         task.add_done_callback(self._commits.discard)
 
     async def _commit(self, batch: list[_Queued]) -> None:
+        group = [(q.request, q.item) for q in batch]
         try:
             if self._apart_ready():
-                outcomes = await self._apart_commit(batch)
+                assert self._apart is not None
+                outcomes, transactions = await self._apart.apply(group)
             else:
-                outcomes = await self.io(self._apply_all, batch)
+                outcomes, transactions = await self.io(apply_group, self.store, group)
+            self.transactions += transactions
+            self.writes += sum(not isinstance(o, Exception) for o in outcomes)
         except Exception as exc:  # the database itself failed: every caller hears it
             outcomes = [exc] * len(batch)
         except BaseException:  # cancelled (the loop is closing): nobody may hang on a future
@@ -252,22 +256,6 @@ class BatchWriter(Writer):
             asyncio.get_running_loop().call_soon(self._start)
         else:
             self._committing = False
-
-    def _apply_all(self, batch: list[_Queued]) -> list[Outcome]:
-        """One transaction for all; if it fails, each request on its own so each caller gets its own answer."""
-        outcomes, transactions = apply_group(self.store, [(q.request, q.item) for q in batch])
-        self._count(outcomes, transactions)
-        return outcomes
-
-    async def _apart_commit(self, batch: list[_Queued]) -> list[Outcome]:
-        assert self._apart is not None
-        outcomes, transactions = await self._apart.apply([(q.request, q.item) for q in batch])
-        self._count(outcomes, transactions)
-        return outcomes
-
-    def _count(self, outcomes: list[Outcome], transactions: int) -> None:
-        self.transactions += transactions
-        self.writes += sum(not isinstance(o, Exception) for o in outcomes)
 
     async def claim(self, worker_id: str, **kwargs: Any) -> list[Operation]:
         """:meth:`Store.claim`. On SQLite, where this writer's commits are made: a SQLite file has one
