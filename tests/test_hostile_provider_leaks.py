@@ -36,7 +36,7 @@ from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.domain.redact import Redactor, install_log_redaction
 from jobtrail.interfaces.mcp import MAX_REQUEST_DEPTH, guard_request
 from jobtrail.ledger.results import read_result
-from jobtrail.runtime.worker import Worker
+from jobtrail.runtime.worker import ACTIVE_STATES, Worker
 from jobtrail.testing import provider_toml
 
 from helpers import canary_hits, ledger_bytes
@@ -157,10 +157,21 @@ def _run_hostile(db_url: str, canary: str, tmp_path: Path) -> tuple[dict[str, An
         store = Store.open(db_url)
         jt = AsyncJobtrail(store=store, providers=[hostile.config(url_fields=["$.input.image"])])
         try:
+            # the worker's writer process is up before anything is submitted: what the provider echoes is
+            # masked there, by credentials it learns from the worker only once the provider resolves them
+            worker = Worker(store, dict(jt.providers), worker_id="w1")
+            running = asyncio.create_task(worker.run(timeout=60))
+            while worker.writer.process_id is None:
+                assert not running.done(), "the worker ended before its writer process started"
+                await asyncio.sleep(0.01)
             ids = {}
             for mode in (*REFUSED_MODES, *STORED_MODES, "reject"):
                 ids[mode] = (await jt.submit("hostile", {"mode": mode}, key=mode, caller="agent-a")).operation_id
-            await Worker(store, dict(jt.providers), worker_id="w1").run(until_settled=True, timeout=60)
+            while await asyncio.to_thread(store.next_due_us, providers=("hostile",), states=ACTIVE_STATES):
+                assert not running.done(), "the worker ended before the operations settled"
+                await asyncio.sleep(0.02)
+            worker.stop()
+            await running
             for provider in jt.providers.values():
                 await provider.aclose()
             return ids

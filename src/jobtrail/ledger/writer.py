@@ -261,7 +261,7 @@ class BatchWriter(Writer):
         """:meth:`Store.claim`. On SQLite, where this writer's commits are made: a SQLite file has one
         writer at a time, so in the writer process a claim queues behind the commit in flight instead of
         polling for the file's lock against it. PostgreSQL claims here, beside the commits."""
-        if self.store.dialect == "sqlite" and self._apart_ready():
+        if self._apart_ready() and self.store.dialect == "sqlite":  # (asked first: a claim also has it started)
             assert self._apart is not None
             return await self._apart.claim(worker_id, **kwargs)
         return await self.io(functools.partial(self.store.claim, worker_id, **kwargs))
