@@ -181,6 +181,26 @@ def test_an_action_is_not_started_without_enough_lease_left_for_a_provider_call(
     store.close()
 
 
+def test_an_idle_worker_waits_for_another_workers_lease_instead_of_querying_in_a_loop(
+    db_url: str, fake: FakeProvider
+) -> None:
+    """Found measuring: an operation due under another worker's live lease made an idle worker sleep 1 ms
+    and query again, about a thousand claims a second for as long as that lease lasted."""
+    store = Store.open(db_url)
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+    op = asyncio.run(jt.submit("fake", {"x": 3}))
+    asyncio.run(jt.providers["fake"].aclose())
+    (held,) = store.claim("busy", limit=10, lease_s=60)  # another worker, in the middle of its create
+    idle = Worker(store, {"fake": load_provider(fake.provider_config())}, worker_id="idle", idle_s=0.25)
+    asyncio.run(idle.run(timeout=1.5))
+    assert idle.stats.claims <= 12, f"{idle.stats.claims} claims in 1.5 s: the idle worker polled in a loop"
+    current = store.get(op.operation_id)
+    assert current.lease_owner == "busy" and current.lease_epoch == held.lease_epoch
+    assert fake.counts["creates_received"] == 0
+    assert store.next_claimable_us(providers=["fake"]) == held.lease_expires_at_us
+    store.close()
+
+
 def test_a_restarted_worker_resumes_the_stored_schedule(db_url: str) -> None:
     """The next poll time is on the record; a new worker waits for it, with a controllable clock."""
     # the job outlives the test whatever the load: each poll must find it running

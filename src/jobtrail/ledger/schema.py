@@ -61,13 +61,14 @@ operations = Table(
     UniqueConstraint("provider", "operation_key", name="uq_operations_provider_key"),
     Index("ix_operations_due", "state", "next_action_at_us"),
     Index("ix_operations_remote_job", "provider", "remote_job_id"),
-    Index("ix_operations_next_action", "next_action_at_us"),
     Index("ix_operations_operation_key", "operation_key"),  # 0007: found by key without its provider
     # 0009: the dashboard's list, newest first, filtered by state, caller or provider, searched by remote job id
     Index("ix_operations_state_id", "state", "operation_id"),
     Index("ix_operations_caller_id", "caller", "operation_id"),
     Index("ix_operations_provider_id", "provider", "operation_id"),
     Index("ix_operations_remote_job_id", "remote_job_id"),
+    # 0010: a worker's claim, in its own order, the lease and state read from the index
+    Index("ix_operations_claim", "provider", "next_action_at_us", "operation_id", "lease_expires_at_us", "state"),
 )
 
 history = Table(

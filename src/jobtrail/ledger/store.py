@@ -1207,6 +1207,24 @@ class Store:
             value = conn.execute(query).scalar()
         return None if value is None else int(value)
 
+    def next_claimable_us(
+        self, *, providers: Sequence[str] | None = None, states: Sequence[State] | None = None
+    ) -> int | None:
+        """When a claim could next find work (None: nothing will happen without a person).
+
+        Unlike :meth:`next_due_us`, an action due under someone's live lease counts from when that
+        lease ends: an idle worker must not query in a tight loop while another worker acts.
+        """
+        ops = t.operations
+        ready = sa.case(
+            (ops.c.lease_expires_at_us > ops.c.next_action_at_us, ops.c.lease_expires_at_us),
+            else_=ops.c.next_action_at_us,
+        )
+        query = sa.select(sa.func.min(ready)).where(ops.c.next_action_at_us.is_not(None), *_filters(providers, states))
+        with self._read() as conn:
+            value = conn.execute(query).scalar()
+        return None if value is None else int(value)
+
     def last_entry(self, operation_id: str, *, causes: Sequence[str] = ()) -> HistoryEntry | None:
         """The newest history entry (whose cause is one of ``causes``, when given)."""
         where = [t.history.c.operation_id == operation_id]

@@ -266,7 +266,7 @@ class Worker:
         if busy:
             wait = 0.005
         else:
-            due = await self.io(self.store.next_due_us, providers=tuple(self.providers), states=WORKED_STATES)
+            due = await self.io(self.store.next_claimable_us, providers=tuple(self.providers), states=WORKED_STATES)
             if due is not None:
                 wait = min(wait, max(0.001, (due - self.store.clock()) / _US))
         with contextlib.suppress(TimeoutError):
