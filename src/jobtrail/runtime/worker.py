@@ -74,6 +74,8 @@ WORKED_STATES = tuple(AUTOMATIC_STATES)
 ACTIVE_STATES = tuple(s for s in AUTOMATIC_STATES if s not in ESCALATED_STATES)
 #: most actions one claim may chain
 _CHAIN = 4
+#: while actions are in flight, how long a worker waits before claiming less than a share of its room
+_CLAIM_PAUSE_S = 0.1
 #: how often the worker makes sure its SQLite file is still the one it opened
 _FILE_CHECK_S = 1.0
 
@@ -167,6 +169,8 @@ class Worker:
         self.collect = CollectFlow(store, self.writer, actor=actor, rng=rng, checks=checks)
         self.cancel = CancelFlow(store, self.writer, actor=actor, rng=rng)
         self.stats = WorkerStats()
+        self._claim_share = max(1, min(batch, concurrency) // 8)
+        self._claimed_at = 0.0
         self._stopping = asyncio.Event()
 
     @property
@@ -208,7 +212,7 @@ class Worker:
                     await self._heartbeat()
                     beat = time.monotonic()
                 capacity = self.concurrency - len(inflight)
-                claimed = await self._claim(capacity) if capacity > 0 else []
+                claimed = await self._claim(capacity) if self._claim_worth_it(capacity, bool(inflight)) else []
                 for started, op in enumerate(claimed):
                     if started and started % _START_PER_TURN == 0:
                         # each action runs until its request is on the wire: hundreds started in one loop
@@ -241,7 +245,18 @@ class Worker:
         except JobtrailError as exc:  # liveness is for readers: a failed beat must not stop the work
             log.warning("worker %s could not record its heartbeat: %s", self.worker_id, exc)
 
+    def _claim_worth_it(self, capacity: int, busy: bool) -> bool:
+        """A claim is a transaction (and on SQLite the file's one write lock): while actions are in flight,
+        claiming a few operations every few milliseconds costs more than acting on them a little later
+        gains. So a busy worker claims once a good share of its room is free, or after a short pause."""
+        if capacity <= 0:
+            return False
+        if not busy or capacity >= self._claim_share:
+            return True
+        return time.monotonic() - self._claimed_at >= _CLAIM_PAUSE_S
+
     async def _claim(self, capacity: int) -> list[Operation]:
+        self._claimed_at = time.monotonic()
         try:
             claimed = await self.writer.claim(
                 self.worker_id,
