@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from jobtrail import AsyncJobtrail, State, Store
+from jobtrail import AsyncJobtrail, CreateAttempt, State, Store
 from jobtrail.domain.errors import StaleRecord
 from jobtrail.domain.evidence import StatusObservation
 from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.store import Change, Create, Created, FollowUp, Moved, Observe, Release, Reschedule, StoredResult
-from jobtrail.ledger.writer_process import WriterProcess, _message
+from jobtrail.ledger.writer_process import WriterProcess, _message, _ToChild
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
@@ -232,6 +232,31 @@ def test_a_store_another_process_cannot_write_for_keeps_its_commits_in_process(t
         assert WriterProcess.for_store(store) is None
     with Store.open("sqlite:///:memory:") as store:
         assert WriterProcess.for_store(store) is None
+
+
+def test_a_request_body_is_not_piped_with_every_write(db_url: str) -> None:
+    """A body is fixed when its record is made and may be megabytes (a batch of prompts): the writes that
+    follow send the record without it, and get back what changed, so the worker's record keeps its body."""
+    store = Store.open(db_url)
+    body = {"prompt": "x" * 1_000_000, "n": [1, 2.5, None]}
+    op, _ = store.create_operation(spec(body=body, create_deadline=None))
+    attempt = Change(op=op, evidence=CreateAttempt(attempt=1), actor="worker:w", changes={"attempts": 1})
+    sent = _message(([], "apply_group", ([(1, attempt)],), {}), _ToChild)
+    assert len(sent) < 10_000, f"{len(sent)} bytes for one write"
+    writer = WriterProcess.for_store(store)
+    assert writer is not None
+
+    async def write() -> list[object]:
+        writer.start_soon()
+        await _until(lambda: writer.ready)
+        outcomes, _ = await writer.apply([(1, attempt)])
+        await writer.close()
+        return outcomes
+
+    (new,) = asyncio.run(write())
+    assert new == store.get(op.operation_id), "the record as stored, its body included"
+    assert new.request_body == body and new.attempts == 1 and new.version == op.version + 1
+    store.close()
 
 
 def test_what_crosses_the_pipe_arrives_equal(store: Store) -> None:

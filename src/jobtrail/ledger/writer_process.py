@@ -44,7 +44,7 @@ import sqlalchemy as sa
 from jobtrail.domain.errors import JobtrailError, StorageError
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
-from jobtrail.ledger.store import Applied, Store, Write, key_race
+from jobtrail.ledger.store import Applied, Change, Reschedule, Store, Write, key_race
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +143,78 @@ class _Pickler(pickle.Pickler):
         return _rebuild, (cls, values(obj))
 
 
-def _message(message: Any) -> bytes:
+class _NotSent:
+    """Stands in for an operation's request body in the writer process (see :class:`_ToChild`)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "NOT_SENT"
+
+    def __repr__(self) -> str:
+        return "<request body not sent to the writer process>"
+
+
+NOT_SENT = _NotSent()
+
+
+class _ToChild(_Pickler):
+    """What the worker sends its writer process: an operation without its request body.
+
+    Nothing the child writes reads a record's body (it is fixed when the record is made, and a
+    :class:`Create` carries its own), and a body may be megabytes: sent with every write of the
+    operation it would be pickled, piped and unpickled some eight times over. The child answers a
+    write with what changed (:class:`_Delta`), so the worker's record keeps its own body.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is Operation:
+            values = (_VALUES.get(Operation) or _values_of(Operation))(obj)
+            return _rebuild, (Operation, (*values[:_BODY], NOT_SENT, *values[_BODY + 1 :]))
+        return super().reducer_override(obj)
+
+
+_BODY = _fields_of(Operation).index("request_body")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Delta:
+    """A write's new record, as the fields it changed in the record the write was made on (by index):
+    a few values back over the pipe instead of the whole record, its request body included."""
+
+    changes: tuple[tuple[int, Any], ...]
+
+    @classmethod
+    def between(cls, before: Operation, after: Operation) -> _Delta:
+        values = _VALUES.get(Operation) or _values_of(Operation)
+        pairs = zip(values(before), values(after), strict=True)
+        return cls(tuple((i, new) for i, (old, new) in enumerate(pairs) if new is not old and new != old))
+
+    def applied_to(self, op: Operation) -> Operation:
+        values = list((_VALUES.get(Operation) or _values_of(Operation))(op))
+        for i, value in self.changes:
+            values[i] = value
+        if values[_BODY] is NOT_SENT:  # the child made a new record of its own: a bug, never stored
+            raise StorageError("the writer process answered with a record without its request body")
+        op = _rebuild(Operation, tuple(values))
+        assert isinstance(op, Operation)
+        return op
+
+
+def _answers(batch: Sequence[tuple[int, Write]], outcomes: list[Outcome]) -> list[Outcome | _Delta]:
+    """The child's answers: a change's or reschedule's new record as a :class:`_Delta` of its old one."""
+    return [
+        _Delta.between(item.op, outcome)
+        if isinstance(outcome, Operation) and isinstance(item, Change | Reschedule)
+        else outcome
+        for (_, item), outcome in zip(batch, outcomes, strict=True)
+    ]
+
+
+def _message(message: Any, pickler: type[_Pickler] = _Pickler) -> bytes:
     buffer = io.BytesIO()
     buffer.write(bytes(_LENGTH.size))
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
+    pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
     data = buffer.getbuffer()
     _LENGTH.pack_into(data, 0, len(data) - _LENGTH.size)
     return bytes(data)
@@ -253,7 +321,13 @@ class WriterProcess:
 
     async def apply(self, batch: Sequence[tuple[int, Write]]) -> tuple[list[Outcome], int]:
         """What :func:`apply_group` returns, from the child; a database failure raises as it would here."""
-        outcomes, transactions = await self._call("apply_group", list(batch))
+        answers, transactions = await self._call("apply_group", list(batch))
+        outcomes = [
+            answer.applied_to(item.op)
+            if isinstance(answer, _Delta) and isinstance(item, Change | Reschedule)
+            else answer
+            for (_, item), answer in zip(batch, answers, strict=True)
+        ]
         return outcomes, transactions
 
     async def claim(self, worker_id: str, **kwargs: Any) -> list[Operation]:
@@ -267,7 +341,7 @@ class WriterProcess:
         if proc is None or proc.stdin is None:
             raise StorageError("the ledger's writer process is not running; the write was not sent")
         values = self._redactor.registered()
-        data = _message((values[self._sent :], method, args, kwargs))
+        data = _message((values[self._sent :], method, args, kwargs), _ToChild)
         self._sent = len(values)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(answer)
@@ -385,9 +459,9 @@ def main() -> None:
     gc.freeze()  # what exists now (modules, the engine) lives as long as the process: out of every pass
     gc.set_threshold(50_000, 20, 10)  # as a worker's (see runtime.worker._tune_collector)
 
-    def group(batch: list[tuple[int, Write]]) -> tuple[list[Outcome], int]:
+    def group(batch: list[tuple[int, Write]]) -> tuple[list[Outcome | _Delta], int]:
         outcomes, transactions = apply_group(store, batch)
-        return _portable(outcomes), transactions
+        return _answers(batch, _portable(outcomes)), transactions
 
     calls: dict[str, Callable[..., Any]] = {"apply_group": group, "claim": store.claim}
     while True:
