@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import random
 import secrets
 import time
@@ -16,14 +17,15 @@ _entropy: ContextVar[Callable[[int], int]] = ContextVar("jobtrail_entropy", defa
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
+#: base32 as the standard library writes it, spelled in Crockford's alphabet
+_TO_CROCKFORD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD)
+
+
 def _ulid(now_ms: int | None = None) -> str:
     ms = int(time.time() * 1000) if now_ms is None else now_ms
     value = (ms << 80) | _entropy.get()(80)
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    # 26 characters of 5 bits: the last 26 of the 32 that 20 bytes (the value's 16, zeros before) make
+    return base64.b32encode(value.to_bytes(20, "big"))[6:].decode("ascii").translate(_TO_CROCKFORD)
 
 
 def new_operation_id(now_ms: int | None = None) -> str:

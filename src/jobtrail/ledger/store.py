@@ -467,11 +467,13 @@ class Store:
             "cancel_requested_by": None,
             "partial_effects": None,
         }
-        row["row_seal"] = seal(row)
-        # the creation entry covers every field fixed now (the token by digest only) and the first values
+        # the creation entry covers every field fixed now (the token by digest only) and the first values;
+        # the seal is made of some of the same digests
+        digests = field_digests(row, ENTRY_FIELDS)
+        row["row_seal"] = seal(row, digests)
         covers = {
             "fixed": field_digests(row, FIXED_FIELDS),
-            "row": field_digests(row, ENTRY_FIELDS),
+            "row": digests,
             "obs": {"after": 0, "upto": 0, "count": 0, "digest": window_digest([])},
         }
         entry = self._entry(
