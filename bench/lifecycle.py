@@ -13,6 +13,9 @@ process of its own, and prints both with jobtrail's throughput as a ratio.
 jobtrail's transactions include every write (submits, group commits with the
 results they store, claims); SQL statements are counted at the driver, and on
 PostgreSQL so are round trips (a pipelined executemany is one).
+
+    BENCH_BODY_KIB=64 python bench/lifecycle.py --n 2000      # request bodies of 64 KiB (a long prompt)
+    BENCH_CONCURRENCY=5000 python bench/lifecycle.py --n 10000  # the worker's --concurrency (default 2000)
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ from sqlcount import add_counts, children_counts, count_in_children, count_sql
 POLL_S = 0.25
 #: operations one jobtrail worker keeps in flight (the plain loop keeps all N in flight)
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2000"))
+#: each request body's padding, in KiB (a prompt's size; default none), for both the plain loop and jobtrail
+_PAD = ("Please categorise these customer complaints by severity and summarise them. " * 15_000)[
+    : 1024 * int(os.environ.get("BENCH_BODY_KIB", "0"))
+]
+
+
+def _request(i: int) -> dict[str, Any]:
+    return {"i": i, "pad": _PAD} if _PAD else {"i": i}
 
 
 def provider_config(base: str, max_connections: int = 256) -> dict[str, Any]:
@@ -109,7 +120,7 @@ async def _plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
         nonlocal failures
         started = time.monotonic()
         key = secrets.token_hex(16)
-        async with session.post(f"{base}/v1/jobs", json={"i": i}, headers={"Idempotency-Key": f'"{key}"'}) as r:
+        async with session.post(f"{base}/v1/jobs", json=_request(i), headers={"Idempotency-Key": f'"{key}"'}) as r:
             job = (await r.json())["id"]
         while True:
             await asyncio.sleep(POLL_S * (1 - 0.1 * random.random()))
@@ -177,7 +188,7 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
 
     async def run() -> Any:
         for start in range(0, n, 500):  # durable in batches: one commit per 500 records
-            await jt.submit_many("fake", [{"i": i} for i in range(start, min(n, start + 500))])
+            await jt.submit_many("fake", [_request(i) for i in range(start, min(n, start + 500))])
         worker = Worker(
             store,
             {"fake": load_provider(config)},

@@ -271,3 +271,71 @@ def test_the_fast_hint_checks_find_what_the_case_insensitive_patterns_find(text:
 
     assert redact._strong_hint(text) == bool(redact._STRONG_HINT_ANY_CASE.search(text))
     assert redact._kv_hint(text) == bool(redact._KV_HINT_ANY_CASE.search(text))
+
+
+def _plain_decoded_forms(text: str) -> set[str]:
+    """Every base64 and hex run decoded the plain way: both alphabets for each base64 run, whole byte pairs."""
+    import binascii
+    import re
+
+    forms: set[str] = set()
+    for run in re.findall(r"[A-Za-z0-9+/_-]{8,}={0,2}", text):
+        for decode in (base64.b64decode, base64.urlsafe_b64decode):
+            try:
+                forms.add(decode(run + "=" * (-len(run) % 4)).decode("utf-8", errors="replace"))
+            except (binascii.Error, ValueError):
+                continue
+    for run in re.findall(r"(?:[0-9A-Fa-f]{2}){4,}", text):
+        forms.add(bytes.fromhex(run).decode("utf-8", errors="replace"))
+    return forms - {text}
+
+
+_RUNS = st.text(alphabet=st.sampled_from("aZ09+/_-=fF3 .\\%&"), max_size=60)
+_SECRETS_IN_RUNS = st.sampled_from(
+    ["", base64.b64encode(b"Bearer abcdefghijklmnop").decode(), "sk-" + "a" * 24, (b"token=" + b"x" * 20).hex()]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_RUNS, _SECRETS_IN_RUNS, _RUNS)
+def test_the_quick_decoding_finds_the_forms_the_plain_decoding_finds(before: str, secret: str, after: str) -> None:
+    """A base64 run of letters and digits is decoded once (both alphabets read it alike) and hex runs are
+    found by a plain class: the forms searched for credentials are the same; so is the verdict, which
+    rules out the forms without a hint in one search."""
+    from jobtrail.domain import redact
+
+    text = before + secret + after
+    quick = redact._decoded_forms(text, deep=True)
+    assert set(quick) - set(redact._decoded_forms(text, deep=False)) == _plain_decoded_forms(text) - set(
+        redact._decoded_forms(text, deep=False)
+    )
+    plain_verdict = any(
+        len(c) >= redact._SHORTEST_PATTERN
+        and redact._strong_hint(c)
+        and any(pattern.search(c) for pattern, _ in redact._PATTERNS)
+        for c in (text, *quick)
+    )
+    assert Redactor()._looks_like_credential(text) == plain_verdict
+
+
+def test_a_long_prompt_is_checked_for_credentials_in_milliseconds_not_per_word() -> None:
+    """A 64 KiB request body of prose: every long word is a base64 run to decode; a credential inside is
+    still found. (What is counted is work, not time: the forms searched one by one.)"""
+    from jobtrail.domain import redact
+
+    prose = ("Please categorise these customer complaints by severity and summarise them. " * 1000)[: 64 * 1024]
+    searched: list[str] = []
+    real = redact._strong_hint
+
+    def counting(text: str) -> bool:
+        searched.append(text)
+        return real(text)
+
+    redact._strong_hint = counting  # type: ignore[assignment]
+    try:
+        assert Redactor().secret_paths({"prompt": prose}) == []
+        assert len(searched) <= 3, f"{len(searched)} separate hint searches for one prompt"
+        leaked = prose[:30_000] + " sk-" + "a1B2" * 10 + " " + prose[30_000:]
+        assert Redactor().secret_paths({"prompt": leaked}) == ["$.prompt"]
+    finally:
+        redact._strong_hint = real  # type: ignore[assignment]

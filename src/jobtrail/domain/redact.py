@@ -584,7 +584,12 @@ class Redactor:
     def _looks_like_credential(self, text: str) -> bool:
         if self.contains_secret(text):
             return True
-        for candidate in (text, *_decoded_forms(text, deep=True)):
+        forms = _decoded_forms(text, deep=True)
+        # prose decodes to hundreds of forms (every word of eight letters is a base64 run), and almost none
+        # has a hint: one search of them all, joined where no hint can span, rules them out together
+        if forms and not _strong_hint("\n".join(forms)):
+            forms = []
+        for candidate in (text, *forms):
             hinted = len(candidate) >= _SHORTEST_PATTERN and _strong_hint(candidate)
             if hinted and any(pattern.search(candidate) for pattern, _ in _PATTERNS):
                 return True
@@ -657,7 +662,13 @@ _HEXISH = re.compile(r"[0-9A-Fa-f]+")
 _JSON_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|([\"\\/bfnrt]))")
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
-_HEX_RUN = re.compile(r"(?:[0-9A-Fa-f]{2}){4,}")
+#: runs of eight hex digits or more, read as whole bytes (an odd run's last digit is left out); a class
+#: repeated, not pairs of it, which the regex engine tried again at every digit of prose
+_HEX_RUN = re.compile(r"[0-9A-Fa-f]{8,}")
+#: the characters the two base64 alphabets do not share
+_B64_OWN = re.compile(r"[+/_-]")
+_B64_BOTH = (base64.b64decode, base64.urlsafe_b64decode)
+_B64_ONE = (base64.b64decode,)
 
 
 def _remembered(cache: dict[str, _T], value: str, compute: Callable[[str], _T]) -> _T:
@@ -697,14 +708,17 @@ def _decoded_forms(text: str, *, deep: bool) -> list[str]:
     if not deep:
         return [f for f in forms if f != text]
     for run in _B64_RUN.findall(text):
-        for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        padded = run + "=" * (-len(run) % 4)
+        # letters and digits only (a word, say): both alphabets read it alike, so it is decoded once
+        decodes = _B64_BOTH if _B64_OWN.search(run) else _B64_ONE
+        for decode in decodes:
             try:
-                raw = decode(run + "=" * (-len(run) % 4))
+                raw = decode(padded)
             except (binascii.Error, ValueError):
                 continue
             forms.append(raw.decode("utf-8", errors="replace"))
     for run in _HEX_RUN.findall(text):
-        forms.append(bytes.fromhex(run).decode("utf-8", errors="replace"))
+        forms.append(bytes.fromhex(run[: len(run) // 2 * 2]).decode("utf-8", errors="replace"))
     return [f for f in forms if f != text]
 
 
