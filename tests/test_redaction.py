@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import secrets
 import urllib.parse
 from pathlib import Path
@@ -258,7 +259,7 @@ def test_redacted_evidence_keeps_its_shape(store: Store) -> None:
 
 
 #: hint letters in both cases, and the letters whose case rules differ from ASCII's (long s, dotted I, Kelvin)
-_HINT_LETTERS = "abeginrtokys_-:/KEYBASICTOKEN\u017f\u0130 \u212a="
+_HINT_LETTERS = "abeginrtokys_-:/KEYBASICTOKEN\u017f\u0130\u0131 \u212a="
 _HINTED_TEXT = st.text(alphabet=st.sampled_from(_HINT_LETTERS) | st.characters(codec="utf-8"), max_size=30)
 
 
@@ -269,8 +270,23 @@ def test_the_fast_hint_checks_find_what_the_case_insensitive_patterns_find(text:
     instead of matching without case: the same answer for every string, Unicode case rules included."""
     from jobtrail.domain import redact
 
-    assert redact._strong_hint(text) == bool(redact._STRONG_HINT_ANY_CASE.search(text))
-    assert redact._kv_hint(text) == bool(redact._KV_HINT_ANY_CASE.search(text))
+    assert redact._strong_hint(text) == bool(_any_case(redact._STRONG_HINTS).search(text))
+    assert redact._kv_hint(text) == bool(_any_case(redact._KV_HINTS).search(text))
+
+
+def _any_case(hints: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(h) for h in hints), re.IGNORECASE)
+
+
+def test_no_other_character_matches_a_hint_letter_without_case() -> None:
+    """The hint checks map four characters beyond ASCII to the letters case-insensitive matching takes them
+    for, and every other one to a character no hint has: every code point is checked against every letter."""
+    from jobtrail.domain import redact
+
+    beyond_ascii = "".join(chr(c) for c in range(0x80, 0x110000) if not 0xD800 <= c < 0xE000)
+    letters = sorted(set("".join(redact._STRONG_HINTS) + "".join(redact._KV_HINTS)))
+    taken_for = {found: letter for letter in letters for found in re.findall(re.escape(letter), beyond_ascii, re.I)}
+    assert {chr(c): s for c, s in redact._HINT_LOOKALIKES.items()} == taken_for
 
 
 def _plain_decoded_forms(text: str) -> set[str]:

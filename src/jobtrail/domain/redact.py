@@ -156,26 +156,30 @@ _KV_HINTS = (
 _SHORTEST_PATTERN = 6  # "a://b@"
 _TEXT_CACHED_LEN = 200
 _TEXT_CACHE_SIZE = 8192
-_STRONG_HINT_ANY_CASE = re.compile("|".join(re.escape(h) for h in _STRONG_HINTS), re.IGNORECASE)
-_KV_HINT_ANY_CASE = re.compile("|".join(re.escape(h) for h in _KV_HINTS), re.IGNORECASE)
 _STRONG_HINT_LOWER = re.compile("|".join(re.escape(h) for h in _STRONG_HINTS))
 _KV_HINT_LOWER = re.compile("|".join(re.escape(h) for h in _KV_HINTS))
+#: the only characters beyond ASCII that Python's case-insensitive matching takes for a hint's letters
+#: (dotted and dotless I, long s, Kelvin; tests/test_redaction.py scans every code point to be sure)
+_HINT_LOOKALIKES = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+
+
+def _hint_text(text: str) -> str:
+    """``text`` as a hint search reads it: lower case, Unicode's case rules kept, in ASCII (which searches at
+    a seventh of the cost of a case-insensitive match): the look-alikes as their letters, any other
+    character beyond ASCII (which no hint can contain or match) as ``?``."""
+    if not text.isascii():
+        text = text.translate(_HINT_LOOKALIKES).encode("ascii", errors="replace").decode("ascii")
+    return text.lower()
 
 
 def _strong_hint(text: str) -> bool:
     """Does ``text`` contain one of :data:`_STRONG_HINTS`, in any case?"""
-    # the hints are ASCII, and on ASCII text lower() is exactly what IGNORECASE matches, at a seventh of
-    # the cost; other text keeps Unicode's case rules (a long s matches "s")
-    if text.isascii():
-        return _STRONG_HINT_LOWER.search(text.lower()) is not None
-    return _STRONG_HINT_ANY_CASE.search(text) is not None
+    return _STRONG_HINT_LOWER.search(_hint_text(text)) is not None
 
 
 def _kv_hint(text: str) -> bool:
     """Does ``text`` contain one of :data:`_KV_HINTS`, in any case?"""
-    if text.isascii():
-        return _KV_HINT_LOWER.search(text.lower()) is not None
-    return _KV_HINT_ANY_CASE.search(text) is not None
+    return _KV_HINT_LOWER.search(_hint_text(text)) is not None
 
 
 _NON_ALNUM = re.compile(r"[^a-z0-9]")
