@@ -12,6 +12,7 @@ gracefully.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import pickle
@@ -28,7 +29,7 @@ from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.store import Change, Create, Created, FollowUp, Moved, Observe, Release, Reschedule, StoredResult
-from jobtrail.ledger.writer_process import WriterProcess, _message, _ToChild
+from jobtrail.ledger.writer_process import WriterProcess, _Delta, _message, _ToChild
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
@@ -257,6 +258,21 @@ def test_a_request_body_is_not_piped_with_every_write(db_url: str) -> None:
     assert new == store.get(op.operation_id), "the record as stored, its body included"
     assert new.request_body == body and new.attempts == 1 and new.version == op.version + 1
     store.close()
+
+
+def test_a_value_that_changed_only_its_type_comes_back_changed(store: Store) -> None:
+    """Found in review: the child's answer named the fields that were not equal, and ``1 == True``: partial
+    effects that went from 1 to true came back as 1, and the worker's next write would have stored 1 again."""
+    op, _ = store.create_operation(spec())
+    before = dataclasses.replace(op, partial_effects={"done": 1}, polls=1)
+    for after in (
+        dataclasses.replace(before, partial_effects={"done": True}),
+        dataclasses.replace(before, partial_effects={"done": 1.0}),
+        dataclasses.replace(before, polls=True),
+    ):
+        back = _Delta.between(before, after).applied_to(before)
+        assert back == after
+        assert repr((back.partial_effects, back.polls)) == repr((after.partial_effects, after.polls))
 
 
 def test_what_crosses_the_pipe_arrives_equal(store: Store) -> None:

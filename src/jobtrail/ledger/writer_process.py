@@ -188,7 +188,7 @@ class _Delta:
     def between(cls, before: Operation, after: Operation) -> _Delta:
         values = _VALUES.get(Operation) or _values_of(Operation)
         pairs = zip(values(before), values(after), strict=True)
-        return cls(tuple((i, new) for i, (old, new) in enumerate(pairs) if new is not old and new != old))
+        return cls(tuple((i, new) for i, (old, new) in enumerate(pairs) if _differs(old, new)))
 
     def applied_to(self, op: Operation) -> Operation:
         values = list((_VALUES.get(Operation) or _values_of(Operation))(op))
@@ -199,6 +199,16 @@ class _Delta:
         op = _rebuild(Operation, tuple(values))
         assert isinstance(op, Operation)
         return op
+
+
+def _differs(old: Any, new: Any) -> bool:
+    """Must ``new`` be sent? Equal is not the same: ``1 == 1.0 == True``, also inside a JSON value (partial
+    effects), where the stored value would come back with the other type."""
+    if new is old:
+        return False
+    if type(new) is not type(old) or isinstance(new, dict | list):
+        return True
+    return bool(new != old)
 
 
 def _answers(batch: Sequence[tuple[int, Write]], outcomes: list[Outcome]) -> list[Outcome | _Delta]:
