@@ -1204,10 +1204,7 @@ class Store:
         self, *, providers: Sequence[str] | None = None, states: Sequence[State] | None = None
     ) -> int | None:
         """When the earliest automatic action is due (None: nothing will happen without a person)."""
-        query = sa.select(sa.func.min(t.operations.c.next_action_at_us)).where(*_filters(providers, states))
-        with self._read() as conn:
-            value = conn.execute(query).scalar()
-        return None if value is None else int(value)
+        return self._earliest(t.operations.c.next_action_at_us, _filters(providers, states))
 
     def next_claimable_us(
         self, *, providers: Sequence[str] | None = None, states: Sequence[State] | None = None
@@ -1222,9 +1219,11 @@ class Store:
             (ops.c.lease_expires_at_us > ops.c.next_action_at_us, ops.c.lease_expires_at_us),
             else_=ops.c.next_action_at_us,
         )
-        query = sa.select(sa.func.min(ready)).where(ops.c.next_action_at_us.is_not(None), *_filters(providers, states))
+        return self._earliest(ready, [ops.c.next_action_at_us.is_not(None), *_filters(providers, states)])
+
+    def _earliest(self, moment: Any, where: list[Any]) -> int | None:
         with self._read() as conn:
-            value = conn.execute(query).scalar()
+            value = conn.execute(sa.select(sa.func.min(moment)).where(*where)).scalar()
         return None if value is None else int(value)
 
     def last_entry(self, operation_id: str, *, causes: Sequence[str] = ()) -> HistoryEntry | None:

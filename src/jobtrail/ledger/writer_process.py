@@ -169,12 +169,14 @@ class _ToChild(_Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is Operation:
-            values = (_VALUES.get(Operation) or _values_of(Operation))(obj)
+            values = _OPERATION_VALUES(obj)
             return _rebuild, (Operation, (*values[:_BODY], NOT_SENT, *values[_BODY + 1 :]))
         return super().reducer_override(obj)
 
 
 _BODY = _fields_of(Operation).index("request_body")
+#: an operation's fields' values, in order (what _ToChild sends and _Delta compares)
+_OPERATION_VALUES = _values_of(Operation)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -186,12 +188,11 @@ class _Delta:
 
     @classmethod
     def between(cls, before: Operation, after: Operation) -> _Delta:
-        values = _VALUES.get(Operation) or _values_of(Operation)
-        pairs = zip(values(before), values(after), strict=True)
+        pairs = zip(_OPERATION_VALUES(before), _OPERATION_VALUES(after), strict=True)
         return cls(tuple((i, new) for i, (old, new) in enumerate(pairs) if _differs(old, new)))
 
     def applied_to(self, op: Operation) -> Operation:
-        values = list((_VALUES.get(Operation) or _values_of(Operation))(op))
+        values = list(_OPERATION_VALUES(op))
         for i, value in self.changes:
             values[i] = value
         if values[_BODY] is NOT_SENT:  # the child made a new record of its own: a bug, never stored
