@@ -133,7 +133,9 @@ def test_submits_beside_two_running_workers_send_each_create_exactly_once(
     with Store.open(db_url) as store:
         causes = Counter(entry.cause for op in ops for entry in store.history(op.operation_id))
     assert causes["ambiguous_create"] == 0, causes
-    assert causes["create_attempt"] == 3 * N
+    # an attempt refused before it left (a connection not made under load) is recorded and retried with the
+    # same token; every other attempt reached the provider, once per operation
+    assert causes["create_attempt"] - causes["create_not_sent"] == 3 * N, causes
     assert Counter(op.state for op in ops) == {S.SUCCEEDED: 3 * N}
     # what the provider saw: one create request and one job per operation, and each op holds its own job
     assert fake.counts["creates_received"] == 3 * N and fake.counts["jobs_created"] == 3 * N, fake.counts
