@@ -286,7 +286,36 @@ def test_no_other_character_matches_a_hint_letter_without_case() -> None:
     beyond_ascii = "".join(chr(c) for c in range(0x80, 0x110000) if not 0xD800 <= c < 0xE000)
     letters = sorted(set("".join(redact._STRONG_HINTS) + "".join(redact._KV_HINTS)))
     taken_for = {found: letter for letter in letters for found in re.findall(re.escape(letter), beyond_ascii, re.I)}
-    assert {chr(c): s for c, s in redact._HINT_LOOKALIKES.items()} == taken_for
+    assert dict(redact._HINT_LOOKALIKES) == taken_for
+
+
+#: pieces of every secret format, around which a pattern may or may not match
+_FORMAT_PIECES_TEXT = (
+    "Bearer |bearer\t|TOKEN |Basic |digest  |a1b2c3d4|abc.def~|eyJ|eyJhbGciOi.|AKIA|ASIA|ABCDEFGH23456789|ghp_|"
+    "github_pat_|xoxb-|sk_live_|rk_test_|pk_|sk-|sk-ant-|whsec_|://|https://|git+ssh://|a.b-c+d://|_x://|\u017fk-|"
+    "user:pw@|u@|/| |-----BEGIN RSA KEY-----|-----END RSA KEY-----|\u212aey|xxxxxxxxxxxxxxxxxxxx|Z9Z9Z9Z9Z9Z9Z9Z9Z9|"
+    "_|.|é"
+)
+_FORMAT_PIECES = st.sampled_from(_FORMAT_PIECES_TEXT.split("|"))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(_FORMAT_PIECES | st.text(max_size=4), max_size=12).map("".join))
+def test_a_secret_format_is_found_where_its_hint_is_as_a_search_of_the_whole_text_finds_it(text: str) -> None:
+    """Each secret format is tried only where one of its hints occurs (and its match would start there):
+    the same verdict as searching the whole text with every pattern."""
+    from jobtrail.domain import redact
+
+    assert redact._pattern_found(text) == any(pattern.search(text) for pattern, _ in redact._PATTERNS)
+    assert Redactor()._strong(text) == _masked_by_every_pattern(text)
+
+
+def _masked_by_every_pattern(text: str) -> str:
+    from jobtrail.domain import redact
+
+    for pattern, replacement in redact._PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def _plain_decoded_forms(text: str) -> set[str]:
@@ -332,6 +361,10 @@ def test_the_quick_decoding_finds_the_forms_the_plain_decoding_finds(before: str
         for c in (text, *quick)
     )
     assert Redactor()._looks_like_credential(text) == plain_verdict
+    # the runs decoded together hold every hint one of them holds decoded alone
+    together = "\n".join(redact._decoded_forms(text, deep=True, together=True))
+    if any(redact._strong_hint(form) for form in quick):
+        assert redact._strong_hint(together)
 
 
 def test_a_long_prompt_is_checked_for_credentials_in_milliseconds_not_per_word() -> None:

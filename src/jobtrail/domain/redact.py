@@ -115,29 +115,23 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # userinfo in any URL inside text
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@"), r"\1" + "REDACTED:REDACTED@"),
 )
-#: a string that contains none of these cannot match any of _PATTERNS
-_STRONG_HINTS = (
-    "-----begin",
-    "eyj",
-    "bearer",
-    "basic",
-    "token",
-    "digest",
-    "akia",
-    "asia",
-    "ghp_",
-    "gho_",
-    "ghu_",
-    "ghs_",
-    "ghr_",
-    "github_pat_",
-    "xox",
-    "_live_",
-    "_test_",
-    "sk-",
-    "whsec_",
-    "://",
+#: where each of _PATTERNS can match: the hints (lower case) one of which any match contains, each with how
+#: far into the match it starts; None where that varies (a URL's scheme comes before its "://")
+_PATTERN_ANCHORS: tuple[tuple[tuple[str, int | None], ...], ...] = (
+    (("-----begin", 0),),
+    (("eyj", 0),),
+    (("bearer", 0), ("basic", 0), ("token", 0), ("digest", 0)),
+    (("akia", 0), ("asia", 0)),
+    (("ghp_", 0), ("gho_", 0), ("ghu_", 0), ("ghs_", 0), ("ghr_", 0)),
+    (("github_pat_", 0),),
+    (("xox", 0),),
+    (("_live_", 2), ("_test_", 2)),
+    (("sk-", 0),),
+    (("whsec_", 0),),
+    (("://", None),),
 )
+#: a string that contains none of these cannot match any of _PATTERNS
+_STRONG_HINTS = tuple(hint for anchors in _PATTERN_ANCHORS for hint, _ in anchors)
 #: nor these any of _KV_PATTERNS
 _KV_HINTS = (
     "passw",
@@ -156,11 +150,13 @@ _KV_HINTS = (
 _SHORTEST_PATTERN = 6  # "a://b@"
 _TEXT_CACHED_LEN = 200
 _TEXT_CACHE_SIZE = 8192
+#: a character a URL scheme may hold, as the userinfo pattern in _PATTERNS reads it (without case)
+_SCHEME_CHAR = re.compile(r"(?i)[a-z0-9+.-]")
 _STRONG_HINT_LOWER = re.compile("|".join(re.escape(h) for h in _STRONG_HINTS))
 _KV_HINT_LOWER = re.compile("|".join(re.escape(h) for h in _KV_HINTS))
 #: the only characters beyond ASCII that Python's case-insensitive matching takes for a hint's letters
 #: (dotted and dotless I, long s, Kelvin; tests/test_redaction.py scans every code point to be sure)
-_HINT_LOOKALIKES = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+_HINT_LOOKALIKES = (("\u0130", "i"), ("\u0131", "i"), ("\u017f", "s"), ("\u212a", "k"))
 
 
 def _hint_text(text: str) -> str:
@@ -168,13 +164,42 @@ def _hint_text(text: str) -> str:
     a seventh of the cost of a case-insensitive match): the look-alikes as their letters, any other
     character beyond ASCII (which no hint can contain or match) as ``?``."""
     if not text.isascii():
-        text = text.translate(_HINT_LOOKALIKES).encode("ascii", errors="replace").decode("ascii")
+        for lookalike, letter in _HINT_LOOKALIKES:  # four scans in C: a translation table is read per character
+            text = text.replace(lookalike, letter)
+        text = text.encode("ascii", errors="replace").decode("ascii")
     return text.lower()
 
 
 def _strong_hint(text: str) -> bool:
     """Does ``text`` contain one of :data:`_STRONG_HINTS`, in any case?"""
     return _STRONG_HINT_LOWER.search(_hint_text(text)) is not None
+
+
+def _pattern_found(text: str) -> bool:
+    """Does one of :data:`_PATTERNS` match in ``text``? (``any(p.search(text) ...)``, the same answer.)
+
+    A pattern is tried only where one of its hints occurs, and from where its match would start: a
+    search of a long text costs a millisecond or more per pattern, and prose is full of hints ("token").
+    """
+    lower = _hint_text(text)
+    for (pattern, _), anchors in zip(_PATTERNS, _PATTERN_ANCHORS, strict=True):
+        for hint, offset in anchors:
+            at = lower.find(hint)
+            while at >= 0:
+                starts = _scheme_starts(text, at) if offset is None else (at - offset,) if at >= offset else ()
+                if any(pattern.match(text, start) for start in starts):
+                    return True
+                at = lower.find(hint, at + 1)
+    return False
+
+
+def _scheme_starts(text: str, at: int) -> list[int]:
+    """Where a URL scheme ending at ``at`` (its "://") could start: the run of scheme characters before it,
+    at its first character or after a ``+ . -`` in it (a scheme starts at a word boundary)."""
+    start = at
+    while start > 0 and _SCHEME_CHAR.match(text, start - 1):
+        start -= 1
+    return [start, *(i + 1 for i in range(start, at) if text[i] in "+.-")]
 
 
 def _kv_hint(text: str) -> bool:
@@ -486,9 +511,14 @@ class Redactor:
                 value = value.replace(secret, REDACTED)
         # the patterns are costly; most stored strings (states, causes, ids, numbers) are too short
         # to hold any of them or contain no hint at all
-        if len(value) >= _SHORTEST_PATTERN and _strong_hint(value):
-            for pattern, replacement in _PATTERNS:
-                value = pattern.sub(replacement, value)
+        if len(value) < _SHORTEST_PATTERN or not _strong_hint(value):
+            return value
+        lower = _hint_text(value)
+        for (pattern, replacement), anchors in zip(_PATTERNS, _PATTERN_ANCHORS, strict=True):
+            if any(hint in lower for hint, _ in anchors):
+                masked = pattern.sub(replacement, value)
+                if masked != value:
+                    value, lower = masked, _hint_text(masked)
         return value
 
     def url(self, value: str) -> str:
@@ -588,16 +618,13 @@ class Redactor:
     def _looks_like_credential(self, text: str) -> bool:
         if self.contains_secret(text):
             return True
-        forms = _decoded_forms(text, deep=True)
+        if _pattern_found(text):
+            return True
         # prose decodes to hundreds of forms (every word of eight letters is a base64 run), and almost none
-        # has a hint: one search of them all, joined where no hint can span, rules them out together
-        if forms and not _strong_hint("\n".join(forms)):
-            forms = []
-        for candidate in (text, *forms):
-            hinted = len(candidate) >= _SHORTEST_PATTERN and _strong_hint(candidate)
-            if hinted and any(pattern.search(candidate) for pattern, _ in _PATTERNS):
-                return True
-        return False
+        # has a hint: one search of them all, decoded together, rules them out together
+        if not _strong_hint("\n".join(_decoded_forms(text, deep=True, together=True))):
+            return False
+        return any(len(c) >= _SHORTEST_PATTERN and _pattern_found(c) for c in _decoded_forms(text, deep=True))
 
     def result_value(self, value: Any) -> Any:
         """A provider's result carried inside a record: kept exactly, or withheld whole.
@@ -665,14 +692,15 @@ _SPLIT_SCAN_MAX = 64 * 1024 * 1024
 _HEXISH = re.compile(r"[0-9A-Fa-f]+")
 _JSON_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|([\"\\/bfnrt]))")
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+#: the shortest base64 or hex run decoded (the {8,} of both; a shorter text holds none)
+_SHORTEST_RUN = 8
 _B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
 #: runs of eight hex digits or more, read as whole bytes (an odd run's last digit is left out); a class
 #: repeated, not pairs of it, which the regex engine tried again at every digit of prose
 _HEX_RUN = re.compile(r"[0-9A-Fa-f]{8,}")
-#: the characters the two base64 alphabets do not share
-_B64_OWN = re.compile(r"[+/_-]")
-_B64_BOTH = (base64.b64decode, base64.urlsafe_b64decode)
-_B64_ONE = (base64.b64decode,)
+#: the standard alphabet's decoder without base64.b64decode's wrapper (which only converts what a str already is)
+_B64_BOTH = (binascii.a2b_base64, base64.urlsafe_b64decode)
+_B64_ONE = (binascii.a2b_base64,)
 
 
 def _remembered(cache: dict[str, _T], value: str, compute: Callable[[str], _T]) -> _T:
@@ -699,8 +727,11 @@ def _unescape_json(text: str) -> str:
     return out.encode("utf-16", "surrogatepass").decode("utf-16", errors="replace") if out != text else out
 
 
-def _decoded_forms(text: str, *, deep: bool) -> list[str]:
-    """``text`` with one layer of each encoding undone (only those that change something)."""
+def _decoded_forms(text: str, *, deep: bool, together: bool = False) -> list[str]:
+    """``text`` with one layer of each encoding undone (only those that change something).
+
+    ``together``: the base64 runs of letters and digits as one text (:func:`_decoded_together`), to rule
+    out hints in all of them with one search."""
     forms: list[str] = []
     if "\\" in text:
         forms.append(_unescape_json(text))
@@ -709,21 +740,39 @@ def _decoded_forms(text: str, *, deep: bool) -> list[str]:
         forms.append(urllib.parse.unquote(text))
     if "&" in text:
         forms.append(html.unescape(text))
-    if not deep:
+    if not deep or len(text) < _SHORTEST_RUN:  # (most decodings of words: a run decodes to 3/4 of its length)
         return [f for f in forms if f != text]
-    for run in _B64_RUN.findall(text):
-        padded = run + "=" * (-len(run) % 4)
+    quanta: list[str] = []
+    runs = dict.fromkeys(_B64_RUN.findall(text))  # prose repeats its words: each decoded once
+    for run in runs:
         # letters and digits only (a word, say): both alphabets read it alike, so it is decoded once
-        decodes = _B64_BOTH if _B64_OWN.search(run) else _B64_ONE
-        for decode in decodes:
+        alnum = run.rstrip("=").isalnum()
+        if together and alnum:
+            quanta.append(run.rstrip("="))
+            continue
+        padded = run + "=" * (-len(run) % 4)
+        for decode in _B64_ONE if alnum else _B64_BOTH:
             try:
                 raw = decode(padded)
             except (binascii.Error, ValueError):
                 continue
             forms.append(raw.decode("utf-8", errors="replace"))
-    for run in _HEX_RUN.findall(text):
+    if quanta:
+        forms.append(_decoded_together(quanta))
+    # a hex run is part of a base64 run (the same characters and more): searched there, not in all the text
+    for run in _HEX_RUN.findall(" ".join(runs)):
         forms.append(bytes.fromhex(run[: len(run) // 2 * 2]).decode("utf-8", errors="replace"))
     return [f for f in forms if f != text]
+
+
+def _decoded_together(runs: list[str]) -> str:
+    """Base64 runs of letters and digits decoded in one call, into one text that holds each run's decoding
+    (bar a character cut at its end) and what spans none: each run is filled out to whole four-character
+    groups with ``A`` (zero bits) and followed by ``AAAA``, three zero bytes after which the UTF-8 decoder
+    starts afresh. It may hold more (a run that alone is refused as badly padded, its last bits); it is
+    only searched for hints, never taken for a form."""
+    filled = "".join(f"{run}{'A' * (-len(run) % 4)}AAAA" for run in runs)
+    return binascii.a2b_base64(filled).decode("utf-8", errors="replace")
 
 
 def _strings(value: Any, out: list[str], depth: int = 0) -> None:
