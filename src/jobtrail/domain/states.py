@@ -72,10 +72,10 @@ AUTOMATIC_STATES = frozenset(
 )
 
 
-#: Automatic states a person has already been told about: polled slowly, but nothing automatic is
-#: expected to end them soon, so they count as settled for ``worker --until-settled`` and for waiting callers.
 #: the create phase: a create is to be sent, or its outcome settled, before anything else happens
 CREATE_PHASE = frozenset({State.CREATE_PENDING, State.CREATE_UNKNOWN, State.RECONCILIATION})
+#: Automatic states a person has already been told about: polled slowly, but nothing automatic is
+#: expected to end them soon, so they count as settled for ``worker --until-settled`` and for waiting callers.
 ESCALATED_STATES = frozenset({State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT})
 #: Ended, waiting for a person, or escalated: what a caller waiting for an operation waits for.
 SETTLED_STATES = FINAL_STATES | {State.NEEDS_ATTENTION} | ESCALATED_STATES
