@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobtrail import (
+    BODY_NOT_LOADED,
     AsyncJobtrail,
     CreateAttempt,
     OperationKeyConflict,
@@ -429,4 +430,31 @@ def test_the_write_that_enters_a_resting_state_ends_the_lease(store: Store) -> N
     assert failed.lease_owner is None and failed.lease_expires_at_us is None
     assert stored.lease_owner is None and stored.lease_expires_at_us is None
     assert stored.lease_epoch == leased.lease_epoch == failed.lease_epoch
+    assert verify(store).ok
+
+
+def test_a_claim_reads_a_request_body_only_where_an_action_may_send_it(store: Store) -> None:
+    """A worker claims a thousand operations at a time, and a body may be a long prompt: an operation past
+    its create comes without it (nothing it does next sends it); one still to create comes with it, and the
+    record keeps every body."""
+    prompt = {"prompt": "Summarise this. " * 4096}
+    ops = {
+        state: op_in(store, state, body=prompt | {"state": state.value})
+        for state in (S.CREATE_PENDING, S.ACCEPTED, S.OBSERVING, S.RESULT_COLLECTING)
+    }
+    store.apply([Reschedule(op=op, changes={"next_action_at_us": 1}) for op in ops.values()])
+
+    claimed = {op.state: op for op in store.claim("w", limit=10, lease_s=30)}
+
+    assert set(claimed) == set(ops)
+    assert claimed[S.CREATE_PENDING].request_body == prompt | {"state": "create_pending"}
+    # without a job id (a synchronous result, here) it comes too: a look for the job by what was asked needs it
+    with_body = {s for s, op in claimed.items() if op.request_body is not BODY_NOT_LOADED}
+    assert with_body == {S.CREATE_PENDING} | {s for s, op in claimed.items() if op.remote_job_id is None}
+    assert not with_body & {S.ACCEPTED, S.OBSERVING}
+    assert {s: store.get(op.operation_id).request_body["state"] for s, op in ops.items()} == {s: s.value for s in ops}
+    # what the claim left out is not written back as missing: the next write keeps the body and the seal
+    moved = store.transition(claimed[S.ACCEPTED], S.OBSERVING, obs(RemoteState.RUNNING), actor="worker:w")
+    assert moved.request_body is BODY_NOT_LOADED
+    assert store.get(moved.operation_id).request_body == prompt | {"state": "accepted"}
     assert verify(store).ok

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
         ValidatedResult,
         ValidationFailure,
     )
-    from jobtrail.domain.record import HistoryEntry, Operation, OperationSpec
+    from jobtrail.domain.record import BODY_NOT_LOADED, HistoryEntry, Operation, OperationSpec
     from jobtrail.domain.redact import Redactor, Secret
     from jobtrail.domain.states import RemoteState, State
     from jobtrail.interfaces.webhooks import webhook_app
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "AmbiguousCreate": "jobtrail.domain.evidence",
     "AsyncJobtrail": "jobtrail.runtime.client",
+    "BODY_NOT_LOADED": "jobtrail.domain.record",
     "Backoff": "jobtrail.domain.backoff",
     "CancelAcknowledged": "jobtrail.domain.evidence",
     "CancelIntent": "jobtrail.domain.evidence",
@@ -146,6 +147,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AmbiguousCreate",
     "AsyncJobtrail",
+    "BODY_NOT_LOADED",
     "Backoff",
     "CancelAcknowledged",
     "CancelIntent",

@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 from jobtrail.domain.canonical import from_us, rfc3339
 from jobtrail.domain.errors import UsageError
 from jobtrail.domain.explain import advice, next_action
-from jobtrail.domain.states import State
+from jobtrail.domain.states import CREATE_PHASE, State
 
 DEFAULT_CREATE_DEADLINE = timedelta(hours=1)
 DEFAULT_RESULT_DEADLINE = timedelta(hours=24)
@@ -86,6 +86,28 @@ class Changes(TypedDict, total=False):
     cancel_deadline_us: int | None
 
 
+class _BodyNotLoaded:
+    """A claimed record's request body, left unread: an action after the create never sends it, and it
+    may be megabytes (a long prompt) for each of a thousand operations claimed at once."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "BODY_NOT_LOADED"
+
+    def __repr__(self) -> str:
+        return "<request body not loaded>"
+
+
+BODY_NOT_LOADED = _BodyNotLoaded()
+
+
+def body_needed(state: State, remote_job_id: str | None) -> bool:
+    """Can an action in ``state`` send the request body? A create (or a replay of it) in the create phase,
+    and a look for the job among the provider's by what was asked, while no job id is known."""
+    return state in CREATE_PHASE or remote_job_id is None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Operation:
     """One operation record. Immutable: every change goes through the store."""
@@ -96,6 +118,8 @@ class Operation:
     endpoint: str
     operation_key: str | None
     request_fingerprint: str
+    #: :data:`BODY_NOT_LOADED` in an operation claimed by a worker where no action of its state sends it
+    #: (see :func:`body_needed`); the record keeps it
     request_body: Any
     idempotency_token: str
     trace_id: str

@@ -43,9 +43,9 @@ from jobtrail.domain.errors import (
 from jobtrail.domain.evidence import Evidence, OperationCreated, StatusObservation, ValidatedResult
 from jobtrail.domain.ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail.domain.machine import check_transition
-from jobtrail.domain.record import Changes, HistoryEntry, Operation, OperationSpec
+from jobtrail.domain.record import BODY_NOT_LOADED, Changes, HistoryEntry, Operation, OperationSpec
 from jobtrail.domain.redact import Redactor
-from jobtrail.domain.states import AUTOMATIC_STATES, RemoteState, State
+from jobtrail.domain.states import AUTOMATIC_STATES, CREATE_PHASE, RemoteState, State
 from jobtrail.ledger import schema as t
 from jobtrail.ledger.chain import (
     ENTRY_FIELDS,
@@ -1113,6 +1113,8 @@ class Store:
 
         Each claim raises the operation's fencing epoch, so writes made under an
         older lease are refused. PostgreSQL skips rows other workers are claiming.
+        An operation whose next actions cannot send its request body comes without
+        it (``request_body`` is :data:`BODY_NOT_LOADED`; see :func:`body_needed`).
         """
         now = self.clock()
         ops = t.operations
@@ -1130,6 +1132,13 @@ class Store:
         due = claimable.order_by(ops.c.next_action_at_us, ops.c.operation_id).limit(limit)
         if self.dialect == "postgresql":
             due = due.with_for_update(skip_locked=True)
+        # the body only where an action may send it (body_needed): past the create, a claim of a thousand
+        # long prompts would read, pipe and hold them all for nothing
+        creating = ops.c.state.in_(sorted(s.value for s in CREATE_PHASE))
+        # (no job id tested by coalesce: SQLite 3.40 answers "remote_job_id IS NULL" with 0 for a NULL in the
+        # RETURNING clause of this table's UPDATE, while a SELECT answers 1)
+        no_job = sa.func.coalesce(ops.c.remote_job_id, "") == ""
+        body = sa.case((sa.or_(creating, no_job), ops.c.request_body), else_=sa.null())
         stmt = (
             sa.update(ops)
             .where(ops.c.operation_id.in_(due.scalar_subquery()))
@@ -1138,7 +1147,7 @@ class Store:
                 lease_expires_at_us=now + int(lease_s * 1_000_000),
                 lease_epoch=ops.c.lease_epoch + 1,
             )
-            .returning(*ops.c)
+            .returning(*(body.label(c.name) if c.name == "request_body" else c for c in ops.c))
         )
         with self.writing("claiming operations") as conn:
             result = conn.execute(stmt)
@@ -1336,7 +1345,8 @@ def _operation(row: Any) -> Operation:
     data = dict(row)
     data.pop("row_seal", None)  # the audit's, not the record's
     data["state"] = _state(data["state"])
-    data["request_body"] = json.loads(data["request_body"])
+    body = data["request_body"]
+    data["request_body"] = BODY_NOT_LOADED if body is None else json.loads(body)  # NOT NULL: None is unread
     if data.get("partial_effects") is not None:
         data["partial_effects"] = json.loads(data["partial_effects"])
     return Operation(**data)

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from jobtrail.domain.canonical import rfc3339
-from jobtrail.domain.errors import ConfigError, JobtrailError, StaleRecord
-from jobtrail.domain.record import Operation
+from jobtrail.domain.errors import ConfigError, JobtrailError, StaleRecord, StorageError
+from jobtrail.domain.record import BODY_NOT_LOADED, Operation, body_needed
 from jobtrail.domain.redact import install_log_redaction
 from jobtrail.domain.results import Check
 from jobtrail.domain.states import AUTOMATIC_STATES, ESCALATED_STATES
@@ -347,6 +347,9 @@ class Worker:
 
     async def _act(self, op: Operation, provider: Provider) -> Operation:
         step = next_step(op)
+        if op.request_body is BODY_NOT_LOADED and body_needed(op.state, op.remote_job_id):
+            # claimed past its create and moved back within this lease: the next claim reads the body
+            raise StorageError(f"{op.operation_id}: its request body was not read with it; it is acted on again")
         if step is Step.CREATE:
             return await self.create.advance(op, provider)
         if step is Step.COLLECT:
