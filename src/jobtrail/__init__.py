@@ -145,9 +145,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BODY_NOT_LOADED",
     "AmbiguousCreate",
     "AsyncJobtrail",
-    "BODY_NOT_LOADED",
     "Backoff",
     "CancelAcknowledged",
     "CancelIntent",

@@ -511,14 +511,10 @@ class Redactor:
                 value = value.replace(secret, REDACTED)
         # the patterns are costly; most stored strings (states, causes, ids, numbers) are too short
         # to hold any of them or contain no hint at all
-        if len(value) < _SHORTEST_PATTERN or not _strong_hint(value):
+        if len(value) < _SHORTEST_PATTERN or not _strong_hint(value) or not _pattern_found(value):
             return value
-        lower = _hint_text(value)
-        for (pattern, replacement), anchors in zip(_PATTERNS, _PATTERN_ANCHORS, strict=True):
-            if any(hint in lower for hint, _ in anchors):
-                masked = pattern.sub(replacement, value)
-                if masked != value:
-                    value, lower = masked, _hint_text(masked)
+        for pattern, replacement in _PATTERNS:
+            value = pattern.sub(replacement, value)
         return value
 
     def url(self, value: str) -> str:
@@ -740,7 +736,8 @@ def _decoded_forms(text: str, *, deep: bool, together: bool = False) -> list[str
         forms.append(urllib.parse.unquote(text))
     if "&" in text:
         forms.append(html.unescape(text))
-    if not deep or len(text) < _SHORTEST_RUN:  # (most decodings of words: a run decodes to 3/4 of its length)
+    # a text shorter than a run holds none (most decodings of words: a run decodes to 3/4 of its length)
+    if not deep or len(text) < _SHORTEST_RUN:
         return [f for f in forms if f != text]
     quanta: list[str] = []
     runs = dict.fromkeys(_B64_RUN.findall(text))  # prose repeats its words: each decoded once
