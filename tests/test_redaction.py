@@ -388,3 +388,25 @@ def test_a_long_prompt_is_checked_for_credentials_in_milliseconds_not_per_word()
         assert Redactor().secret_paths({"prompt": leaked}) == ["$.prompt"]
     finally:
         redact._strong_hint = real  # type: ignore[assignment]
+
+
+def test_a_long_run_before_a_url_separator_is_not_tried_from_every_position(monkeypatch) -> None:
+    """A hostile answer of "a.a.a...://x" (100 KB) made the userinfo pattern start again at each of its
+    50,000 word boundaries, each time scanning to the "://": minutes of one worker's CPU. The scheme's
+    starts are tried only where a userinfo part follows, and then once per boundary at most."""
+    from jobtrail.domain import redact
+
+    tried: list[int] = []
+    real = redact._scheme_starts
+
+    def counting(text: str, at: int) -> list[int]:
+        starts = real(text, at)
+        tried.extend(starts)
+        return starts
+
+    monkeypatch.setattr(redact, "_scheme_starts", counting)
+    hostile = "a." * 50_000 + "://x"
+    assert Redactor().looks_like_credential(hostile) is False
+    assert tried == []
+    assert Redactor().looks_like_credential(hostile + "@host") is True
+    assert Redactor().text("see " + hostile + "@host").endswith("://REDACTED:REDACTED@host")

@@ -152,6 +152,9 @@ _TEXT_CACHED_LEN = 200
 _TEXT_CACHE_SIZE = 8192
 #: a character a URL scheme may hold, as the userinfo pattern in _PATTERNS reads it (without case)
 _SCHEME_CHAR = re.compile(r"(?i)[a-z0-9+.-]")
+#: that pattern's end, from its "://": where it fails, each scheme start before would fail the same way
+#: (tried from each, a long run of "a.a.a..." took time in its square)
+_USERINFO = re.compile(r"://[^/\s:@]+(?::[^/\s@]*)?@")
 _STRONG_HINT_LOWER = re.compile("|".join(re.escape(h) for h in _STRONG_HINTS))
 _KV_HINT_LOWER = re.compile("|".join(re.escape(h) for h in _KV_HINTS))
 #: the only characters beyond ASCII that Python's case-insensitive matching takes for a hint's letters
@@ -186,7 +189,12 @@ def _pattern_found(text: str) -> bool:
         for hint, offset in anchors:
             at = lower.find(hint)
             while at >= 0:
-                starts = _scheme_starts(text, at) if offset is None else (at - offset,) if at >= offset else ()
+                if offset is not None:
+                    starts: Iterable[int] = (at - offset,) if at >= offset else ()
+                elif _USERINFO.match(text, at):  # else no scheme before this "://" makes a match
+                    starts = _scheme_starts(text, at)
+                else:
+                    starts = ()
                 if any(pattern.match(text, start) for start in starts):
                     return True
                 at = lower.find(hint, at + 1)
