@@ -410,3 +410,26 @@ def test_a_long_run_before_a_url_separator_is_not_tried_from_every_position(monk
     assert tried == []
     assert Redactor().looks_like_credential(hostile + "@host") is True
     assert Redactor().text("see " + hostile + "@host").endswith("://REDACTED:REDACTED@host")
+
+
+def test_many_pem_beginnings_without_an_end_are_not_each_searched_to_the_end(monkeypatch) -> None:
+    """A hostile answer of 20,000 "-----BEGIN A-----" lines and no END: the PEM pattern, tried from each,
+    read on to the text's end every time (a tenth of it took a second). Once no END follows, none is tried."""
+    from jobtrail.domain import redact
+
+    tries: list[int] = []
+
+    class Counting:
+        def __init__(self, pattern: re.Pattern[str]) -> None:
+            self.pattern = pattern
+
+        def match(self, text: str, pos: int = 0) -> re.Match[str] | None:
+            tries.append(pos)
+            return self.pattern.match(text, pos)
+
+    monkeypatch.setattr(redact, "_PATTERNS", tuple((Counting(p), r) for p, r in redact._PATTERNS))
+    hostile = "-----BEGIN A-----\n" * 20_000
+    assert redact._pattern_found(hostile) is False
+    assert tries == []
+    assert redact._pattern_found(hostile + "-----END A-----") is True
+    assert len(tries) == 1  # the first BEGIN's block runs on to the END

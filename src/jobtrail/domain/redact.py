@@ -116,22 +116,23 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@"), r"\1" + "REDACTED:REDACTED@"),
 )
 #: where each of _PATTERNS can match: the hints (lower case) one of which any match contains, each with how
-#: far into the match it starts; None where that varies (a URL's scheme comes before its "://")
-_PATTERN_ANCHORS: tuple[tuple[tuple[str, int | None], ...], ...] = (
-    (("-----begin", 0),),
-    (("eyj", 0),),
-    (("bearer", 0), ("basic", 0), ("token", 0), ("digest", 0)),
-    (("akia", 0), ("asia", 0)),
-    (("ghp_", 0), ("gho_", 0), ("ghu_", 0), ("ghs_", 0), ("ghr_", 0)),
-    (("github_pat_", 0),),
-    (("xox", 0),),
-    (("_live_", 2), ("_test_", 2)),
-    (("sk-", 0),),
-    (("whsec_", 0),),
-    (("://", None),),
+#: far into the match it starts (None where that varies: a URL's scheme comes before its "://") and what
+#: else any match holds after it (where a match may run on: a PEM block is only one once its END follows)
+_PATTERN_ANCHORS: tuple[tuple[tuple[str, int | None, str | None], ...], ...] = (
+    (("-----begin", 0, "-----END "),),
+    (("eyj", 0, None),),
+    (("bearer", 0, None), ("basic", 0, None), ("token", 0, None), ("digest", 0, None)),
+    (("akia", 0, None), ("asia", 0, None)),
+    (("ghp_", 0, None), ("gho_", 0, None), ("ghu_", 0, None), ("ghs_", 0, None), ("ghr_", 0, None)),
+    (("github_pat_", 0, None),),
+    (("xox", 0, None),),
+    (("_live_", 2, None), ("_test_", 2, None)),
+    (("sk-", 0, None),),
+    (("whsec_", 0, None),),
+    (("://", None, None),),
 )
 #: a string that contains none of these cannot match any of _PATTERNS
-_STRONG_HINTS = tuple(hint for anchors in _PATTERN_ANCHORS for hint, _ in anchors)
+_STRONG_HINTS = tuple(hint for anchors in _PATTERN_ANCHORS for hint, _, _ in anchors)
 #: nor these any of _KV_PATTERNS
 _KV_HINTS = (
     "passw",
@@ -186,9 +187,11 @@ def _pattern_found(text: str) -> bool:
     """
     lower = _hint_text(text)
     for (pattern, _), anchors in zip(_PATTERNS, _PATTERN_ANCHORS, strict=True):
-        for hint, offset in anchors:
+        for hint, offset, after in anchors:
             at = lower.find(hint)
             while at >= 0:
+                if after is not None and text.find(after, at) < 0:
+                    break  # (nor after any later one: tried from each, a thousand BEGINs took time in their square)
                 if offset is not None:
                     starts: Iterable[int] = (at - offset,) if at >= offset else ()
                 elif _USERINFO.match(text, at):  # else no scheme before this "://" makes a match
