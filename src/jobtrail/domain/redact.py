@@ -117,9 +117,9 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 #: where each of _PATTERNS can match: the hints (lower case) one of which any match contains, each with how
 #: far into the match it starts (None where that varies: a URL's scheme comes before its "://") and what
-#: else any match holds after it (where a match may run on: a PEM block is only one once its END follows)
-_PATTERN_ANCHORS: tuple[tuple[tuple[str, int | None, str | None], ...], ...] = (
-    (("-----begin", 0, "-----END "),),
+#: else any match holds after it, where a match may run on (a PEM block is only one once its END follows)
+_PATTERN_ANCHORS: tuple[tuple[tuple[str, int | None, re.Pattern[str] | None], ...], ...] = (
+    (("-----begin", 0, re.compile(r"(?=-----END [A-Z0-9 ]+-----)")),),  # (a lookahead finds every start)
     (("eyj", 0, None),),
     (("bearer", 0, None), ("basic", 0, None), ("token", 0, None), ("digest", 0, None)),
     (("akia", 0, None), ("asia", 0, None)),
@@ -189,9 +189,10 @@ def _pattern_found(text: str) -> bool:
     for (pattern, _), anchors in zip(_PATTERNS, _PATTERN_ANCHORS, strict=True):
         for hint, offset, after in anchors:
             at = lower.find(hint)
-            while at >= 0:
-                if after is not None and text.find(after, at) < 0:
-                    break  # (nor after any later one: tried from each, a thousand BEGINs took time in their square)
+            # past the last of what a match holds after its hint, no match starts (tried from each hint, a
+            # thousand BEGINs without an END took time in their square)
+            last = len(text) if after is None or at < 0 else max((m.start() for m in after.finditer(text)), default=-1)
+            while 0 <= at <= last:
                 if offset is not None:
                     starts: Iterable[int] = (at - offset,) if at >= offset else ()
                 elif _USERINFO.match(text, at):  # else no scheme before this "://" makes a match
@@ -754,9 +755,10 @@ def _decoded_forms(text: str, *, deep: bool, together: bool = False) -> list[str
     runs = dict.fromkeys(_B64_RUN.findall(text))  # prose repeats its words: each decoded once
     for run in runs:
         # letters and digits only (a word, say): both alphabets read it alike, so it is decoded once
-        alnum = run.rstrip("=").isalnum()
+        bare = run.rstrip("=")
+        alnum = bare.isalnum()
         if together and alnum:
-            quanta.append(run.rstrip("="))
+            quanta.append(bare)
             continue
         padded = run + "=" * (-len(run) % 4)
         for decode in _B64_ONE if alnum else _B64_BOTH:
