@@ -180,6 +180,8 @@ def main() -> None:
         profiler = cProfile.Profile()
         profiler.runcall(replay, events, recorded.snapshot, folder)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        if os.environ.get("BENCH_PSTATS"):  # the whole profile, for pstats or snakeviz
+            profiler.dump_stats(os.environ["BENCH_PSTATS"])
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from jobtrail.domain.builders import builder
 from jobtrail.domain.canonical import compact_json, floatless_json, request_fingerprint, to_us
 from jobtrail.domain.errors import (
     ConfigError,
@@ -1349,7 +1350,12 @@ def _operation(row: Any) -> Operation:
     data["request_body"] = BODY_NOT_LOADED if body is None else json.loads(body)  # NOT NULL: None is unread
     if data.get("partial_effects") is not None:
         data["partial_effects"] = json.loads(data["partial_effects"])
-    return Operation(**data)
+    op: Operation = _from_columns(data)
+    return op
+
+
+#: a record from its columns by name (see builder)
+_from_columns = builder(Operation, {name: f"data[{name!r}]" for name in Operation.__dataclass_fields__}, "data")
 
 
 _STATES = {state.value: state for state in State}
@@ -1373,25 +1379,24 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
 
 
 def _advance_function() -> Callable[[Operation, dict[str, Any], State, Any, bool], Operation]:
-    """One constructor call naming every field (built once, as dataclasses builds ``__init__``): every write
-    that lands makes a record, and a dict of 31 fields unpacked into the constructor cost half as much again."""
+    """One function setting every field (built once): every write that lands makes a record, and a dict
+    of 31 fields unpacked into the constructor cost half as much again."""
     written = {*MUTABLE_COLUMNS, "updated_at_us", "version", "history_head"}
-    fields = []
+    values = {}
     for name in Operation.__dataclass_fields__:
         if name == "state":
-            fields.append("state=state")
+            values[name] = "state"
         elif name == "partial_effects":
-            fields.append("partial_effects=effects")
+            values[name] = "effects"
         elif name in ("lease_owner", "lease_expires_at_us"):  # the write that enters a resting state ends the lease
-            fields.append(f"{name}=None if released else op.{name}")
+            values[name] = f"None if released else op.{name}"
         elif name in written:
-            fields.append(f"{name}=update[{name!r}]")
+            values[name] = f"update[{name!r}]"
         else:
-            fields.append(f"{name}=op.{name}")
-    source = f"def advance(op, update, state, effects, released):\n    return Operation({', '.join(fields)})\n"
-    namespace: dict[str, Any] = {"Operation": Operation}
-    exec(source, namespace)  # noqa: S102 - source made above from the dataclass's own field names
-    advance: Callable[[Operation, dict[str, Any], State, Any, bool], Operation] = namespace["advance"]
+            values[name] = f"op.{name}"
+    advance: Callable[[Operation, dict[str, Any], State, Any, bool], Operation] = builder(
+        Operation, values, "op, update, state, effects, released"
+    )
     return advance
 
 

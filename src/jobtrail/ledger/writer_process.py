@@ -41,6 +41,7 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 
+from jobtrail.domain.builders import builder
 from jobtrail.domain.errors import JobtrailError, StorageError
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
@@ -113,11 +114,10 @@ _MAKERS: dict[type, Callable[[tuple[Any, ...]], Any]] = {}
 
 
 def _maker(cls: type) -> Callable[[tuple[Any, ...]], Any]:
-    """What the generated ``__init__`` of a frozen dataclass does, from a tuple, without a loop per field."""
-    lines = [f"    s(o, {name!r}, v[{i}])" for i, name in enumerate(_fields_of(cls))]
-    namespace: dict[str, Any] = {"new": object.__new__, "s": object.__setattr__, "cls": cls}
-    exec("def make(v):\n    o = new(cls)\n" + "\n".join(lines) + "\n    return o\n", namespace)  # noqa: S102
-    make: Callable[[tuple[Any, ...]], Any] = namespace["make"]
+    """A record of ``cls`` from its fields' values, as its ``__init__`` would set them (see :func:`builder`)."""
+    make: Callable[[tuple[Any, ...]], Any] = builder(
+        cls, {name: f"v[{i}]" for i, name in enumerate(_fields_of(cls))}, "v"
+    )
     _MAKERS[cls] = make
     return make
 
