@@ -16,6 +16,7 @@ PostgreSQL so are round trips (a pipelined executemany is one).
 
     BENCH_BODY_KIB=64 python bench/lifecycle.py --n 2000      # request bodies of 64 KiB (a long prompt)
     BENCH_CONCURRENCY=5000 python bench/lifecycle.py --n 10000  # the worker's --concurrency (default 2000)
+    BENCH_WRITES_IN_PROCESS=1 python bench/lifecycle.py --n 5000   # the worker's --writes-in-process
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from sqlcount import add_counts, children_counts, count_in_children, count_sql
 POLL_S = 0.25
 #: operations one jobtrail worker keeps in flight (the plain loop keeps all N in flight)
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2000"))
+#: the worker writes on its own threads (`jobtrail worker --writes-in-process`), not in a writer process
+WRITES_IN_PROCESS = os.environ.get("BENCH_WRITES_IN_PROCESS") == "1"
 #: each request body's padding, in KiB (a prompt's size; default none), for both the plain loop and jobtrail
 _PAD = ("Please categorise these customer complaints by severity and summarise them. " * 15_000)[
     : 1024 * int(os.environ.get("BENCH_BODY_KIB", "0"))
@@ -196,6 +199,7 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
             concurrency=CONCURRENCY,
             lease_s=120,
             batch=1000,
+            writer_process=not WRITES_IN_PROCESS,
         )
         return await worker.run(until_settled=True)
 

@@ -177,6 +177,7 @@ class _ToChild(_Pickler):
 _BODY = _fields_of(Operation).index("request_body")
 #: an operation's fields' values, in order (what _ToChild sends and _Delta compares)
 _OPERATION_VALUES = _values_of(Operation)
+_INDEXES = range(len(_fields_of(Operation)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,8 +189,9 @@ class _Delta:
 
     @classmethod
     def between(cls, before: Operation, after: Operation) -> _Delta:
-        pairs = zip(_OPERATION_VALUES(before), _OPERATION_VALUES(after), strict=True)
-        return cls(tuple((i, new) for i, (old, new) in enumerate(pairs) if _differs(old, new)))
+        values = zip(_INDEXES, _OPERATION_VALUES(before), _OPERATION_VALUES(after), strict=True)
+        # a field a write leaves alone is the very same object: most are ruled out without a call
+        return cls(tuple([(i, new) for i, old, new in values if new is not old and _differs(old, new)]))
 
     def applied_to(self, op: Operation) -> Operation:
         values = list(_OPERATION_VALUES(op))
