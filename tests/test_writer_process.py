@@ -29,7 +29,7 @@ from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.store import Change, Create, Created, FollowUp, Moved, Observe, Release, Reschedule, StoredResult
-from jobtrail.ledger.writer_process import WriterProcess, _Delta, _message, _ToChild
+from jobtrail.ledger.writer_process import WriterProcess, _Calls, _Delta, _message, _runs, _serve, _ToChild
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
@@ -311,3 +311,72 @@ def test_what_crosses_the_pipe_arrives_equal(store: Store) -> None:
         else:
             assert back == message
     assert pickle.loads(_message(State.SUCCEEDED)[8:]) is State.SUCCEEDED
+
+
+def test_groups_sent_while_one_is_committed_are_committed_together(store: Store) -> None:
+    """The worker sends a group without waiting for the last one's commit; the child takes every group
+    that has arrived (whole) into one transaction and answers each group on its own, in order. A claim
+    between them is answered on its own, after the groups before it and before those after it."""
+    ops = [store.create_operation(spec())[0] for _ in range(3)]
+    groups = [
+        [(n, Change(op=op, evidence=CreateAttempt(attempt=1), actor="worker:w", changes={"attempts": 1}))]
+        for n, op in enumerate(ops, start=1)
+    ]
+    claim = ([], "claim", ("w",), {"limit": 10, "lease_s": 30})
+    first, second, third = (_message(([], "apply_group", (group,), {}), _ToChild) for group in groups)
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, first + second + _message(claim) + third[:20])  # the third group half sent
+        calls = _Calls(read_end)
+        arrived = [calls.next(), *calls.arrived()]
+        runs = _runs(arrived)
+        assert [[method for _, method, _, _ in run] for run in runs] == [["apply_group", "apply_group"], ["claim"]]
+        (one, two) = _serve(store, runs[0])
+        assert one[0] == two[0] == "done"
+        assert (one[1][1], two[1][1]) == (1, 0), "one transaction for both groups"
+        assert [store.get(op.operation_id).attempts for op in ops] == [1, 1, 0]
+        ((kind, claimed),) = _serve(store, runs[1])
+        assert kind == "done"
+        # the claim sees what the groups before it wrote, and nothing of the group after it
+        seen = {op.operation_id: op.attempts for op in claimed}
+        assert seen == {ops[0].operation_id: 1, ops[1].operation_id: 1, ops[2].operation_id: 0}
+        assert calls.arrived() == [], "half a message is not a message"
+        os.write(write_end, third[20:])
+        (rest,) = calls.arrived()
+        os.close(write_end)
+        write_end = -1
+        ((_, (_, transactions)),) = _serve(store, [rest])
+        assert transactions == 1 and store.get(ops[2].operation_id).attempts == 1
+        with pytest.raises(EOFError):
+            calls.next()
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    assert verify(store).ok
+
+
+def test_a_busy_writer_process_commits_what_arrived_meanwhile_in_one_transaction(db_url: str) -> None:
+    """Ten groups sent at once (as a worker with few connections trickles them in, one per window): the
+    first is committed at once, the others, arrived meanwhile, together; not a transaction each."""
+    store = Store.open(db_url)
+    ops = [store.create_operation(spec())[0] for _ in range(10)]
+    writer = WriterProcess.for_store(store)
+    assert writer is not None
+
+    async def go() -> list[tuple[list[object], int]]:
+        writer.start_soon()
+        await _until(lambda: writer.ready)
+        sent = [
+            writer.post([(n, Observe(operation_id=op.operation_id, kind="status_poll", raw={"n": n}))])
+            for n, op in enumerate(ops)
+        ]
+        answers = await asyncio.gather(*sent)
+        await writer.close()
+        return answers
+
+    answers = asyncio.run(go())
+    assert all(isinstance(outcomes[0], int) for outcomes, _ in answers), "each group has its observation's id"
+    assert sum(transactions for _, transactions in answers) <= 2
+    assert all(len(store.observations(op.operation_id)) == 1 for op in ops)
+    store.close()

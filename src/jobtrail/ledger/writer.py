@@ -143,9 +143,12 @@ class BatchWriter(Writer):
     inline, as in the simulation).
 
     ``apart`` (the worker's, by default) commits in a :class:`WriterProcess`, off
-    the interpreter lock of the event loop's process; still one commit at a time (two
-    in flight made twice the commits when few connections trickle answers in, and
-    no measurable gain with many).
+    the interpreter lock of the event loop's process. A group goes on its pipe once
+    its window closes, without waiting for the commit before it: the child commits
+    one transaction at a time, each of every group that arrived meanwhile (and, busy,
+    at most every 20 ms), so the child is not idle while this process prepares the
+    next group, and the commit rate still follows the load (two transactions in
+    flight made twice the commits when few connections trickle answers in).
     """
 
     def __init__(
@@ -214,10 +217,16 @@ class BatchWriter(Writer):
 
     async def _commit(self, batch: list[_Queued]) -> None:
         group = [(q.request, q.item) for q in batch]
+        sent = False
         try:
             if self._apart_ready():
                 assert self._apart is not None
-                outcomes, transactions = await self._apart.apply(group)
+                answer = self._apart.post(group)
+                # on the pipe: the next group need not wait for this one's commit (while the child commits, the
+                # groups that arrive meanwhile wait in its pipe, and it commits them together, in one transaction)
+                sent = True
+                self._next()
+                outcomes, transactions = await answer
             else:
                 outcomes, transactions = await self.io(apply_group, self.store, group)
             self.transactions += transactions
@@ -227,10 +236,12 @@ class BatchWriter(Writer):
         except BaseException:  # cancelled (the loop is closing): nobody may hang on a future
             for q in batch:
                 q.future.cancel()
-            self._next()
+            if not sent:
+                self._next()
             raise
         self._settle(batch, outcomes)
-        self._next()
+        if not sent:
+            self._next()
 
     def _settle(self, batch: list[_Queued], outcomes: list[Outcome], start: int = 0) -> None:
         """Wake the writers, a bounded number per loop turn.

@@ -31,11 +31,12 @@ import logging
 import operator
 import os
 import pickle
+import select
 import signal
 import struct
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -238,17 +239,6 @@ def _send(stream: IO[bytes], message: Any) -> None:
     stream.flush()
 
 
-def _receive(stream: IO[bytes]) -> Any:
-    head = stream.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
-        raise EOFError
-    (size,) = _LENGTH.unpack(head)
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError
-    return pickle.loads(data)  # noqa: S301 - our own parent's message, on a pipe only the two of us hold
-
-
 def _portable(outcomes: list[Outcome]) -> list[Outcome]:
     """Outcomes as they can cross the pipe: an error that does not pickle goes as its message."""
     return [_portable_error(o) if isinstance(o, Exception) else o for o in outcomes]
@@ -334,7 +324,16 @@ class WriterProcess:
 
     async def apply(self, batch: Sequence[tuple[int, Write]]) -> tuple[list[Outcome], int]:
         """What :func:`apply_group` returns, from the child; a database failure raises as it would here."""
-        answers, transactions = await self._call("apply_group", list(batch))
+        return await self.post(batch)
+
+    def post(self, batch: Sequence[tuple[int, Write]]) -> Awaitable[tuple[list[Outcome], int]]:
+        """:meth:`apply`, its group on the pipe before this returns: the caller may send the next group
+        while the child commits this one (the child takes the groups that have arrived together)."""
+        batch = list(batch)
+        return self._outcomes(batch, self._post("apply_group", batch))
+
+    async def _outcomes(self, batch: list[tuple[int, Write]], answer: asyncio.Future[Any]) -> tuple[list[Outcome], int]:
+        answers, transactions = await self._answer(answer)
         outcomes = [
             answer.applied_to(item.op)
             if isinstance(answer, _Delta) and isinstance(item, Change | Reschedule)
@@ -350,6 +349,10 @@ class WriterProcess:
         return claimed
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._answer(self._post(method, *args, **kwargs))
+
+    def _post(self, method: str, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Put one call on the pipe (now, not when awaited); its answer comes to the future returned."""
         proc = self._proc
         if proc is None or proc.stdin is None:
             raise StorageError("the ledger's writer process is not running; the write was not sent")
@@ -359,6 +362,10 @@ class WriterProcess:
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(answer)
         proc.stdin.write(data)
+        return answer
+
+    @staticmethod
+    async def _answer(answer: asyncio.Future[Any]) -> Any:
         kind, value = await answer
         if kind == "raised":
             raise value
@@ -449,18 +456,126 @@ def _open(url: str, identity: tuple[int, int] | None) -> Store:
     return store
 
 
+class _Calls:
+    """The child's end of the pipe, read from its descriptor: the next call (waiting for it), and the calls
+    that have arrived since (without waiting), so that the groups sent while one was committed are committed
+    together, in one transaction."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
+        self._at = 0  # where the first message not yet taken starts
+        self._closed = False
+
+    def next(self) -> Any:
+        """The next message; EOFError once the pipe is closed and every whole message was taken."""
+        while True:
+            message = self._take()
+            if message is not _NOTHING:
+                return message
+            if self._closed or not self._read():
+                raise EOFError
+
+    def arrived(self, wait: float = 0.0) -> list[Any]:
+        """The whole messages here, after waiting at most ``wait`` seconds for more to come."""
+        while not self._closed and select.select([self._fd], [], [], max(wait, 0.0))[0] and self._read():
+            wait = 0.0
+        messages = []
+        while (message := self._take()) is not _NOTHING:
+            messages.append(message)
+        return messages
+
+    def _read(self) -> bool:
+        chunk = os.read(self._fd, _READ_SIZE)
+        if not chunk:
+            self._closed = True
+            return False
+        if self._at > len(self._buffer) // 2:  # what was taken goes, not at every message (that is quadratic)
+            del self._buffer[: self._at]
+            self._at = 0
+        self._buffer += chunk
+        return True
+
+    def _take(self) -> Any:
+        start = self._at + _LENGTH.size
+        if len(self._buffer) < start:
+            return _NOTHING
+        (size,) = _LENGTH.unpack_from(self._buffer, self._at)
+        if len(self._buffer) < start + size:
+            return _NOTHING
+        self._at = start + size
+        with memoryview(self._buffer) as view:
+            return pickle.loads(view[start : start + size])  # noqa: S301 - our own parent's message, on our pipe
+
+
+_NOTHING = object()
+#: a busy writer process commits at most this often (see main)
+_COMMIT_EVERY_S = 0.02
+#: the most writes a transaction waits for (a bigger one is committed at once)
+_GROUP_MAX = 2000
+#: most bytes one read of the pipe takes
+_READ_SIZE = 1 << 20
+
+
+def _runs(calls: list[Any]) -> list[list[Any]]:
+    """Calls in order, those that follow each other to the same method in one run (a claim stands alone)."""
+    runs: list[list[Any]] = []
+    for call in calls:
+        if runs and call[1] == "apply_group" and runs[-1][0][1] == "apply_group":
+            runs[-1].append(call)
+        else:
+            runs.append([call])
+    return runs
+
+
+def _waits(calls: list[Any]) -> bool:
+    """May these calls wait for others to join their transaction? Not a claim (a worker waits on it to act),
+    nor groups that are big enough."""
+    if any(method != "apply_group" for _, method, _, _ in calls):
+        return False
+    return sum(len(group) for _, _, (group,), _ in calls) < _GROUP_MAX
+
+
+def _serve(store: Store, run: list[Any]) -> list[tuple[str, Any]]:
+    """One answer per call of ``run``: a claim; or groups committed as one (the first answer counts the
+    transactions), each group's outcomes in its own answer."""
+    for values, *_ in run:
+        for value in values:
+            store.redactor.register(value)
+    _, method, args, kwargs = run[0]
+    try:
+        store.check_file()  # a SQLite file deleted under the worker: refuse, rather than write into a new one
+        if method == "claim":
+            return [("done", store.claim(*args, **kwargs))]
+        if method != "apply_group":
+            raise StorageError(f"the writer process has no call {method!r}")
+        batch = [write for _, _, (group,), _ in run for write in group]
+        outcomes, transactions = apply_group(store, batch)
+    except Exception as exc:
+        error = ("raised", _portable_error(exc))
+        return [error] * len(run)
+    answers = _answers(batch, _portable(outcomes))
+    out: list[tuple[str, Any]] = []
+    at = 0
+    for _, _, (group,), _ in run:
+        out.append(("done", (answers[at : at + len(group)], transactions)))
+        at += len(group)
+        transactions = 0
+    return out
+
+
 def main() -> None:
-    """The child: open the ledger, then commit each group that arrives until the pipe closes."""
+    """The child: open the ledger, then commit the groups that arrive until the pipe closes."""
     # a Ctrl-C or a service manager's SIGTERM reaches the whole group; the worker decides when this ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    calls, out = _Calls(sys.stdin.fileno()), sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the answers
     # what goes wrong here reaches the worker as an error in an answer, and is logged there, redacted;
     # this process has no log handlers of its own, so it logs nothing that could carry a credential
     logging.disable(logging.CRITICAL)
     try:
-        url, identity = _receive(inp)
+        url, identity = calls.next()
     except EOFError:
         return
     try:
@@ -471,27 +586,26 @@ def main() -> None:
     _send(out, ("ready", None))
     gc.freeze()  # what exists now (modules, the engine) lives as long as the process: out of every pass
     gc.set_threshold(50_000, 20, 10)  # as a worker's (see runtime.worker._tune_collector)
-
-    def group(batch: list[tuple[int, Write]]) -> tuple[list[Outcome | _Delta], int]:
-        outcomes, transactions = apply_group(store, batch)
-        return _answers(batch, _portable(outcomes)), transactions
-
-    calls: dict[str, Callable[..., Any]] = {"apply_group": group, "claim": store.claim}
+    last = -_COMMIT_EVERY_S
     while True:
         try:
-            values, method, args, kwargs = _receive(inp)
+            pending = [calls.next()]
         except EOFError:
             break
-        for value in values:
-            store.redactor.register(value)
+        pending += calls.arrived()
+        # a busy writer commits at most every _COMMIT_EVERY_S, each time what has arrived meanwhile (few
+        # connections to the provider trickle writes in: one transaction each would be hundreds a second)
+        while _waits(pending) and (wait := last + _COMMIT_EVERY_S - time.monotonic()) > 0:
+            more = calls.arrived(wait)
+            if not more:
+                break
+            pending += more
+        last = time.monotonic()
         try:
-            # a SQLite file deleted under the worker: refuse, rather than write into a new empty one
-            store.check_file()
-            answer: tuple[str, Any] = ("done", calls[method](*args, **kwargs))
-        except Exception as exc:
-            answer = ("raised", _portable_error(exc))
-        try:
-            _send(out, answer)
+            for run in _runs(pending):
+                for answer in _serve(store, run):  # each run answered once it is done: a claim waits for no later group
+                    out.write(_message(answer))
+                out.flush()
         except BrokenPipeError:
             break
     store.close()
