@@ -22,14 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from jobtrail import AsyncJobtrail, CreateAttempt, State, Store
+from jobtrail import AsyncJobtrail, CreateAttempt, Operation, State, Store
 from jobtrail.domain.errors import StaleRecord
 from jobtrail.domain.evidence import StatusObservation
 from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
+from jobtrail.ledger import writer_process
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.store import Change, Create, Created, FollowUp, Moved, Observe, Release, Reschedule, StoredResult
-from jobtrail.ledger.writer_process import WriterProcess, _Calls, _Delta, _message, _runs, _serve, _ToChild
+from jobtrail.ledger.writer_process import WriterProcess, _Calls, _Delta, _gather, _message, _runs, _serve, _ToChild
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
@@ -316,20 +317,18 @@ def test_what_crosses_the_pipe_arrives_equal(store: Store) -> None:
 def test_groups_sent_while_one_is_committed_are_committed_together(store: Store) -> None:
     """The worker sends a group without waiting for the last one's commit; the child takes every group
     that has arrived (whole) into one transaction and answers each group on its own, in order. A claim
-    between them is answered on its own, after the groups before it and before those after it."""
+    ends what is taken (the worker waits on it), and sees the groups before it, not those after."""
     ops = [store.create_operation(spec())[0] for _ in range(3)]
-    groups = [
-        [(n, Change(op=op, evidence=CreateAttempt(attempt=1), actor="worker:w", changes={"attempts": 1}))]
-        for n, op in enumerate(ops, start=1)
-    ]
+    first, second, third = (
+        _message(([], "apply_group", ([_attempt(n, op)],), {}), _ToChild) for n, op in enumerate(ops)
+    )
     claim = ([], "claim", ("w",), {"limit": 10, "lease_s": 30})
-    first, second, third = (_message(([], "apply_group", (group,), {}), _ToChild) for group in groups)
+    long_ago = time.monotonic() - 60  # the last transaction: nothing waits for more to come
     read_end, write_end = os.pipe()
     try:
         os.write(write_end, first + second + _message(claim) + third[:20])  # the third group half sent
         calls = _Calls(read_end)
-        arrived = [calls.next(), *calls.arrived()]
-        runs = _runs(arrived)
+        runs = _runs(_gather(calls, long_ago))
         assert [[method for _, method, _, _ in run] for run in runs] == [["apply_group", "apply_group"], ["claim"]]
         (one, two) = _serve(store, runs[0])
         assert one[0] == two[0] == "done"
@@ -337,12 +336,11 @@ def test_groups_sent_while_one_is_committed_are_committed_together(store: Store)
         assert [store.get(op.operation_id).attempts for op in ops] == [1, 1, 0]
         ((kind, claimed),) = _serve(store, runs[1])
         assert kind == "done"
-        # the claim sees what the groups before it wrote, and nothing of the group after it
         seen = {op.operation_id: op.attempts for op in claimed}
         assert seen == {ops[0].operation_id: 1, ops[1].operation_id: 1, ops[2].operation_id: 0}
-        assert calls.arrived() == [], "half a message is not a message"
+        assert not calls.fill(0) and calls.take() is writer_process._NOTHING, "half a message is not a message"
         os.write(write_end, third[20:])
-        (rest,) = calls.arrived()
+        (rest,) = _gather(calls, long_ago)
         os.close(write_end)
         write_end = -1
         ((_, (_, transactions)),) = _serve(store, [rest])
@@ -354,6 +352,30 @@ def test_groups_sent_while_one_is_committed_are_committed_together(store: Store)
         if write_end >= 0:
             os.close(write_end)
     assert verify(store).ok
+
+
+def test_a_transaction_of_the_writer_process_takes_at_most_its_share_of_writes(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many groups wait in the pipe (a backlog), one transaction takes up to _GROUP_MAX writes;
+    the rest, read already, go in the next."""
+    monkeypatch.setattr(writer_process, "_GROUP_MAX", 2)
+    ops = [store.create_operation(spec())[0] for _ in range(3)]
+    read_end, write_end = os.pipe()
+    try:
+        for n, op in enumerate(ops):
+            os.write(write_end, _message(([], "apply_group", ([_attempt(n, op)],), {}), _ToChild))
+        calls = _Calls(read_end)
+        long_ago = time.monotonic() - 60
+        assert len(_gather(calls, long_ago)) == 2
+        assert len(_gather(calls, long_ago)) == 1
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _attempt(request: int, op: Operation) -> tuple[int, Change]:
+    return request, Change(op=op, evidence=CreateAttempt(attempt=1), actor="worker:w", changes={"attempts": 1})
 
 
 def test_a_busy_writer_process_commits_what_arrived_meanwhile_in_one_transaction(db_url: str) -> None:

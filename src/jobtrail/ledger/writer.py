@@ -135,20 +135,22 @@ class Writer:
 
 class BatchWriter(Writer):
     """Group commit by time and size: the first write of a group waits ``window_s`` for others (or
-    until ``max_writes`` have come), and writes requested while a commit runs go in the next one.
+    until ``max_writes`` have come).
 
-    One commit is in flight at a time, so a group grows with the load and the
-    database's latency, not with how many answers arrive in one loop turn.
-    ``window_s=0`` waits one loop turn only (the default when the work runs
-    inline, as in the simulation).
+    In this process, one commit is in flight at a time and writes requested while
+    it runs go in the next one, so a group grows with the load and the database's
+    latency, not with how many answers arrive in one loop turn. ``window_s=0``
+    waits one loop turn only (the default when the work runs inline, as in the
+    simulation).
 
     ``apart`` (the worker's, by default) commits in a :class:`WriterProcess`, off
-    the interpreter lock of the event loop's process. A group goes on its pipe once
-    its window closes, without waiting for the commit before it: the child commits
-    one transaction at a time, each of every group that arrived meanwhile (and, busy,
-    at most every 20 ms), so the child is not idle while this process prepares the
-    next group, and the commit rate still follows the load (two transactions in
-    flight made twice the commits when few connections trickle answers in).
+    the interpreter lock of the event loop's process. There a group goes on the pipe
+    once its window closes, without waiting for the commit before it, and the child
+    makes the transactions: one at a time, each of the groups that arrived while the
+    last one ran, at most one every 20 ms (a write waits that long at most for others
+    to join it), so the child is not idle while this process prepares the next group
+    and the commit rate still follows the load (two transactions in flight made twice
+    the commits when few connections trickle answers in).
     """
 
     def __init__(
@@ -225,7 +227,7 @@ class BatchWriter(Writer):
                 # on the pipe: the next group need not wait for this one's commit (while the child commits, the
                 # groups that arrive meanwhile wait in its pipe, and it commits them together, in one transaction)
                 sent = True
-                self._next()
+                self._next(window=True)
                 outcomes, transactions = await answer
             else:
                 outcomes, transactions = await self.io(apply_group, self.store, group)
@@ -262,11 +264,15 @@ class BatchWriter(Writer):
         if end < len(batch):
             asyncio.get_running_loop().call_soon(self._settle, batch, outcomes, end)
 
-    def _next(self) -> None:
-        if self._pending:
-            asyncio.get_running_loop().call_soon(self._start)
-        else:
+    def _next(self, *, window: bool = False) -> None:
+        """Start the next group: at once (what waited for a commit), or (``window``: what came in the loop turns
+        since the last group was cut) after a window of its own, as any first write's."""
+        if not self._pending:
             self._committing = False
+        elif window and self.window_s > 0 and len(self._pending) < self.max_writes:
+            self._timer = asyncio.get_running_loop().call_later(self.window_s, self._start)
+        else:
+            asyncio.get_running_loop().call_soon(self._start)
 
     async def claim(self, worker_id: str, **kwargs: Any) -> list[Operation]:
         """:meth:`Store.claim`. On SQLite, where this writer's commits are made: a SQLite file has one

@@ -405,7 +405,9 @@ class WriterProcess:
         try:
             while True:
                 answer = await _read_one(proc.stdout)
-                waiting.popleft().set_result(answer)
+                caller = waiting.popleft()
+                if not caller.done():  # (cancelled: its loop is closing)
+                    caller.set_result(answer)
         except (asyncio.IncompleteReadError, OSError):
             pass
         if self._proc is proc:
@@ -457,8 +459,8 @@ def _open(url: str, identity: tuple[int, int] | None) -> Store:
 
 
 class _Calls:
-    """The child's end of the pipe, read from its descriptor: the next call (waiting for it), and the calls
-    that have arrived since (without waiting), so that the groups sent while one was committed are committed
+    """The child's end of the pipe, read from its descriptor: the next message (waiting for it), and the
+    whole messages that have arrived since, so that the groups sent while one was committed are committed
     together, in one transaction."""
 
     def __init__(self, fd: int) -> None:
@@ -470,20 +472,30 @@ class _Calls:
     def next(self) -> Any:
         """The next message; EOFError once the pipe is closed and every whole message was taken."""
         while True:
-            message = self._take()
+            message = self.take()
             if message is not _NOTHING:
                 return message
             if self._closed or not self._read():
                 raise EOFError
 
-    def arrived(self, wait: float = 0.0) -> list[Any]:
-        """The whole messages here, after waiting at most ``wait`` seconds for more to come."""
-        while not self._closed and select.select([self._fd], [], [], max(wait, 0.0))[0] and self._read():
-            wait = 0.0
-        messages = []
-        while (message := self._take()) is not _NOTHING:
-            messages.append(message)
-        return messages
+    def take(self) -> Any:
+        """The next whole message already read, or _NOTHING."""
+        start = self._at + _LENGTH.size
+        if len(self._buffer) < start:
+            return _NOTHING
+        (size,) = _LENGTH.unpack_from(self._buffer, self._at)
+        if len(self._buffer) < start + size:
+            return _NOTHING
+        self._at = start + size
+        with memoryview(self._buffer) as view:
+            return pickle.loads(view[start : start + size])  # noqa: S301 - our own parent's message, on our pipe
+
+    def fill(self, wait: float) -> bool:
+        """Read what has arrived, after waiting at most ``wait`` seconds for something to; False if nothing
+        came. (Where a pipe cannot be polled, Windows, only what one read brought is taken together.)"""
+        if self._closed or not _POLLABLE or not select.select([self._fd], [], [], max(wait, 0.0))[0]:
+            return False
+        return self._read()
 
     def _read(self) -> bool:
         chunk = os.read(self._fd, _READ_SIZE)
@@ -496,25 +508,39 @@ class _Calls:
         self._buffer += chunk
         return True
 
-    def _take(self) -> Any:
-        start = self._at + _LENGTH.size
-        if len(self._buffer) < start:
-            return _NOTHING
-        (size,) = _LENGTH.unpack_from(self._buffer, self._at)
-        if len(self._buffer) < start + size:
-            return _NOTHING
-        self._at = start + size
-        with memoryview(self._buffer) as view:
-            return pickle.loads(view[start : start + size])  # noqa: S301 - our own parent's message, on our pipe
-
 
 _NOTHING = object()
-#: a busy writer process commits at most this often (see main)
+#: select() polls pipes everywhere but on Windows (sockets only there)
+_POLLABLE = os.name != "nt"
+#: a writer process starts a transaction at most this often (see _gather)
 _COMMIT_EVERY_S = 0.02
-#: the most writes a transaction waits for (a bigger one is committed at once)
+#: the most writes one transaction of the writer process takes
 _GROUP_MAX = 2000
 #: most bytes one read of the pipe takes
 _READ_SIZE = 1 << 20
+
+
+def _gather(calls: _Calls, last: float) -> list[Any]:
+    """The next message and those that join its transaction: the whole messages that have arrived, and,
+    until ``_COMMIT_EVERY_S`` after the last transaction started (``last``), those that arrive meanwhile
+    (few connections to the provider trickle writes in: a transaction each would be hundreds a second).
+    Not past a claim (the worker waits on it to act), nor past ``_GROUP_MAX`` writes (the rest stay read
+    for the next transaction)."""
+    pending = [calls.next()]
+    while _waits(pending):
+        message = calls.take()
+        if message is not _NOTHING:
+            pending.append(message)
+        elif not calls.fill(last + _COMMIT_EVERY_S - time.monotonic()):
+            break
+    return pending
+
+
+def _waits(calls: list[Any]) -> bool:
+    """May more messages join these in one transaction?"""
+    if any(method != "apply_group" for _, method, _, _ in calls):
+        return False
+    return sum(len(group) for _, _, (group,), _ in calls) < _GROUP_MAX
 
 
 def _runs(calls: list[Any]) -> list[list[Any]]:
@@ -526,14 +552,6 @@ def _runs(calls: list[Any]) -> list[list[Any]]:
         else:
             runs.append([call])
     return runs
-
-
-def _waits(calls: list[Any]) -> bool:
-    """May these calls wait for others to join their transaction? Not a claim (a worker waits on it to act),
-    nor groups that are big enough."""
-    if any(method != "apply_group" for _, method, _, _ in calls):
-        return False
-    return sum(len(group) for _, _, (group,), _ in calls) < _GROUP_MAX
 
 
 def _serve(store: Store, run: list[Any]) -> list[tuple[str, Any]]:
@@ -551,10 +569,10 @@ def _serve(store: Store, run: list[Any]) -> list[tuple[str, Any]]:
             raise StorageError(f"the writer process has no call {method!r}")
         batch = [write for _, _, (group,), _ in run for write in group]
         outcomes, transactions = apply_group(store, batch)
+        answers = _answers(batch, _portable(outcomes))
     except Exception as exc:
         error = ("raised", _portable_error(exc))
         return [error] * len(run)
-    answers = _answers(batch, _portable(outcomes))
     out: list[tuple[str, Any]] = []
     at = 0
     for _, _, (group,), _ in run:
@@ -589,17 +607,9 @@ def main() -> None:
     last = -_COMMIT_EVERY_S
     while True:
         try:
-            pending = [calls.next()]
+            pending = _gather(calls, last)
         except EOFError:
             break
-        pending += calls.arrived()
-        # a busy writer commits at most every _COMMIT_EVERY_S, each time what has arrived meanwhile (few
-        # connections to the provider trickle writes in: one transaction each would be hundreds a second)
-        while _waits(pending) and (wait := last + _COMMIT_EVERY_S - time.monotonic()) > 0:
-            more = calls.arrived(wait)
-            if not more:
-                break
-            pending += more
         last = time.monotonic()
         try:
             for run in _runs(pending):
