@@ -513,7 +513,7 @@ _NOTHING = object()
 #: select() polls pipes everywhere but on Windows (sockets only there)
 _POLLABLE = os.name != "nt"
 #: a writer process starts a transaction at most this often (see _gather)
-_COMMIT_EVERY_S = 0.02
+_COMMIT_EVERY_S = 0.03
 #: the most writes one transaction of the writer process takes
 _GROUP_MAX = 2000
 #: most bytes one read of the pipe takes
