@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,23 @@ def assert_audit_verifies(db_url: str) -> None:
     code, out, err = jobtrail(db_url, "audit", "verify", "--json")
     assert code == 0, f"audit verify exited {code}: {out}{err}"
     assert json.loads(out)["ok"] is True
+
+
+@contextlib.contextmanager
+def write_lock_held_elsewhere(db_path: str, seconds: float) -> Iterator[subprocess.Popen[str]]:
+    """Another process takes SQLite's write lock and keeps it for ``seconds``."""
+    code = (
+        "import sqlite3, sys, time\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+        "c.execute('COMMIT')\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, db_path, str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    try:
+        yield proc
+    finally:
+        proc.wait(30)
+        proc.stdout.close()

@@ -24,6 +24,8 @@ from jobtrail import AsyncJobtrail, State, Store, Worker
 from jobtrail.providers.http import load_provider
 from jobtrail.testing import signed_headers
 
+from processes import write_lock_held_elsewhere
+
 #: the loop's largest tolerated stall while another process holds the write lock (the issue's figure)
 MAX_LAG_S = 0.050
 LOCK_S = 2.0
@@ -89,26 +91,6 @@ def _config(base_url: str, **overrides: Any) -> dict[str, Any]:
     }
     config.update(overrides)
     return config
-
-
-@contextlib.contextmanager
-def write_lock_held_elsewhere(db_path: str, seconds: float) -> Iterator[subprocess.Popen[str]]:
-    """Another process takes SQLite's write lock and keeps it for ``seconds``."""
-    code = (
-        "import sqlite3, sys, time\n"
-        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-        "c.execute('BEGIN IMMEDIATE')\n"
-        "print('locked', flush=True)\n"
-        "time.sleep(float(sys.argv[2]))\n"
-        "c.execute('COMMIT')\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code, db_path, str(seconds)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
-    try:
-        yield proc
-    finally:
-        proc.wait(30)
-        proc.stdout.close()
 
 
 class Ticker:

@@ -36,7 +36,7 @@ from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
 
 from helpers import spec
-from processes import finish, start_worker, submit_many, write_provider
+from processes import finish, start_worker, submit_many, write_lock_held_elsewhere, write_provider
 
 
 def _alive(pid: int) -> bool:
@@ -401,4 +401,36 @@ def test_a_busy_writer_process_commits_what_arrived_meanwhile_in_one_transaction
     assert all(isinstance(outcomes[0], int) for outcomes, _ in answers), "each group has its observation's id"
     assert sum(transactions for _, transactions in answers) <= 2
     assert all(len(store.observations(op.operation_id)) == 1 for op in ops)
+    store.close()
+
+
+def test_groups_sent_while_the_ledger_is_locked_elsewhere_land_together_once_it_is_free(tmp_path: Path) -> None:
+    """Another process holds SQLite's write lock: the first group waits for it in the child, the groups sent
+    meanwhile wait in the pipe, and once the lock is free they land in one transaction; every caller hears
+    its own outcome and nothing is lost."""
+    path = tmp_path / "locked.db"
+    store = Store.open(path)
+    ops = [store.create_operation(spec())[0] for _ in range(5)]
+    writer = WriterProcess.for_store(store)
+    assert writer is not None
+
+    async def go() -> list[tuple[list[object], int]]:
+        writer.start_soon()
+        await _until(lambda: writer.ready)
+        with write_lock_held_elsewhere(str(path), 1.5):
+            sent = []
+            for n, op in enumerate(ops):
+                sent.append(writer.post([_attempt(n, op)]))
+                await asyncio.sleep(0.05)  # one at a time, while the lock is held: the first one waits for it
+            answers = await asyncio.gather(*sent)
+        await writer.close()
+        return answers
+
+    answers = asyncio.run(go())
+    firsts = [outcomes[0] for outcomes, _ in answers]
+    assert all(isinstance(new, Operation) and new.attempts == 1 for new in firsts), firsts
+    # the first group, then the four sent meanwhile (a child slow to read the first takes more of them with it)
+    assert sum(transactions for _, transactions in answers) <= 2
+    assert [store.get(op.operation_id).attempts for op in ops] == [1] * 5
+    assert verify(store).ok
     store.close()
