@@ -374,6 +374,21 @@ def test_a_transaction_of_the_writer_process_takes_at_most_its_share_of_writes(
         os.close(write_end)
 
 
+def _records_and_writer(url: str, n: int) -> tuple[Store, list[Operation], WriterProcess]:
+    """A ledger with ``n`` new records, and a writer process for it (not started)."""
+    store = Store.open(url)
+    ops = [store.create_operation(spec())[0] for _ in range(n)]
+    writer = WriterProcess.for_store(store)
+    assert writer is not None
+    return store, ops, writer
+
+
+async def _started(writer: WriterProcess) -> None:
+    """Start the writer process and wait until it takes calls."""
+    writer.start_soon()
+    await _until(lambda: writer.ready)
+
+
 def _attempt(request: int, op: Operation) -> tuple[int, Change]:
     return request, Change(op=op, evidence=CreateAttempt(attempt=1), actor="worker:w", changes={"attempts": 1})
 
@@ -381,14 +396,10 @@ def _attempt(request: int, op: Operation) -> tuple[int, Change]:
 def test_a_busy_writer_process_commits_what_arrived_meanwhile_in_one_transaction(db_url: str) -> None:
     """Ten groups sent at once (as a worker with few connections trickles them in, one per window): the
     first is committed at once, the others, arrived meanwhile, together; not a transaction each."""
-    store = Store.open(db_url)
-    ops = [store.create_operation(spec())[0] for _ in range(10)]
-    writer = WriterProcess.for_store(store)
-    assert writer is not None
+    store, ops, writer = _records_and_writer(db_url, 10)
 
     async def go() -> list[tuple[list[object], int]]:
-        writer.start_soon()
-        await _until(lambda: writer.ready)
+        await _started(writer)
         sent = [
             writer.post([(n, Observe(operation_id=op.operation_id, kind="status_poll", raw={"n": n}))])
             for n, op in enumerate(ops)
@@ -409,14 +420,10 @@ def test_groups_sent_while_the_ledger_is_locked_elsewhere_land_together_once_it_
     meanwhile wait in the pipe, and once the lock is free they land in one transaction; every caller hears
     its own outcome and nothing is lost."""
     path = tmp_path / "locked.db"
-    store = Store.open(path)
-    ops = [store.create_operation(spec())[0] for _ in range(5)]
-    writer = WriterProcess.for_store(store)
-    assert writer is not None
+    store, ops, writer = _records_and_writer(str(path), 5)
 
     async def go() -> list[tuple[list[object], int]]:
-        writer.start_soon()
-        await _until(lambda: writer.ready)
+        await _started(writer)
         with write_lock_held_elsewhere(str(path), 1.5):
             sent = []
             for n, op in enumerate(ops):
