@@ -134,7 +134,7 @@ def test_a_credential_learned_after_the_writer_process_started_is_masked_there(d
             await asyncio.sleep(0.01)
         assert writer.ready
         store.redactor.register(secret)  # as a provider does when it resolves its credential at send time
-        await writer.apply([(1, Observe(operation_id=op.operation_id, kind="status_poll", raw={"echo": secret}))])
+        await writer.post([(1, Observe(operation_id=op.operation_id, kind="status_poll", raw={"echo": secret}))])
         await writer.close()
 
     asyncio.run(go())
@@ -251,7 +251,7 @@ def test_a_request_body_is_not_piped_with_every_write(db_url: str) -> None:
     async def write() -> list[object]:
         writer.start_soon()
         await _until(lambda: writer.ready)
-        outcomes, _ = await writer.apply([(1, attempt)])
+        outcomes, _ = await writer.post([(1, attempt)])
         await writer.close()
         return outcomes
 
@@ -357,9 +357,9 @@ def test_groups_sent_while_one_is_committed_are_committed_together(store: Store)
 def test_a_transaction_of_the_writer_process_takes_at_most_its_share_of_writes(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """However many groups wait in the pipe (a backlog), one transaction takes up to _GROUP_MAX writes;
+    """However many groups wait in the pipe (a backlog), one transaction takes up to GROUP_MAX writes;
     the rest, read already, go in the next."""
-    monkeypatch.setattr(writer_process, "_GROUP_MAX", 2)
+    monkeypatch.setattr(writer_process, "GROUP_MAX", 2)
     ops = [store.create_operation(spec())[0] for _ in range(3)]
     read_end, write_end = os.pipe()
     try:

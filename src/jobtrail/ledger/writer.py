@@ -38,15 +38,13 @@ from jobtrail.ledger.store import (
     key_race,
     landed,
 )
-from jobtrail.ledger.writer_process import Outcome, WriterProcess, apply_group
+from jobtrail.ledger.writer_process import GROUP_MAX, Outcome, WriterProcess, apply_group
 
 #: callers woken per loop turn after a commit (see BatchWriter._settle)
 _WAKE_PER_TURN = 32
 #: how long the first write of a group waits for others to join it: a few fsyncs' worth, so a busy
 #: process commits a few hundred times a second at most, whatever its concurrency
 GROUP_WINDOW_S = 0.002
-#: most writes in one transaction (a larger group starts at once, the rest go in the next)
-GROUP_MAX = 2000
 
 
 class Writer:

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 Outcome = Applied | Exception
 
 _LENGTH = struct.Struct("<Q")
+#: most writes in one transaction (a group of the worker's, and what the writer process takes together)
+GROUP_MAX = 2000
 #: how long closing waits for the child to finish its last commit and exit
 _CLOSE_S = 30.0
 #: after a failed start, how long the parent writes itself before it tries again
@@ -322,13 +324,10 @@ class WriterProcess:
         self._proc, self._sent, self._waiting = proc, 0, collections.deque()
         self._reader = asyncio.get_running_loop().create_task(self._read(proc, self._waiting))
 
-    async def apply(self, batch: Sequence[tuple[int, Write]]) -> tuple[list[Outcome], int]:
-        """What :func:`apply_group` returns, from the child; a database failure raises as it would here."""
-        return await self.post(batch)
-
     def post(self, batch: Sequence[tuple[int, Write]]) -> Awaitable[tuple[list[Outcome], int]]:
-        """:meth:`apply`, its group on the pipe before this returns: the caller may send the next group
-        while the child commits this one (the child takes the groups that have arrived together)."""
+        """What :func:`apply_group` returns, from the child (a database failure raises as it would here), its
+        group on the pipe before this returns: the caller may send the next group while the child commits this
+        one (the child takes the groups that have arrived together)."""
         batch = list(batch)
         return self._outcomes(batch, self._post("apply_group", batch))
 
@@ -514,8 +513,6 @@ _NOTHING = object()
 _POLLABLE = os.name != "nt"
 #: a writer process starts a transaction at most this often (see _gather)
 _COMMIT_EVERY_S = 0.03
-#: the most writes one transaction of the writer process takes
-_GROUP_MAX = 2000
 #: most bytes one read of the pipe takes
 _READ_SIZE = 1 << 20
 
@@ -524,7 +521,7 @@ def _gather(calls: _Calls, last: float) -> list[Any]:
     """The next message and those that join its transaction: the whole messages that have arrived, and,
     until ``_COMMIT_EVERY_S`` after the last transaction started (``last``), those that arrive meanwhile
     (few connections to the provider trickle writes in: a transaction each would be hundreds a second).
-    Not past a claim (the worker waits on it to act), nor past ``_GROUP_MAX`` writes (the rest stay read
+    Not past a claim (the worker waits on it to act), nor past ``GROUP_MAX`` writes (the rest stay read
     for the next transaction)."""
     pending = [calls.next()]
     while _waits(pending):
@@ -540,7 +537,7 @@ def _waits(calls: list[Any]) -> bool:
     """May more messages join these in one transaction?"""
     if any(method != "apply_group" for _, method, _, _ in calls):
         return False
-    return sum(len(group) for _, _, (group,), _ in calls) < _GROUP_MAX
+    return sum(len(group) for _, _, (group,), _ in calls) < GROUP_MAX
 
 
 def _runs(calls: list[Any]) -> list[list[Any]]:
