@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from jobtrail import AsyncJobtrail, CreateAttempt, Operation, State, Store
-from jobtrail.domain.errors import StaleRecord
+from jobtrail.domain.errors import StaleRecord, StorageError
 from jobtrail.domain.evidence import StatusObservation
 from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
@@ -439,5 +439,41 @@ def test_groups_sent_while_the_ledger_is_locked_elsewhere_land_together_once_it_
     # the first group, then the four sent meanwhile (a child slow to read the first takes more of them with it)
     assert sum(transactions for _, transactions in answers) <= 2
     assert [store.get(op.operation_id).attempts for op in ops] == [1] * 5
+    assert verify(store).ok
+    store.close()
+
+
+def test_bytes_on_the_pipe_that_are_no_answer_fail_the_calls_waiting_and_a_new_child_takes_the_writes(
+    tmp_path: Path,
+) -> None:
+    """Bytes on the answer pipe that are no answer (a profiler attached with ptrace garbled them once, and the
+    worker waited for ever): nothing after them can be matched to a call, so every call waiting hears an error
+    that names it, the child is stopped, and the next child commits the write sent again."""
+    path = tmp_path / "garbled.db"
+    store, (op,), writer = _records_and_writer(str(path), 1)
+
+    async def go() -> tuple[int, int, object]:
+        await _started(writer)
+        first = writer.pid
+        assert first is not None
+        # the child waits for the lock, so its real answer cannot come before the garbage
+        with write_lock_held_elsewhere(str(path), 1.0):
+            waiting = writer.post([_attempt(0, op)])
+            assert writer._proc is not None and writer._proc.stdout is not None
+            writer._proc.stdout.feed_data(writer_process._LENGTH.pack(5) + b"\x00junk")
+            with pytest.raises(StorageError, match=r"sent bytes that are no answer .* not confirmed"):
+                await asyncio.wait_for(waiting, 20)
+        assert not writer.ready and not _alive(first)
+        await _started(writer)
+        second = writer.pid
+        assert second is not None
+        (outcome,), _ = await writer.post([_attempt(1, op)])
+        await writer.close()
+        return first, second, outcome
+
+    first, second, outcome = asyncio.run(go())
+    assert second != first
+    assert isinstance(outcome, Operation) and outcome.attempts == 1
+    assert store.get(op.operation_id).attempts == 1, "the stopped child's write did not land as well"
     assert verify(store).ok
     store.close()

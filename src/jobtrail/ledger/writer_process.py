@@ -401,6 +401,7 @@ class WriterProcess:
     async def _read(self, proc: asyncio.subprocess.Process, waiting: collections.deque[asyncio.Future[Any]]) -> None:
         """Hand each answer to the oldest call waiting; if the child dies, every call waiting hears it."""
         assert proc.stdout is not None
+        garbled = None
         try:
             while True:
                 answer = await _read_one(proc.stdout)
@@ -409,16 +410,28 @@ class WriterProcess:
                     caller.set_result(answer)
         except (asyncio.IncompleteReadError, OSError):
             pass
+        except Exception as exc:  # bytes that are no answer: nothing after them can be matched to a call
+            garbled = exc
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
         if self._proc is proc:
             self._proc = None
         code = await proc.wait()
+        if garbled is not None:
+            log.error(
+                "the ledger's writer process (pid %d) sent bytes that are no answer (%s: %s); it was stopped",
+                *(proc.pid, type(garbled).__name__, garbled),
+            )
+            why = f"sent bytes that are no answer ({type(garbled).__name__}) and was stopped"
+        else:
+            why = f"exited with status {code}"
         for future in waiting:
             if not future.done():
                 future.set_exception(
                     StorageError(
-                        f"the ledger's writer process (pid {proc.pid}) exited with status {code}; what it was "
-                        "writing is not confirmed. It starts again at the next write; its error, if any, is on "
-                        "this process's standard error"
+                        f"the ledger's writer process (pid {proc.pid}) {why}; what it was writing is not "
+                        "confirmed. It starts again at the next write; its error, if any, is on this process's "
+                        "standard error"
                     )
                 )
 
