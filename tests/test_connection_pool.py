@@ -10,6 +10,7 @@ from typing import Any
 from jobtrail import AsyncJobtrail, State, Store, Worker
 from jobtrail.flows.observe import MAX_RESULT_ATTEMPTS, CollectFlow, ObserveFlow
 from jobtrail.ledger.writer import Writer
+from jobtrail.providers.gate import ConnectionGate
 from jobtrail.providers.http import load_provider
 from jobtrail.testing import FakeProvider
 
@@ -59,7 +60,8 @@ def test_a_result_fetch_that_finds_no_free_connection_spends_no_attempt(store: S
                 await asyncio.sleep(0.05)
                 op = await ObserveFlow(store, Writer(store), actor="t").advance(store.get(op.operation_id), provider)
             collect = CollectFlow(store, Writer(store), actor="t")
-            await provider._free_slot(provider._gate)  # someone else holds the only connection
+            provider._client()  # (the gate of this loop)
+            assert await provider._gate.acquire()  # someone else holds the only connection
             tries = []
             for _ in range(MAX_RESULT_ATTEMPTS + 2):
                 op = store.get(op.operation_id)
@@ -85,3 +87,45 @@ def test_a_result_fetch_that_finds_no_free_connection_spends_no_attempt(store: S
     assert kinds.count("result_fetch") == 1
     assert done.state is State.SUCCEEDED
     assert fake.counts["results"] == 1
+
+
+def test_the_connection_gate_serves_waiters_in_order_turns_away_late_ones_and_never_loses_a_slot() -> None:
+    """Requests wait for a connection in the order they came, each at most its connect time-out; a waiter
+    that is cancelled, even just after a slot was handed to it, leaves the slot for the next one."""
+
+    async def scenario() -> None:
+        gate = ConnectionGate(2, wait_s=0.2)
+        assert await gate.acquire() and await gate.acquire()  # both connections busy
+        assert gate.locked()
+        order: list[int] = []
+
+        async def waiter(i: int) -> bool:
+            got = await gate.acquire()
+            if got:
+                order.append(i)
+            return got
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(4)]
+        await asyncio.sleep(0.01)
+        tasks[1].cancel()  # gave up while waiting: skipped, its place not kept
+        gate.release()  # -> waiter 0
+        gate.release()  # -> waiter 2 (1 was cancelled)
+        await asyncio.sleep(0.01)
+        assert order == [0, 2]
+        late = await asyncio.wait_for(tasks[3], timeout=1)  # nobody released for 0.2 s: turned away
+        assert late is False and order == [0, 2]
+
+        # a slot handed to a waiter whose task is cancelled before it resumes goes on to the next waiter
+        first, second = asyncio.create_task(gate.acquire()), asyncio.create_task(gate.acquire())
+        await asyncio.sleep(0.01)
+        gate.release()  # to `first` ...
+        first.cancel()  # ... which is cancelled before it runs again
+        assert await asyncio.wait_for(second, timeout=1) is True
+        # all slots accounted for: two held (waiters 0 and 2's), one by `second`; two releases free two
+        gate.release()
+        gate.release()
+        assert not gate.locked()
+        assert await gate.acquire() and await gate.acquire()
+        assert gate.locked()
+
+    asyncio.run(scenario())

@@ -51,6 +51,7 @@ from jobtrail.providers.egress import (
     UrlRefused,
     refusal,
 )
+from jobtrail.providers.gate import ConnectionGate
 from jobtrail.providers.tracecontext import outgoing_traceparent
 
 _MAX_BODY = 16 * 1024 * 1024
@@ -204,9 +205,9 @@ class HttpProvider:
         self._credential: tuple[float, dict[str, str]] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._foreign: aiohttp.ClientSession | None = None
-        #: one slot per connection of each session (see _free_slot)
-        self._gate = asyncio.Semaphore(config.max_connections)
-        self._foreign_gate = asyncio.Semaphore(config.max_connections)
+        #: one slot per connection of each session (see _exchange)
+        self._gate = self._new_gate()
+        self._foreign_gate = self._new_gate()
         self._foreign_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -220,7 +221,7 @@ class HttpProvider:
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
                 headers={"User-Agent": _USER_AGENT},
             )
-            self._gate = asyncio.Semaphore(self.config.max_connections)
+            self._gate = self._new_gate()
             self._loop = loop
         return self._session
 
@@ -233,7 +234,7 @@ class HttpProvider:
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
                 headers={"User-Agent": _USER_AGENT},
             )
-            self._foreign_gate = asyncio.Semaphore(self.config.max_connections)
+            self._foreign_gate = self._new_gate()
             self._foreign_loop = loop
         return self._foreign
 
@@ -403,7 +404,7 @@ class HttpProvider:
             client, gate = self._foreign_client(), self._foreign_gate
         else:
             client, gate = self._client(), self._gate  # the gate of this loop's session
-        if not await self._free_slot(gate):
+        if not await gate.acquire():
             return self._no_slot()
         try:
             async with client.request(method, url, allow_redirects=False, **request) as resp:
@@ -418,22 +419,12 @@ class HttpProvider:
         finally:
             gate.release()
 
-    async def _free_slot(self, gate: asyncio.Semaphore) -> bool:
-        """Wait for one of the provider's connections, at most the connect time-out.
-
-        Waiting for a connection is not part of a request's time-out: a request queued behind
-        busy connections and timed out there was never sent, and must not be taken for a create
-        that may have reached the provider (nor hold its request objects while it waits).
-        """
-        if not gate.locked():
-            await gate.acquire()
-            return True
-        try:
-            async with asyncio.timeout(self.config.connect_timeout_s):
-                await gate.acquire()
-        except TimeoutError:
-            return False
-        return True
+    def _new_gate(self) -> ConnectionGate:
+        """Slots for the provider's connections. Waiting for one is not part of a request's time-out, but
+        bounded by the connect time-out: a request queued behind busy connections and turned away there was
+        never sent, and must not be taken for a create that may have reached the provider (nor hold its
+        request objects while it waits)."""
+        return ConnectionGate(self.config.max_connections, self.config.connect_timeout_s)
 
     def _no_slot(self) -> NoAnswer:
         return NoAnswer(
