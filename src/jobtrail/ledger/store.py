@@ -1119,20 +1119,30 @@ class Store:
         """
         now = self.clock()
         ops = t.operations
-        claimable = sa.select(ops.c.operation_id).where(
-            ops.c.next_action_at_us <= now,
-            sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
-            *_filters(providers, states),
-        )
+
+        def claimable(*lease: Any) -> sa.Select[Any]:
+            return sa.select(ops.c.operation_id).where(
+                ops.c.next_action_at_us <= now,
+                sa.or_(ops.c.lease_expires_at_us.is_(None), ops.c.lease_expires_at_us <= now),
+                *lease,
+                *_filters(providers, states),
+            )
+
         if self.dialect == "sqlite":
             # A busy worker claims every few milliseconds; taking the file's one write lock
             # to find nothing would make every other process's writes wait (a read does not)
             with self._read() as conn:
-                if conn.execute(claimable.limit(1)).first() is None:
+                if conn.execute(claimable().limit(1)).first() is None:
                     return []
-        due = claimable.order_by(ops.c.next_action_at_us, ops.c.operation_id).limit(limit)
-        if self.dialect == "postgresql":
-            due = due.with_for_update(skip_locked=True)
+            # one question: the claim index holds the lease and state, so leased rows are skipped in it
+            questions = [claimable()]
+        else:
+            # PostgreSQL cannot test the lease from an index it scans: the operations nobody holds and the
+            # leases held each have a partial index (0011), so a claim reads no live lease on the way. Leases
+            # that ran out (a worker died) are rare: looked for by their expiry alone, and taken first
+            held = ops.c.lease_owner.is_not(None)
+            questions = [claimable(held)] if self._leases_ran_out(now) else []
+            questions.append(claimable(ops.c.lease_owner.is_(None)))
         # the body only where an action may send it (body_needed): past the create, a claim of a thousand
         # long prompts would read, pipe and hold them all for nothing
         creating = ops.c.state.in_(sorted(s.value for s in CREATE_PHASE))
@@ -1140,23 +1150,48 @@ class Store:
         # RETURNING clause of this table's UPDATE, while a SELECT answers 1)
         no_job = sa.func.coalesce(ops.c.remote_job_id, "") == ""
         body = sa.case((sa.or_(creating, no_job), ops.c.request_body), else_=sa.null())
-        stmt = (
-            sa.update(ops)
-            .where(ops.c.operation_id.in_(due.scalar_subquery()))
-            .values(
-                lease_owner=worker,
-                lease_expires_at_us=now + int(lease_s * 1_000_000),
-                lease_epoch=ops.c.lease_epoch + 1,
-            )
-            .returning(*(body.label(c.name) if c.name == "request_body" else c for c in ops.c))
-        )
+        returned = [body.label(c.name) if c.name == "request_body" else c for c in ops.c]
+        names: tuple[str, ...] = ()
+        rows: list[Any] = []
         with self.writing("claiming operations") as conn:
-            result = conn.execute(stmt)
-            names, rows = tuple(result.keys()), result.all()
+            for question in questions:
+                if len(rows) >= limit:
+                    break
+                due = question.order_by(ops.c.next_action_at_us, ops.c.operation_id).limit(limit - len(rows))
+                if self.dialect == "postgresql":
+                    due = due.with_for_update(skip_locked=True)
+                stmt = (
+                    sa.update(ops)
+                    .where(ops.c.operation_id.in_(due.scalar_subquery()))
+                    .values(
+                        lease_owner=worker,
+                        lease_expires_at_us=now + int(lease_s * 1_000_000),
+                        lease_epoch=ops.c.lease_epoch + 1,
+                    )
+                    .returning(*returned)
+                )
+                result = conn.execute(stmt)
+                names = tuple(result.keys())
+                rows.extend(result.all())
         # RETURNING promises no order: earliest due first, as the claim chose them; plain rows zipped with
         # their names (a RowMapping copies one key at a time, in Python)
         claimed = [_operation(dict(zip(names, row, strict=True))) for row in rows]
         return sorted(claimed, key=lambda op: (op.next_action_at_us, op.operation_id))
+
+    def _leases_ran_out(self, now: int) -> bool:
+        """Is any lease held past its expiry (or held with none)? One probe of the held leases' index: its
+        first entry, the lease that runs out soonest. (Asked as a filter with a LIMIT, PostgreSQL expects a
+        match early and reads the whole table instead.)"""
+        ops = t.operations
+        soonest = (
+            sa.select(ops.c.lease_expires_at_us)
+            .where(ops.c.lease_owner.is_not(None))
+            .order_by(ops.c.lease_expires_at_us.asc().nulls_first())
+            .limit(1)
+        )
+        with self._read() as conn:
+            row = conn.execute(soonest).first()
+        return row is not None and (row[0] is None or row[0] <= now)
 
     def lease(self, operation_id: str, owner: str, *, lease_s: float) -> Operation | None:
         """Lease one operation, due or not, if nobody holds a live lease on it (raising its epoch).
