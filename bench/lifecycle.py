@@ -12,7 +12,9 @@ loop doing the same HTTP work (create with an Idempotency-Key, poll every
 process of its own, and prints both with jobtrail's throughput as a ratio.
 jobtrail's transactions include every write (submits, group commits with the
 results they store, claims); SQL statements are counted at the driver, and on
-PostgreSQL so are round trips (a pipelined executemany is one).
+PostgreSQL so are round trips (a pipelined executemany is one). On Linux it also prints what each
+phase cost the whole machine: its own CPU, the fake provider's, and the rest (on PostgreSQL, the
+database server's work, which shares the same cores).
 
     BENCH_BODY_KIB=64 python bench/lifecycle.py --n 2000      # request bodies of 64 KiB (a long prompt)
     BENCH_CONCURRENCY=5000 python bench/lifecycle.py --n 10000  # the worker's --concurrency (default 2000)
@@ -103,6 +105,21 @@ def _usage() -> tuple[float, float]:
     process: the worker closes it when it stops)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, (me.ru_maxrss + kids.ru_maxrss) / 1024
+
+
+def _machine_cpu(provider_pid: int) -> tuple[float, float] | None:
+    """CPU seconds the whole machine and the fake provider have used so far (Linux; None elsewhere): what
+    a phase cost beyond its own processes, the database server's work on PostgreSQL above all."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()[1:]
+        with open(f"/proc/{provider_pid}/stat") as fh:
+            provider = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = sum(int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4))  # all but idle and iowait
+    return busy / tick, (int(provider[11]) + int(provider[12])) / tick  # utime, stime
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -317,11 +334,11 @@ def main() -> None:
     else:
         db_for_run = db
     try:
-        before = _counts(base)
+        before, cpu_before = _counts(base), _machine_cpu(fake.pid)
         plain = _child("plain", base, args.n, "", args.max_connections)
-        middle = _counts(base)
+        middle, cpu_middle = _counts(base), _machine_cpu(fake.pid)
         durable = _child("jobtrail", base, args.n, db_for_run, args.max_connections)
-        after = _counts(base)
+        after, cpu_after = _counts(base), _machine_cpu(fake.pid)
     finally:
         fake.terminate()
         fake.wait(10)
@@ -363,6 +380,19 @@ def main() -> None:
         f"jobtrail HTTP: {req2['creates_received'] / n:.2f} creates, {req2['status'] / n:.2f} polls, "
         f"{req2['results'] / n:.2f} result fetches per op (plain: {req['status'] / n:.2f} polls)"
     )
+    if cpu_before and cpu_middle and cpu_after:
+        for name, phase, start, end in (
+            ("plain", plain, cpu_before, cpu_middle),
+            ("jobtrail", durable, cpu_middle, cpu_after),
+        ):
+            machine, provider = end[0] - start[0], end[1] - start[1]
+            rest = machine - phase["cpu_s"] - provider
+            whose = "PostgreSQL's server, and " if name == "jobtrail" and engine_name == "postgresql" else ""
+            print(
+                f"{name} machine: {machine * 1000 / n:.2f} CPU ms/op on all cores "
+                f"({phase['cpu_s'] * 1000 / n:.2f} its own, {provider * 1000 / n:.2f} the fake provider, "
+                f"{rest * 1000 / n:.2f} the rest: {whose}the bench starting up)"
+            )
     ratio = (n / durable["wall_s"]) / (n / plain["wall_s"])
     p99_ratio = _pct(durable["latencies"], 0.99) / _pct(plain["latencies"], 0.99)
     print(f"ratio: {ratio:.2f}   p99 latency ratio: {p99_ratio:.2f}")
