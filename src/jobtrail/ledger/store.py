@@ -1140,9 +1140,7 @@ class Store:
             # PostgreSQL cannot test the lease from an index it scans: the operations nobody holds and the
             # leases held each have a partial index (0011), so a claim reads no live lease on the way. Leases
             # that ran out (a worker died) are rare: looked for by their expiry alone, and taken first
-            held = ops.c.lease_owner.is_not(None)
-            questions = [claimable(held)] if self._leases_ran_out(now) else []
-            questions.append(claimable(ops.c.lease_owner.is_(None)))
+            questions = [claimable(ops.c.lease_owner.is_not(None)), claimable(ops.c.lease_owner.is_(None))]
         # the body only where an action may send it (body_needed): past the create, a claim of a thousand
         # long prompts would read, pipe and hold them all for nothing
         creating = ops.c.state.in_(sorted(s.value for s in CREATE_PHASE))
@@ -1154,6 +1152,8 @@ class Store:
         names: tuple[str, ...] = ()
         rows: list[Any] = []
         with self.writing("claiming operations") as conn:
+            if len(questions) > 1 and not _leases_ran_out(conn, now):
+                questions = questions[1:]
             for question in questions:
                 if len(rows) >= limit:
                     break
@@ -1177,21 +1177,6 @@ class Store:
         # their names (a RowMapping copies one key at a time, in Python)
         claimed = [_operation(dict(zip(names, row, strict=True))) for row in rows]
         return sorted(claimed, key=lambda op: (op.next_action_at_us, op.operation_id))
-
-    def _leases_ran_out(self, now: int) -> bool:
-        """Is any lease held past its expiry (or held with none)? One probe of the held leases' index: its
-        first entry, the lease that runs out soonest. (Asked as a filter with a LIMIT, PostgreSQL expects a
-        match early and reads the whole table instead.)"""
-        ops = t.operations
-        soonest = (
-            sa.select(ops.c.lease_expires_at_us)
-            .where(ops.c.lease_owner.is_not(None))
-            .order_by(ops.c.lease_expires_at_us.asc().nulls_first())
-            .limit(1)
-        )
-        with self._read() as conn:
-            row = conn.execute(soonest).first()
-        return row is not None and (row[0] is None or row[0] <= now)
 
     def lease(self, operation_id: str, owner: str, *, lease_s: float) -> Operation | None:
         """Lease one operation, due or not, if nobody holds a live lease on it (raising its epoch).
@@ -1351,6 +1336,21 @@ def _listed(
     if key is not None:
         query = query.where(ops.operation_key == key)
     return query
+
+
+def _leases_ran_out(conn: Connection, now: int) -> bool:
+    """Is any lease held past its expiry (or held with none)? One probe of the held leases' index (0011): its
+    first entry, the lease that runs out soonest. (Asked as a filter with a LIMIT, PostgreSQL expects a match
+    early and reads the whole table instead.)"""
+    ops = t.operations
+    soonest = (
+        sa.select(ops.c.lease_expires_at_us)
+        .where(ops.c.lease_owner.is_not(None))
+        .order_by(ops.c.lease_expires_at_us.asc().nulls_first())
+        .limit(1)
+    )
+    row = conn.execute(soonest).first()
+    return row is not None and (row[0] is None or row[0] <= now)
 
 
 def _filters(providers: Sequence[str] | None, states: Sequence[State] | None) -> list[Any]:
