@@ -14,7 +14,7 @@ jobtrail's transactions include every write (submits, group commits with the
 results they store, claims); SQL statements are counted at the driver, and on
 PostgreSQL so are round trips (a pipelined executemany is one). On Linux it also prints what each
 phase cost the whole machine: its own CPU, the fake provider's, and the rest (on PostgreSQL, the
-database server's work, which shares the same cores).
+database server's work above all, which shares the same cores).
 
     BENCH_BODY_KIB=64 python bench/lifecycle.py --n 2000      # request bodies of 64 KiB (a long prompt)
     BENCH_CONCURRENCY=5000 python bench/lifecycle.py --n 10000  # the worker's --concurrency (default 2000)
@@ -387,11 +387,12 @@ def main() -> None:
         ):
             machine, provider = end[0] - start[0], end[1] - start[1]
             rest = machine - phase["cpu_s"] - provider
-            whose = "PostgreSQL's server, and " if name == "jobtrail" and engine_name == "postgresql" else ""
+            whose = "PostgreSQL's server, " if name == "jobtrail" and engine_name == "postgresql" else ""
             print(
                 f"{name} machine: {machine * 1000 / n:.2f} CPU ms/op on all cores "
                 f"({phase['cpu_s'] * 1000 / n:.2f} its own, {provider * 1000 / n:.2f} the fake provider, "
-                f"{rest * 1000 / n:.2f} the rest: {whose}the bench starting up)"
+                f"{rest * 1000 / n:.2f} the rest: {whose}the kernel's own share of the traffic, the phase starting up, "
+                "anything else running)"
             )
     ratio = (n / durable["wall_s"]) / (n / plain["wall_s"])
     p99_ratio = _pct(durable["latencies"], 0.99) / _pct(plain["latencies"], 0.99)
