@@ -121,7 +121,7 @@ def test_the_connection_gate_serves_waiters_in_order_turns_away_late_ones_and_ne
         gate.release()  # to `first` ...
         first.cancel()  # ... which is cancelled before it runs again
         assert await asyncio.wait_for(second, timeout=1) is True
-        # all slots accounted for: two held (waiters 0 and 2's), one by `second`; two releases free two
+        # `second` holds the slot `first` was handed, and waiter 0 or 2 the other: both given back, all free
         gate.release()
         gate.release()
         assert not gate.locked()

@@ -8,7 +8,6 @@ import hashlib
 import json
 import re
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -19,6 +18,7 @@ from jobtrail import (
     BODY_NOT_LOADED,
     AsyncJobtrail,
     CreateAttempt,
+    Operation,
     OperationKeyConflict,
     OperationNotFound,
     RemoteState,
@@ -461,56 +461,58 @@ def test_a_claim_reads_a_request_body_only_where_an_action_may_send_it(store: St
     assert verify(store).ok
 
 
+def _lease_runs_out(store: Store, op: Operation, at_us: int | None) -> None:
+    """The lease ``op`` was claimed under now expires at ``at_us`` (in the past: its worker died; None:
+    it was left with no expiry at all)."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE operations SET lease_expires_at_us = :at WHERE operation_id = :i"),
+            {"at": at_us, "i": op.operation_id},
+        )
+
+
 def test_a_claim_takes_free_and_run_out_leases_and_never_a_live_one(store: Store) -> None:
     """A claim takes the due operations nobody holds and those whose lease ran out (a worker died holding
     them, or a lease was left with no expiry), never one under a live lease; each claim raises the epoch,
     so the dead worker's late writes are refused."""
     due = [op_in(store, S.ACCEPTED) for _ in range(6)]
     store.apply([Reschedule(op=op, changes={"next_action_at_us": 1}) for op in due])
-    dead = store.claim("dead", limit=2, lease_s=0.05)  # a worker claims two and dies holding them
     live = store.claim("alive", limit=2, lease_s=600)
-    assert {op.lease_owner for op in dead} == {"dead"} and {op.lease_owner for op in live} == {"alive"}
-    free = {op.operation_id for op in due} - {op.operation_id for op in dead + live}
-    with store.engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE operations SET lease_expires_at_us = NULL WHERE operation_id = :i"),
-            {"i": dead[1].operation_id},
-        )
-    time.sleep(0.1)  # the dead worker's leases run out
+    (stuck,) = store.claim("stuck", limit=1, lease_s=600)
+    (dead,) = store.claim("dead", limit=1, lease_s=600)
+    free = {op.operation_id for op in due} - {op.operation_id for op in [*live, stuck, dead]}
+    assert len(free) == 2
 
-    taken = store.claim("heir", limit=10, lease_s=600)
+    _lease_runs_out(store, stuck, None)  # every other lease is live: only this one may be taken over
+    first = store.claim("heir", limit=10, lease_s=600)
+    assert {op.operation_id for op in first} == free | {stuck.operation_id}
 
-    assert {op.operation_id for op in taken} == free | {op.operation_id for op in dead}
-    by_id = {op.operation_id: op for op in taken}
-    assert all(by_id[op.operation_id].lease_epoch == op.lease_epoch + 1 for op in dead)
+    _lease_runs_out(store, dead, 1)  # its worker died long ago
+    (second,) = store.claim("heir", limit=10, lease_s=600)
+    assert second.operation_id == dead.operation_id and second.lease_epoch == dead.lease_epoch + 1
     assert not store.claim("heir", limit=10, lease_s=600)  # the live leases stay with their owner
     with pytest.raises(StaleRecord, match="no longer current"):  # the dead worker comes back: refused
-        store.transition(dead[0], S.OBSERVING, obs(RemoteState.RUNNING), actor="worker:dead")
+        store.transition(dead, S.OBSERVING, obs(RemoteState.RUNNING), actor="worker:dead")
 
 
 def test_leases_that_ran_out_are_claimed_however_many_free_operations_are_due(store: Store) -> None:
-    """A dead worker's operations are not starved by a backlog: with more free operations due than a claim
-    takes, each claim still takes those whose lease ran out."""
+    """A dead worker's operations are not starved by a backlog larger than a claim. On PostgreSQL a claim
+    takes leases that ran out before free operations; SQLite takes the earliest due first, as always, so
+    an orphan due after the backlog comes with a later claim."""
     backlog = [op_in(store, S.ACCEPTED) for _ in range(8)]
     store.apply([Reschedule(op=op, changes={"next_action_at_us": 1}) for op in backlog])
     orphan = op_in(store, S.ACCEPTED)
     store.apply([Reschedule(op=orphan, changes={"next_action_at_us": 2})])  # due after the whole backlog
-    dead = store.claim("dead", limit=10, lease_s=0.05, states=[S.ACCEPTED])
-    assert orphan.operation_id in {op.operation_id for op in dead}
-    # the backlog is free again (released), the orphan's lease runs out in its dead worker's hands
-    store.apply(
-        [
-            Release(operation_id=op.operation_id, epoch=op.lease_epoch)
-            for op in dead
-            if op.operation_id != orphan.operation_id
-        ]
-    )
-    time.sleep(0.1)
+    dead = store.claim("dead", limit=10, lease_s=600, states=[S.ACCEPTED])
+    held = next(op for op in dead if op.operation_id == orphan.operation_id)
+    # the backlog is free again (released); the orphan's lease runs out in its dead worker's hands
+    store.apply([Release(operation_id=op.operation_id, epoch=op.lease_epoch) for op in dead if op is not held])
+    _lease_runs_out(store, held, 1)
 
     taken = store.claim("heir", limit=3, lease_s=600)
 
     assert len(taken) == 3
-    if store.dialect == "postgresql":  # run-out leases first (SQLite takes the earliest due, as always)
-        assert orphan.operation_id in {op.operation_id for op in taken}
+    taken_ids = {op.operation_id for op in taken}
+    assert (orphan.operation_id in taken_ids) is (store.dialect == "postgresql")
     rest = store.claim("heir", limit=100, lease_s=600)
     assert {op.operation_id for op in taken + rest} == {op.operation_id for op in [*backlog, orphan]}

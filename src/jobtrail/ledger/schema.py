@@ -69,6 +69,9 @@ operations = Table(
     Index("ix_operations_remote_job_id", "remote_job_id"),
     # 0010: a worker's claim, in its own order, the lease and state read from the index
     Index("ix_operations_claim", "provider", "next_action_at_us", "operation_id", "lease_expires_at_us", "state"),
+    # 0011, on PostgreSQL only (partial): ix_operations_unleased (provider, next_action_at_us, operation_id,
+    # state) WHERE lease_owner IS NULL AND next_action_at_us IS NOT NULL, and ix_operations_leased (provider,
+    # lease_expires_at_us NULLS FIRST) WHERE lease_owner IS NOT NULL: a claim reads no lease another holds
 )
 
 history = Table(

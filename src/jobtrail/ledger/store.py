@@ -1152,7 +1152,7 @@ class Store:
         names: tuple[str, ...] = ()
         rows: list[Any] = []
         with self.writing("claiming operations") as conn:
-            if len(questions) > 1 and not _leases_ran_out(conn, now):
+            if len(questions) > 1 and not _leases_ran_out(conn, now, providers):
                 questions = questions[1:]
             for question in questions:
                 if len(rows) >= limit:
@@ -1338,10 +1338,10 @@ def _listed(
     return query
 
 
-def _leases_ran_out(conn: Connection, now: int) -> bool:
-    """Is any lease held past its expiry (or held with none)? One probe of the held leases' index (0011): its
-    first entry, the lease that runs out soonest. (Asked as a filter with a LIMIT, PostgreSQL expects a match
-    early and reads the whole table instead.)"""
+def _leases_ran_out(conn: Connection, now: int, providers: Sequence[str] | None) -> bool:
+    """Does any of ``providers``' operations hold a lease past its expiry (or with none)? One probe of the
+    held leases' index (0011) per provider: its first entry, the lease that runs out soonest. (Asked as a
+    filter with a LIMIT, PostgreSQL expects a match early and reads the whole table instead.)"""
     ops = t.operations
     soonest = (
         sa.select(ops.c.lease_expires_at_us)
@@ -1349,8 +1349,11 @@ def _leases_ran_out(conn: Connection, now: int) -> bool:
         .order_by(ops.c.lease_expires_at_us.asc().nulls_first())
         .limit(1)
     )
-    row = conn.execute(soonest).first()
-    return row is not None and (row[0] is None or row[0] <= now)
+    for probe in [soonest] if providers is None else [soonest.where(ops.c.provider == p) for p in providers]:
+        row = conn.execute(probe).first()
+        if row is not None and (row[0] is None or row[0] <= now):
+            return True
+    return False
 
 
 def _filters(providers: Sequence[str] | None, states: Sequence[State] | None) -> list[Any]:

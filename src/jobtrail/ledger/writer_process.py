@@ -357,9 +357,9 @@ class WriterProcess:
             raise StorageError("the ledger's writer process is not running; the write was not sent")
         values = self._redactor.registered()
         data = _message((values[self._sent :], method, args, kwargs), _ToChild)
-        proc.stdin.write(data)  # first: a call that could not be sent must not wait for another's answer
-        self._sent = len(values)  # (nor count as having sent the child the credentials it carried)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        proc.stdin.write(data)  # before it waits: a call that could not be sent must not take another's answer
+        self._sent = len(values)  # (nor count as having sent the child the credentials it carried)
         self._waiting.append(answer)  # (before its answer can be read: the reader runs on this loop too)
         return answer
 

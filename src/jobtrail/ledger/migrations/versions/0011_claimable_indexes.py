@@ -5,8 +5,9 @@ due operation, leased ones too, and PostgreSQL cannot test the lease from the in
 fetched every leased, due row from the table (and every dead version of it that an UPDATE left
 behind), only to skip it. With 2,000 operations in flight that was 10,000 buffer reads and 9 ms for a
 claim that found nothing, and claims took a quarter of the server's time. Two partial indexes split
-the question: the operations nobody holds (what a claim takes nearly always), and the leases held,
-by expiry (a worker that died: found by the time its leases ran out, without reading the live ones).
+the question: the operations nobody holds (what a claim takes nearly always), and the leases held, by provider
+and expiry (a worker that died: found by the time its leases ran out, without reading the live ones,
+nor those of providers the claiming worker does not serve).
 
 SQLite reads the lease and state from ``ix_operations_claim`` itself, so it keeps only that one.
 
@@ -37,7 +38,9 @@ def upgrade() -> None:
     op.create_index(
         "ix_operations_leased",
         "operations",
-        [sa.text("lease_expires_at_us NULLS FIRST")],  # a lease held with no expiry counts as run out
+        # by provider, soonest first (a lease held with no expiry counts as run out): a claim asks for its
+        # providers' only, and reads one entry of each
+        ["provider", sa.text("lease_expires_at_us NULLS FIRST")],
         postgresql_where=sa.text("lease_owner IS NOT NULL"),
     )
 
