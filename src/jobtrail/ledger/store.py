@@ -1135,12 +1135,12 @@ class Store:
                 if conn.execute(claimable().limit(1)).first() is None:
                     return []
             # one question: the claim index holds the lease and state, so leased rows are skipped in it
-            questions = [claimable()]
+            free, taken_over = claimable(), None
         else:
             # PostgreSQL cannot test the lease from an index it scans: the operations nobody holds and the
             # leases held each have a partial index (0011), so a claim reads no live lease on the way. Leases
-            # that ran out (a worker died) are rare: looked for by their expiry alone, and taken first
-            questions = [claimable(ops.c.lease_owner.is_not(None)), claimable(ops.c.lease_owner.is_(None))]
+            # that ran out (a worker died) are rare: probed for by provider and expiry, and taken first
+            free, taken_over = claimable(ops.c.lease_owner.is_(None)), claimable(ops.c.lease_owner.is_not(None))
         # the body only where an action may send it (body_needed): past the create, a claim of a thousand
         # long prompts would read, pipe and hold them all for nothing
         creating = ops.c.state.in_(sorted(s.value for s in CREATE_PHASE))
@@ -1152,8 +1152,9 @@ class Store:
         names: tuple[str, ...] = ()
         rows: list[Any] = []
         with self.writing("claiming operations") as conn:
-            if len(questions) > 1 and not _leases_ran_out(conn, now, providers):
-                questions = questions[1:]
+            questions = [free]
+            if taken_over is not None and _leases_ran_out(conn, now, providers):
+                questions.insert(0, taken_over)
             for question in questions:
                 if len(rows) >= limit:
                     break
