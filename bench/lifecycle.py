@@ -100,11 +100,12 @@ def _gc_timer(phase: str, _info: dict[str, Any]) -> None:
 gc.callbacks.append(_gc_timer)
 
 
-def _usage() -> tuple[float, float]:
+def _usage() -> tuple[float, float, float]:
     """CPU seconds and peak RSS (MB) of this process and of its children that ended (the worker's writer
-    process: the worker closes it when it stops)."""
+    process: the worker closes it when it stops), and the children's CPU seconds alone."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, (me.ru_maxrss + kids.ru_maxrss) / 1024
+    children = kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime + children, (me.ru_maxrss + kids.ru_maxrss) / 1024, children
 
 
 def _machine_cpu(provider_pid: int) -> tuple[float, float] | None:
@@ -159,13 +160,13 @@ async def _plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
 
 
 def phase_plain(base: str, n: int, max_connections: int) -> dict[str, Any]:
-    cpu0, _ = _usage()
+    cpu0, _, _ = _usage()
     t0 = time.monotonic()
     from jobtrail.runtime.loop import run as run_loop
 
     out = run_loop(_plain(base, n, max_connections))  # the loop jobtrail's worker runs on: like for like
     wall = time.monotonic() - t0
-    cpu1, rss = _usage()
+    cpu1, rss, _ = _usage()
     return {
         "wall_s": wall,
         "gc_s": _GC["s"],
@@ -202,7 +203,7 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
     store = Store.open(db)
     postgres = db.startswith("postgres")
     wal0 = _wal_lsn(store.engine) if postgres else None
-    cpu0, _ = _usage()
+    cpu0, _, kids0 = _usage()
     t0 = time.monotonic()
     jt = AsyncJobtrail(store=store, providers=[config])
 
@@ -222,7 +223,7 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
 
     stats = run_loop(run())  # as `jobtrail worker` runs it
     wall = time.monotonic() - t0
-    cpu1, rss = _usage()
+    cpu1, rss, kids1 = _usage()
     sql_counts = add_counts(sql, children_counts(in_children))
     ops = store.list_operations(limit=None)
     done = [op for op in ops if op.state is State.SUCCEEDED]
@@ -248,6 +249,7 @@ def phase_jobtrail(base: str, n: int, db: str, max_connections: int) -> dict[str
         "wall_s": wall,
         "gc_s": _GC["s"],
         "cpu_s": cpu1 - cpu0,
+        "writer_cpu_s": kids1 - kids0,
         "rss_mb": rss,
         "latencies": latencies,
         "succeeded": len(done),
@@ -388,9 +390,13 @@ def main() -> None:
             machine, provider = end[0] - start[0], end[1] - start[1]
             rest = machine - phase["cpu_s"] - provider
             whose = "PostgreSQL's server, " if name == "jobtrail" and engine_name == "postgresql" else ""
+            own = f"{phase['cpu_s'] * 1000 / n:.2f} its own"
+            if phase.get("writer_cpu_s"):
+                own += f" = {(phase['cpu_s'] - phase['writer_cpu_s']) * 1000 / n:.2f} worker"
+                own += f" + {phase['writer_cpu_s'] * 1000 / n:.2f} writer process"
             print(
                 f"{name} machine: {machine * 1000 / n:.2f} CPU ms/op on all cores "
-                f"({phase['cpu_s'] * 1000 / n:.2f} its own, {provider * 1000 / n:.2f} the fake provider, "
+                f"({own}, {provider * 1000 / n:.2f} the fake provider, "
                 f"{rest * 1000 / n:.2f} the rest: {whose}the kernel's own share of the traffic, the phase starting up, "
                 "anything else running)"
             )

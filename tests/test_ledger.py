@@ -516,3 +516,55 @@ def test_leases_that_ran_out_are_claimed_however_many_free_operations_are_due(st
     assert (orphan.operation_id in taken_ids) is (store.dialect == "postgresql")
     rest = store.claim("heir", limit=100, lease_s=600)
     assert {op.operation_id for op in taken + rest} == {op.operation_id for op in [*backlog, orphan]}
+
+
+def test_an_idle_worker_learns_when_a_claim_can_next_find_work(store: Store) -> None:
+    """The earliest moment a claim could take something: a free operation when it is due, a held one when
+    its lease runs out (or at once when it is due and its lease was left with no expiry); not another
+    provider's work, nor a resting operation."""
+    free, held, loose = (op_in(store, S.ACCEPTED) for _ in range(3))
+    elsewhere = op_in(store, S.ACCEPTED, provider="other")
+    op_in(store, S.SUCCEEDED)  # resting: nothing is due
+    store.apply(
+        [
+            Reschedule(op=free, changes={"next_action_at_us": 9_000}),
+            Reschedule(op=held, changes={"next_action_at_us": 1_000}),
+            Reschedule(op=loose, changes={"next_action_at_us": 7_000}),
+            Reschedule(op=elsewhere, changes={"next_action_at_us": 10}),
+        ]
+    )
+    by_id = {op.operation_id: op for op in store.claim("w", limit=10, lease_s=600, providers=["fake"])}
+    store.apply([Release(operation_id=free.operation_id, epoch=by_id[free.operation_id].lease_epoch)])
+    _lease_runs_out(store, by_id[held.operation_id], 20_000)  # live until then, though due long before
+    _lease_runs_out(store, by_id[loose.operation_id], None)
+
+    assert store.next_claimable_us(providers=["fake"]) == 7_000
+    store.apply([Release(operation_id=loose.operation_id, epoch=by_id[loose.operation_id].lease_epoch)])
+    store.apply([Reschedule(op=store.get(loose.operation_id), changes={"next_action_at_us": 30_000})])
+    assert store.next_claimable_us(providers=["fake"]) == 9_000
+    assert store.next_claimable_us(providers=["fake"], states=[S.OBSERVING]) is None
+    assert store.next_claimable_us() == 10
+
+
+def test_an_idle_workers_question_is_answered_from_indexes_on_postgresql(store: Store, engine_name: str) -> None:
+    """Found measuring: on PostgreSQL "when could a claim next find work" read the whole operations table,
+    settled operations too, at every idle turn of every worker; it is answered from the claim's own
+    partial indexes (asked with sequential scans switched off, the plan shows whether an index can)."""
+    if engine_name != "postgresql":
+        pytest.skip("SQLite answers it from ix_operations_claim, which its claims read too")
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn: object, cursor: object, statement: str, parameters: object, *_: object) -> None:
+        statements.append((statement, parameters))
+
+    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        store.next_claimable_us(providers=["fake"], states=[S.ACCEPTED, S.OBSERVING])
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", seen)
+    (statement, parameters), *_ = [s for s in statements if "operations" in s[0]]
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("SET enable_seqscan = off")
+        plan = "\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters))
+    assert "Seq Scan on operations" not in plan, plan
+    assert "ix_operations_unleased" in plan and "ix_operations_leased" in plan, plan

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 _SCRIPTS = Path(__file__).parent / "migrations"
 
 #: the newest revision under migrations/versions (tests/test_migrations.py checks it against Alembic's own head)
-HEAD = "0011"
+HEAD = "0012"
 
 
 @cache

@@ -67,7 +67,7 @@ operations = Table(
     Index("ix_operations_caller_id", "caller", "operation_id"),
     Index("ix_operations_provider_id", "provider", "operation_id"),
     Index("ix_operations_remote_job_id", "remote_job_id"),
-    # 0010: a worker's claim, in its own order, the lease and state read from the index
+    # 0010: a worker's claim, in its own order, the lease and state read from the index (SQLite only since 0012)
     Index("ix_operations_claim", "provider", "next_action_at_us", "operation_id", "lease_expires_at_us", "state"),
     # 0011, on PostgreSQL only (partial): ix_operations_unleased (provider, next_action_at_us, operation_id,
     # state) WHERE lease_owner IS NULL AND next_action_at_us IS NOT NULL, and ix_operations_leased (provider,

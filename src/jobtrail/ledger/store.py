@@ -1250,7 +1250,17 @@ class Store:
             (ops.c.lease_expires_at_us > ops.c.next_action_at_us, ops.c.lease_expires_at_us),
             else_=ops.c.next_action_at_us,
         )
-        return self._earliest(ready, [ops.c.next_action_at_us.is_not(None), *_filters(providers, states)])
+        where = [ops.c.next_action_at_us.is_not(None), *_filters(providers, states)]
+        if self.dialect != "postgresql":  # SQLite answers from ix_operations_claim, lease and all
+            return self._earliest(ready, where)
+        # PostgreSQL has no index with both the due time and the lease (0012), and the one question took a
+        # scan of the whole table, settled operations too, at each idle turn of every worker: asked of the
+        # free operations and of the held leases apart, each is answered from its partial index (0011)
+        free = sa.select(sa.func.min(ops.c.next_action_at_us)).where(ops.c.lease_owner.is_(None), *where)
+        held = sa.select(sa.func.min(ready)).where(ops.c.lease_owner.is_not(None), *where)
+        with self._read() as conn:  # (least() passes over a null: one of the two may have found nothing)
+            value = conn.execute(sa.select(sa.func.least(free.scalar_subquery(), held.scalar_subquery()))).scalar()
+        return None if value is None else int(value)
 
     def _earliest(self, moment: Any, where: list[Any]) -> int | None:
         with self._read() as conn:

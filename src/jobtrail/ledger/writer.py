@@ -167,6 +167,7 @@ class BatchWriter(Writer):
         self.window_s = (0.0 if io is inline else GROUP_WINDOW_S) if window_s is None else window_s
         self.max_writes = max_writes
         self._pending: list[_Queued] = []
+        self._queued = 0  # writes in _pending
         self._committing = False
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -186,37 +187,41 @@ class BatchWriter(Writer):
         if loop is not self._loop:
             # a new loop (the sync client runs one per call): what a closed one left queued has no
             # caller left to answer, and its window's timer will never fire
-            self._loop, self._pending, self._committing, self._timer = loop, [], False, None
+            self._loop, self._pending, self._queued, self._committing, self._timer = loop, [], 0, False, None
         self._requests += 1
-        queued = [_Queued(item, loop.create_future(), self._requests) for item in items]
-        self._pending.extend(queued)
+        # one future per request, answered with all of its writes' outcomes (or the first error among them:
+        # a request's writes fail together)
+        queued = _Queued(list(items), loop.create_future(), self._requests)
+        self._pending.append(queued)
+        self._queued += len(queued.items)
         if not self._committing:
             self._committing = True
-            if self.window_s > 0 and len(self._pending) < self.max_writes:
+            if self.window_s > 0 and self._queued < self.max_writes:
                 self._timer = loop.call_later(self.window_s, self._start)
             else:
                 loop.call_soon(self._start)
-        elif self._timer is not None and len(self._pending) >= self.max_writes:
+        elif self._timer is not None and self._queued >= self.max_writes:
             self._timer.cancel()  # full: no reason to wait out the window
             self._timer = None
             loop.call_soon(self._start)
-        if len(queued) == 1:
-            return [await queued[0].future]
-        return list(await asyncio.gather(*(q.future for q in queued)))  # a request's writes fail together
+        return await queued.future
 
     def _start(self) -> None:
         self._timer = None
-        cut = min(len(self._pending), self.max_writes)
-        # writes asked for together are never split between two transactions
-        while cut < len(self._pending) and self._pending[cut].request == self._pending[cut - 1].request:
+        # whole requests, up to max_writes writes (at least one request): writes asked for together are never
+        # split between two transactions
+        cut = writes = 0
+        while cut < len(self._pending) and (cut == 0 or writes + len(self._pending[cut].items) <= self.max_writes):
+            writes += len(self._pending[cut].items)
             cut += 1
         batch, self._pending = self._pending[:cut], self._pending[cut:]
+        self._queued -= writes
         task = asyncio.get_running_loop().create_task(self._commit(batch))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
 
     async def _commit(self, batch: list[_Queued]) -> None:
-        group = [(q.request, q.item) for q in batch]
+        group = [(q.request, item) for q in batch for item in q.items]
         sent = False
         try:
             if self._apart_ready():
@@ -232,7 +237,7 @@ class BatchWriter(Writer):
             self.transactions += transactions
             self.writes += sum(not isinstance(o, Exception) for o in outcomes)
         except Exception as exc:  # the database itself failed: every caller hears it
-            outcomes = [exc] * len(batch)
+            outcomes = [exc] * len(group)
         except BaseException:  # cancelled (the loop is closing): nobody may hang on a future
             for q in batch:
                 q.future.cancel()
@@ -243,8 +248,8 @@ class BatchWriter(Writer):
         if not sent:
             self._next()
 
-    def _settle(self, batch: list[_Queued], outcomes: list[Outcome], start: int = 0) -> None:
-        """Wake the writers, a bounded number per loop turn.
+    def _settle(self, batch: list[_Queued], outcomes: list[Outcome], start: int = 0, at: int = 0) -> None:
+        """Wake the writers, a bounded number per loop turn (``at``: the first outcome of request ``start``).
 
         A commit that waited (on a lock held elsewhere, say) may complete hundreds of
         writes at once; waking every caller in one turn would hold the loop for all
@@ -252,22 +257,25 @@ class BatchWriter(Writer):
         """
         end = min(start + _WAKE_PER_TURN, len(batch))
         for i in range(start, end):
-            future, outcome = batch[i].future, outcomes[i]
-            if future.done():
+            queued = batch[i]
+            mine = outcomes[at : at + len(queued.items)]
+            at += len(queued.items)
+            if queued.future.done():
                 continue
-            if isinstance(outcome, Exception):
-                future.set_exception(outcome)
+            error = next((o for o in mine if isinstance(o, Exception)), None)
+            if error is not None:
+                queued.future.set_exception(error)
             else:
-                future.set_result(outcome)
+                queued.future.set_result(mine)  # type: ignore[arg-type]  # (no Exception among them)
         if end < len(batch):
-            asyncio.get_running_loop().call_soon(self._settle, batch, outcomes, end)
+            asyncio.get_running_loop().call_soon(self._settle, batch, outcomes, end, at)
 
     def _next(self, *, window: bool = False) -> None:
         """Start the next group: at once (what waited for a commit), or (``window``: what came in the loop turns
         since the last group was cut) after a window of its own, as any first write's."""
         if not self._pending:
             self._committing = False
-        elif window and self.window_s > 0 and len(self._pending) < self.max_writes:
+        elif window and self.window_s > 0 and self._queued < self.max_writes:
             self._timer = asyncio.get_running_loop().call_later(self.window_s, self._start)
         else:
             asyncio.get_running_loop().call_soon(self._start)
@@ -307,6 +315,8 @@ class BatchWriter(Writer):
 
 
 class _Queued(NamedTuple):
-    item: Write
-    future: asyncio.Future[Applied]
-    request: int  # writes asked for in one apply_all share it, and one transaction
+    """One request: the writes of one apply_all, which share one transaction and one future."""
+
+    items: list[Write]
+    future: asyncio.Future[list[Applied]]
+    request: int
