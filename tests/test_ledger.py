@@ -434,6 +434,36 @@ def test_the_write_that_enters_a_resting_state_ends_the_lease(store: Store) -> N
     assert verify(store).ok
 
 
+def test_a_workers_step_that_leaves_nothing_due_ends_the_lease_in_the_same_write(store: Store) -> None:
+    """A step under the lease that leaves the next action for later ends the lease in its own UPDATE (no
+    release after it); one that leaves the next action due keeps it (the action goes on); a write that is
+    not a worker's step, or is not made under the lease, leaves the lease alone. The epoch never moves."""
+    op, _ = store.create_operation(spec())
+    (leased,) = store.claim("w", limit=1, lease_s=30)
+    now = store.clock()
+    attempt = Change(
+        op=leased,
+        evidence=CreateAttempt(attempt=1),
+        actor="worker:w",
+        changes={"attempts": 1},
+        lease_ends_if_waiting=True,
+    )
+    (attempted,) = store.apply([attempt])  # the create goes out next: still due, the lease stays
+    assert isinstance(attempted, Operation) and attempted.lease_owner == "w"
+    later = {"next_action_at_us": now + 60_000_000}
+    (kept,) = store.apply([Reschedule(op=attempted, changes=later)])  # not a worker's step
+    assert isinstance(kept, Operation) and kept.lease_owner == "w" and store.get(op.operation_id).lease_owner == "w"
+    (waiting,) = store.apply([Reschedule(op=kept, changes=later, lease_ends_if_waiting=True)])
+    stored = store.get(op.operation_id)
+    assert isinstance(waiting, Operation) and waiting.lease_owner is None and waiting.lease_expires_at_us is None
+    assert stored.lease_owner is None and stored.lease_expires_at_us is None
+    assert stored.lease_epoch == leased.lease_epoch == waiting.lease_epoch
+    # not under a lease (a person's write, a webhook's): nothing to end, and the write lands as before
+    (moved,) = store.apply([Reschedule(op=waiting, changes={"polls": 1}, lease_ends_if_waiting=True)])
+    assert isinstance(moved, Operation) and moved.polls == 1 and moved.lease_owner is None
+    assert verify(store).ok
+
+
 def test_a_claim_reads_a_request_body_only_where_an_action_may_send_it(store: Store) -> None:
     """A worker claims a thousand operations at a time, and a body may be a long prompt: an operation past
     its create comes without it (nothing it does next sends it); one still to create comes with it, and the

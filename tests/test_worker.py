@@ -403,6 +403,41 @@ def test_a_first_answer_that_is_already_the_ending_lands_in_one_write(db_url: st
         fake.stop()
 
 
+class _CountingStore(Store):
+    """A store that counts the kinds of writes it is asked for (its own apply keeps them in this process)."""
+
+    kinds: list[str]
+
+    def apply(self, batch: Any) -> Any:
+        self.kinds.extend(type(item).__name__ for item in batch)
+        return super().apply(batch)
+
+
+def test_a_worker_gives_a_lease_back_with_the_step_that_leaves_nothing_due(db_url: str) -> None:
+    """Found measuring: after each create and each poll that found the job running, the worker released its
+    lease in a write of its own, one more UPDATE of the row a life cycle (on PostgreSQL a new version in
+    every index). The step's own write ends the lease when it leaves the next action for later; and the
+    next claim still finds the operation when it is due."""
+    fake = FakeProvider(job_duration_s=0.6).start()
+    try:
+        store = _CountingStore.open(db_url)
+        store.kinds = []
+        config = fake.provider_config(poll={"initial_s": 0.2, "factor": 1, "cap_s": 0.2})
+        jt = AsyncJobtrail(store=store, providers=[config])
+        ids = [asyncio.run(jt.submit("fake", {"x": i})).operation_id for i in range(3)]
+        worker = Worker(store, {"fake": load_provider(config)}, worker_id="w", idle_s=0.01)
+        asyncio.run(worker.run(until_settled=True, timeout=30))
+        ops = [store.get(i) for i in ids]
+        assert all(op.state is S.SUCCEEDED and op.lease_owner is None for op in ops)
+        assert fake.counts["status"] >= 3 * 2, "each job was polled while running, then when done"
+        assert "Release" not in store.kinds, store.kinds
+        assert worker.stats.claimed >= fake.counts["status"], "each poll's operation was claimed when due"
+        assert verify(store).ok
+        store.close()
+    finally:
+        fake.stop()
+
+
 def test_a_long_running_process_runs_on_uvloop_where_it_is_installed() -> None:
     from jobtrail.runtime.loop import loop_name, run
 

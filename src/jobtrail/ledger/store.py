@@ -150,6 +150,8 @@ class Change:
     #: a second transition that continues from this one's outcome in the same write (one UPDATE, two
     #: entries): a first status answer that is already terminal moves accepted -> observing -> its ending
     then: FollowUp | None = None
+    #: a worker's step under its lease: if it leaves nothing due now, it ends the lease (_ending_the_lease_if_waiting)
+    lease_ends_if_waiting: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +184,8 @@ class Reschedule:
     op: Operation
     changes: Changes = field(default_factory=Changes)
     epoch: int | None = None
+    #: a worker's step under its lease: if it leaves nothing due now, it ends the lease (_ending_the_lease_if_waiting)
+    lease_ends_if_waiting: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -665,7 +669,7 @@ class Store:
         epoch = item.epoch if item.epoch is not None else (item.op.lease_epoch if item.op.lease_owner else None)
         if isinstance(item, Reschedule):
             update, _ = self._row_write(item.op, None, None, "", item.changes, (), None, epoch, now)
-            return item, update, None
+            return item, _ending_the_lease_if_waiting(item, update, now), None
         update, entry = self._row_write(
             item.op, item.to, item.evidence, item.actor, item.changes, item.request_ids, item.result, epoch, now
         )
@@ -683,7 +687,7 @@ class Store:
             assert entry is not None and second is not None
             entry["then"] = second
             update = follow
-        return item, update, entry
+        return item, _ending_the_lease_if_waiting(item, update, now), entry
 
     def _row_write(
         self,
@@ -1413,6 +1417,18 @@ _STATES = {state.value: state for state in State}
 def _state(value: str) -> State:
     """A stored state by its value (a dict lookup; State() raises for anything else, as before)."""
     return _STATES.get(value) or State(value)
+
+
+def _ending_the_lease_if_waiting(item: Change | Reschedule, update: dict[str, Any], now: int) -> dict[str, Any]:
+    """A lease holder's step that leaves the operation's next action in the future ends the action: the worker
+    would give the lease back at once, in a write of its own (a second UPDATE of the row, and on PostgreSQL a
+    new version in each of its indexes). Such a write (``lease_ends_if_waiting``, set by the worker's writes)
+    ends the lease itself, in the same UPDATE, as the write that enters a resting state does. A step that
+    leaves the next action due (the action goes on: a create's attempt, a result to fetch now) keeps it."""
+    if item.lease_ends_if_waiting and update["b_epoch"] is not None and not update["b_release"]:
+        due = update["next_action_at_us"]
+        update["b_release"] = due is None or due > now
+    return update
 
 
 def _advanced(op: Operation, update: dict[str, Any]) -> Operation:

@@ -13,8 +13,10 @@ for every create attempt exactly as with one transaction per write.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any, NamedTuple
 
 from jobtrail.domain.errors import StorageError
@@ -45,6 +47,22 @@ _WAKE_PER_TURN = 32
 #: how long the first write of a group waits for others to join it: a few fsyncs' worth, so a busy
 #: process commits a few hundred times a second at most, whatever its concurrency
 GROUP_WINDOW_S = 0.002
+
+
+#: set while a worker takes one step of an operation it holds (see :func:`stepping`)
+_STEPPING: ContextVar[bool] = ContextVar("jobtrail_stepping", default=False)
+
+
+@contextlib.contextmanager
+def stepping() -> Iterator[None]:
+    """Within this block (a worker's step under its lease), a transition or reschedule that leaves the
+    operation's next action in the future ends the lease in the same write, instead of a release of its
+    own after it; one that leaves the next action due keeps it, and the step goes on."""
+    reset = _STEPPING.set(True)
+    try:
+        yield
+    finally:
+        _STEPPING.reset(reset)
 
 
 class Writer:
@@ -99,6 +117,7 @@ class Writer:
             request_ids=request_ids,
             result=result,
             then=then,
+            lease_ends_if_waiting=_STEPPING.get(),
         )
         return landed(await self._after(observed, change))
 
@@ -114,7 +133,8 @@ class Writer:
         return await self.transition(op, None, evidence, actor=actor, changes=changes, request_ids=request_ids)
 
     async def reschedule(self, op: Operation, changes: Changes, *, observed: Observe | None = None) -> Operation:
-        return landed(await self._after(observed, Reschedule(op=op, changes=changes)))
+        reschedule = Reschedule(op=op, changes=changes, lease_ends_if_waiting=_STEPPING.get())
+        return landed(await self._after(observed, reschedule))
 
     async def _after(self, observed: Observe | None, item: Write) -> Applied:
         """``item``, in one transaction with the observation that led to it (one commit where there were two)."""

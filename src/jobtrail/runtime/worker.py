@@ -36,7 +36,7 @@ from jobtrail.flows.observe import CollectFlow, ObserveFlow
 from jobtrail.flows.telemetry import action_kind, action_span, finished, lease_taken_over, operation_context
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
-from jobtrail.ledger.writer import BatchWriter
+from jobtrail.ledger.writer import BatchWriter, stepping
 from jobtrail.providers.contract import Provider, slowest_call_s
 from jobtrail.runtime.gauges import ledger_gauges
 from jobtrail.runtime.liveness import HEARTBEAT_S
@@ -306,11 +306,17 @@ class Worker:
                 self.stats.actions += 1
                 self.stats.by_state[new.state.value] = self.stats.by_state.get(new.state.value, 0) + 1
                 due = new.next_action_at_us
-                stop = new is op or new.state not in WORKED_STATES or due is None or due > self.store.clock()
+                stop = (
+                    new is op
+                    or new.lease_owner is None  # the step's write ended the lease: nothing was due when it landed
+                    or new.state not in WORKED_STATES
+                    or due is None
+                    or due > self.store.clock()
+                )
                 op = new
                 if stop:
                     break
-            if op.lease_owner is not None:  # entering a resting state ended the lease already
+            if op.lease_owner is not None:  # a write that left nothing due (or a resting state) ended the lease
                 await self.writer.release(op)
         except StaleRecord as exc:
             # our lease was taken over, or someone (a person's cancel) changed the record: drop the operation,
@@ -340,7 +346,7 @@ class Worker:
         return op.lease_expires_at_us - self.store.clock() > self._slowest_us[op.provider]
 
     async def _step(self, op: Operation, provider: Provider) -> Operation:
-        with action_span(op, action_kind(op)) as span:
+        with action_span(op, action_kind(op)) as span, stepping():
             new = await self._act(op, provider)
             finished(span, new)
         return new
