@@ -435,9 +435,10 @@ def test_the_write_that_enters_a_resting_state_ends_the_lease(store: Store) -> N
 
 
 def test_a_workers_step_that_leaves_nothing_due_ends_the_lease_in_the_same_write(store: Store) -> None:
-    """A step under the lease that leaves the next action for later ends the lease in its own UPDATE (no
-    release after it); one that leaves the next action due keeps it (the action goes on); a write that is
-    not a worker's step, or is not made under the lease, leaves the lease alone. The epoch never moves."""
+    """A step under the lease that puts the next action off ends the lease in its own UPDATE (no release
+    after it); one that leaves the next action due, or where it was, keeps it (the action goes on); a write
+    that is not a worker's step, or is not made under the lease, leaves the lease alone. The epoch never
+    moves."""
     op, _ = store.create_operation(spec())
     (leased,) = store.claim("w", limit=1, lease_s=30)
     now = store.clock()
@@ -453,7 +454,13 @@ def test_a_workers_step_that_leaves_nothing_due_ends_the_lease_in_the_same_write
     later = {"next_action_at_us": now + 60_000_000}
     (kept,) = store.apply([Reschedule(op=attempted, changes=later)])  # not a worker's step
     assert isinstance(kept, Operation) and kept.lease_owner == "w" and store.get(op.operation_id).lease_owner == "w"
-    (waiting,) = store.apply([Reschedule(op=kept, changes=later, lease_ends_if_waiting=True)])
+    # a step that leaves the next action where it was keeps the lease, even if that is ahead (the clock
+    # stepped back since the claim): it is a step before a request, never the action's end
+    same = Change(op=kept, evidence=CreateAttempt(attempt=2), actor="worker:w", lease_ends_if_waiting=True)
+    (still,) = store.apply([same])
+    assert isinstance(still, Operation) and still.lease_owner == "w"
+    even_later = {"next_action_at_us": now + 90_000_000}
+    (waiting,) = store.apply([Reschedule(op=still, changes=even_later, lease_ends_if_waiting=True)])
     stored = store.get(op.operation_id)
     assert isinstance(waiting, Operation) and waiting.lease_owner is None and waiting.lease_expires_at_us is None
     assert stored.lease_owner is None and stored.lease_expires_at_us is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from conftest import FakeClock
 
 from jobtrail import AsyncJobtrail, CreateAttempt, StaleRecord, State, Store
 from jobtrail.ledger.audit import verify
+from jobtrail.ledger.store import Reschedule
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
@@ -433,6 +435,50 @@ def test_a_worker_gives_a_lease_back_with_the_step_that_leaves_nothing_due(db_ur
         assert "Release" not in store.kinds, store.kinds
         assert worker.stats.claimed >= fake.counts["status"], "each poll's operation was claimed when due"
         assert verify(store).ok
+        store.close()
+    finally:
+        fake.stop()
+
+
+def test_a_step_that_hands_back_a_record_another_claim_holds_ends_the_workers_part(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in review: a webhook provider's confirmed create ends the lease with its write (the first poll
+    is for later), then reads the record again after adopting early events, which make the poll due now. A
+    claim in between (another worker's, or this worker's next) holds the record it hands back; the worker
+    must neither poll under that lease nor give it back."""
+    import jobtrail.flows.create as create_flow
+
+    monkeypatch.setenv("WHSEC_TEST", "whsec_" + base64.b64encode(b"a-shared-secret-of-24-bytes").decode())
+    fake = FakeProvider(job_duration_s=60).start()
+    try:
+        store = Store.open(db_url)
+        config = fake.provider_config(
+            webhooks={"secrets": ["env:WHSEC_TEST"]}, poll={"initial_s": 30, "factor": 1, "cap_s": 30}
+        )
+        op_id = asyncio.run(AsyncJobtrail(store=store, providers=[config]).submit("fake", {"x": 1})).operation_id
+        other: dict[str, Any] = {}
+
+        def early_events_then_a_claim(store_: Store, provider: str, job_id: str, operation_id: str) -> int:
+            op = store_.get(operation_id)  # what adopting an early event does: the poll is due now
+            store_.apply([Reschedule(op=op, changes={"next_action_at_us": store_.clock()})])
+            (other["op"],) = store_.claim("w2", limit=1, lease_s=600)
+            return 1
+
+        monkeypatch.setattr(create_flow, "adopt_orphans", early_events_then_a_claim)
+        worker = Worker(store, {"fake": load_provider(config)}, worker_id="w1", writer_process=False)
+
+        async def go() -> None:
+            (op,) = await worker._claim(1)
+            await worker._handle(op)
+            await worker.writer.close()
+            await worker.providers["fake"].aclose()
+
+        asyncio.run(go())
+        current = store.get(op_id)
+        assert current.state is S.ACCEPTED and fake.counts["status"] == 0, "w1 polled under w2's lease"
+        assert (current.lease_owner, current.lease_epoch) == ("w2", other["op"].lease_epoch), "w2's lease was ended"
+        assert worker.stats.actions == 1
         store.close()
     finally:
         fake.stop()

@@ -1420,14 +1420,17 @@ def _state(value: str) -> State:
 
 
 def _ending_the_lease_if_waiting(item: Change | Reschedule, update: dict[str, Any], now: int) -> dict[str, Any]:
-    """A lease holder's step that leaves the operation's next action in the future ends the action: the worker
-    would give the lease back at once, in a write of its own (a second UPDATE of the row, and on PostgreSQL a
-    new version in each of its indexes). Such a write (``lease_ends_if_waiting``, set by the worker's writes)
-    ends the lease itself, in the same UPDATE, as the write that enters a resting state does. A step that
-    leaves the next action due (the action goes on: a create's attempt, a result to fetch now) keeps it."""
+    """A lease holder's step that puts the operation's next action off ends the action: the worker would give
+    the lease back at once, in a write of its own (a second UPDATE of the row, and on PostgreSQL a new version
+    in each of its indexes). Such a write (``lease_ends_if_waiting``, set by the worker's writes) ends the
+    lease itself, in the same UPDATE, as the write that enters a resting state does.
+
+    Only a write that moves the next action, to a time ahead (or to none): one that leaves it where it was
+    keeps the lease whatever the clock says (a create's attempt, a cancel's, a one-time result's count,
+    each made just before its request goes out), and so does one that makes it due now (the action goes on)."""
     if item.lease_ends_if_waiting and update["b_epoch"] is not None and not update["b_release"]:
         due = update["next_action_at_us"]
-        update["b_release"] = due is None or due > now
+        update["b_release"] = due != item.op.next_action_at_us and (due is None or due > now)
     return update
 
 

@@ -293,6 +293,7 @@ class Worker:
 
     async def _handle_leased(self, op: Operation) -> None:
         provider = self.providers[op.provider]
+        epoch = op.lease_epoch  # the lease this task holds: it acts, and gives back, under no other
         try:
             # an action that leaves the next one due at once (accepted after a replay, the job
             # finished at this poll) continues under the same lease instead of a new claim
@@ -308,7 +309,9 @@ class Worker:
                 due = new.next_action_at_us
                 stop = (
                     new is op
-                    or new.lease_owner is None  # the step's write ended the lease: nothing was due when it landed
+                    # the step's write ended the lease (it put the next action off), or the step handed back a
+                    # record read since, which another claim may hold: nothing more is done under it
+                    or not self._holds(new, epoch)
                     or new.state not in WORKED_STATES
                     or due is None
                     or due > self.store.clock()
@@ -316,7 +319,7 @@ class Worker:
                 op = new
                 if stop:
                     break
-            if op.lease_owner is not None:  # a write that left nothing due (or a resting state) ended the lease
+            if self._holds(op, epoch):  # not ended by the step's write (nor by entering a resting state)
                 await self.writer.release(op)
         except StaleRecord as exc:
             # our lease was taken over, or someone (a person's cancel) changed the record: drop the operation,
@@ -325,8 +328,9 @@ class Worker:
             if exc.details.get("epoch") is not None:  # refused for a newer lease, not a person's change
                 lease_taken_over(op)
             log.info("worker %s dropped %s: %s", self.worker_id, op.operation_id, exc)
-            with contextlib.suppress(Exception):
-                await self.writer.release(op)
+            if self._holds(op, epoch):
+                with contextlib.suppress(Exception):
+                    await self.writer.release(op)
         except Exception as exc:
             self.stats.errors += 1
             log.error(
@@ -339,6 +343,10 @@ class Worker:
                 self.worker_id,
             )
             await self._back_off(op, exc)
+
+    def _holds(self, op: Operation, epoch: int) -> bool:
+        """Is ``op`` (as this task last wrote or read it) still under the lease this task claimed?"""
+        return op.lease_owner == self.worker_id and op.lease_epoch == epoch
 
     def _lease_covers_a_call(self, op: Operation) -> bool:
         if op.lease_expires_at_us is None:
@@ -368,7 +376,9 @@ class Worker:
         """An unexpected error: keep the record as it is, try again later, say why on the record."""
         try:
             current = await self.io(self.store.get, op.operation_id)
-            if current.lease_epoch != op.lease_epoch:
+            if current.lease_epoch != op.lease_epoch or current.lease_owner != self.worker_id:
+                # taken over, or the step's own write ended the lease (it landed, and set the next action):
+                # a write now would not be fenced by a lease of ours
                 return
             if current.state not in AUTOMATIC_STATES:  # the step's own write landed: nothing to retry
                 await self.writer.release(current)
