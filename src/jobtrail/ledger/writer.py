@@ -55,9 +55,9 @@ _STEPPING: ContextVar[bool] = ContextVar("jobtrail_stepping", default=False)
 
 @contextlib.contextmanager
 def stepping() -> Iterator[None]:
-    """Within this block (a worker's step under its lease), a transition or reschedule that leaves the
-    operation's next action in the future ends the lease in the same write, instead of a release of its
-    own after it; one that leaves the next action due keeps it, and the step goes on."""
+    """Within this block (a worker's step under its lease), a transition or reschedule that moves the
+    operation's next action ahead ends the lease in the same write, instead of a release of its own after
+    it; one that leaves the next action where it was, or makes it due, keeps it, and the step goes on."""
     reset = _STEPPING.set(True)
     try:
         yield
