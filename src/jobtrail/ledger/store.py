@@ -150,7 +150,8 @@ class Change:
     #: a second transition that continues from this one's outcome in the same write (one UPDATE, two
     #: entries): a first status answer that is already terminal moves accepted -> observing -> its ending
     then: FollowUp | None = None
-    #: a worker's step under its lease: if it leaves nothing due now, it ends the lease (_ending_the_lease_if_waiting)
+    #: a worker's step under its lease: if it moves the next action ahead, it ends the lease (see
+    #: _ending_the_lease_if_waiting)
     lease_ends_if_waiting: bool = False
 
 
@@ -184,7 +185,8 @@ class Reschedule:
     op: Operation
     changes: Changes = field(default_factory=Changes)
     epoch: int | None = None
-    #: a worker's step under its lease: if it leaves nothing due now, it ends the lease (_ending_the_lease_if_waiting)
+    #: a worker's step under its lease: if it moves the next action ahead, it ends the lease (see
+    #: _ending_the_lease_if_waiting)
     lease_ends_if_waiting: bool = False
 
 

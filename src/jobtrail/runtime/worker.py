@@ -376,7 +376,7 @@ class Worker:
         """An unexpected error: keep the record as it is, try again later, say why on the record."""
         try:
             current = await self.io(self.store.get, op.operation_id)
-            if current.lease_epoch != op.lease_epoch or current.lease_owner != self.worker_id:
+            if not self._holds(current, op.lease_epoch):
                 # taken over, or the step's own write ended the lease (it landed, and set the next action):
                 # a write now would not be fenced by a lease of ours
                 return
