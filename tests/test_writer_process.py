@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import pickle
@@ -258,6 +259,78 @@ def test_a_request_body_is_not_piped_with_every_write(db_url: str) -> None:
     (new,) = asyncio.run(write())
     assert new == store.get(op.operation_id), "the record as stored, its body included"
     assert new.request_body == body and new.attempts == 1 and new.version == op.version + 1
+    store.close()
+
+
+def test_a_write_on_the_record_the_writer_process_answered_with_names_it_instead_of_sending_it(db_url: str) -> None:
+    """Most writes are made on the record the last write or claim came back with: the child has that record
+    already, so the write names it (its operation, version, time and epoch) and the child takes its own copy.
+    What lands, and what the worker gets back, is what a write carrying the whole record makes."""
+    store, (op,), writer = _records_and_writer(db_url, 1)
+
+    async def run() -> tuple[list[object], int, int]:
+        await _started(writer)
+        (claimed,) = await writer.claim("w", limit=1, lease_s=30)
+        attempt = Change(
+            op=claimed,
+            evidence=CreateAttempt(attempt=1),
+            actor="worker:w",
+            changes={"attempts": 1},
+            epoch=claimed.lease_epoch,
+        )
+        named = len(
+            _message(([], "apply_group", ([(1, attempt)],), {}), functools.partial(_ToChild, held=writer._held))
+        )
+        whole = len(_message(([], "apply_group", ([(1, attempt)],), {}), _ToChild))
+        first, _ = await writer.post([(1, attempt)])
+        (after,) = first
+        assert isinstance(after, Operation)
+        later = Reschedule(
+            op=after, changes={"next_action_at_us": after.created_at_us + 5_000_000}, epoch=claimed.lease_epoch
+        )
+        assert writer._held.has(after), "the record its write came back with"
+        second, _ = await writer.post([(2, later)])
+        await writer.close()
+        return second, named, whole
+
+    second, named, whole = asyncio.run(run())
+    assert named < whole - 300, f"{named} bytes named against {whole} sent whole"
+    (rescheduled,) = second
+    stored = store.get(op.operation_id)
+    assert rescheduled == stored, "the record as stored, its body included"
+    assert stored.attempts == 1 and stored.next_action_at_us == op.created_at_us + 5_000_000
+    assert verify(store).ok
+    store.close()
+
+
+def test_a_write_naming_a_record_the_writer_process_has_replaced_since_is_refused_as_stale(db_url: str) -> None:
+    """The worker names a record it got back; if an answer it has not read yet replaced that record (a second
+    write on the same record, sent before the first one's answer came), the second write was made on a record
+    that moved on: it is refused as stale, as the database refuses a write on an old version, and lands nothing."""
+    store, (op,), writer = _records_and_writer(db_url, 1)
+
+    async def run() -> tuple[object, object]:
+        await _started(writer)
+        (claimed,) = await writer.claim("w", limit=1, lease_s=30)
+        epoch = claimed.lease_epoch
+        attempt = Change(
+            op=claimed, evidence=CreateAttempt(attempt=1), actor="worker:w", changes={"attempts": 1}, epoch=epoch
+        )
+        first = writer.post([(1, attempt)])
+        # the loop held (its reader cannot read the answer) until the child has committed the first write
+        assert _wait_for(lambda: store.get(op.operation_id).attempts == 1)
+        assert writer._held.has(claimed), "this end has not read the answer yet: it names the claimed record"
+        again = Reschedule(op=claimed, changes={"next_action_at_us": claimed.created_at_us + 9_000_000}, epoch=epoch)
+        second = writer.post([(2, again)])
+        ((landed,), _), ((refused,), _) = await first, await second
+        await writer.close()
+        return landed, refused
+
+    landed, refused = asyncio.run(run())
+    assert isinstance(landed, Operation) and landed.attempts == 1
+    assert isinstance(refused, Moved) and isinstance(refused.error, StaleRecord)
+    assert store.get(op.operation_id) == landed, "the stale write changed nothing"
+    assert verify(store).ok
     store.close()
 
 

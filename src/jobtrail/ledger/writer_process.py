@@ -25,6 +25,7 @@ import collections
 import contextlib
 import dataclasses
 import enum
+import functools
 import gc
 import io
 import logging
@@ -38,15 +39,15 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import sqlalchemy as sa
 
 from jobtrail.domain.builders import builder
-from jobtrail.domain.errors import JobtrailError, StorageError
-from jobtrail.domain.record import Operation
+from jobtrail.domain.errors import JobtrailError, StaleRecord, StorageError
+from jobtrail.domain.record import BODY_NOT_LOADED, Operation
 from jobtrail.domain.redact import Redactor
-from jobtrail.ledger.store import Applied, Change, Reschedule, Store, Write, key_race
+from jobtrail.ledger.store import Applied, Change, Moved, Release, Reschedule, Store, Write, key_race
 
 log = logging.getLogger(__name__)
 
@@ -162,19 +163,102 @@ NOT_SENT = _NotSent()
 
 
 class _ToChild(_Pickler):
-    """What the worker sends its writer process: an operation without its request body.
+    """What the worker sends its writer process: an operation without its request body, or only its name.
 
     Nothing the child writes reads a record's body (it is fixed when the record is made, and a
     :class:`Create` carries its own), and a body may be megabytes: sent with every write of the
     operation it would be pickled, piped and unpickled some eight times over. The child answers a
     write with what changed (:class:`_Delta`), so the worker's record keeps its own body.
+
+    And a record the child itself answered with last (``held``: see :class:`_Held`) is not sent
+    again: a write names it (its operation and :func:`_version_of`), and the child takes its own
+    copy. Most of a worker's writes are made on the record its last write or claim came back with.
     """
+
+    def __init__(self, file: IO[bytes], protocol: int, held: _Held | None = None) -> None:
+        super().__init__(file, protocol=protocol)
+        self._held = held
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is Operation:
+            if self._held is not None and self._held.has(obj):
+                return _held_record, (obj.operation_id, _version_of(obj))
             values = _OPERATION_VALUES(obj)
             return _rebuild, (Operation, (*values[:_BODY], NOT_SENT, *values[_BODY + 1 :]))
         return super().reducer_override(obj)
+
+
+def _version_of(op: Operation) -> tuple[int, int, int]:
+    """What tells one record of an operation from another the same worker can hold: every write moves
+    ``updated_at_us`` (a transition its ``version`` too), every claim moves ``lease_epoch``."""
+    return op.version, op.updated_at_us, op.lease_epoch
+
+
+class _Held:
+    """The records the writer process answered with last, one per operation while a lease holds it: the
+    child keeps the records, the worker what tells them apart (:func:`_version_of`).
+
+    Both ends follow the same answers in the same order (the worker's reader as it reads them), so a
+    record the worker names is one the child has, unless a later answer for the same operation
+    replaced it (then the write was made on a record that moved on, and is refused as stale: see
+    :class:`_Gone`). A record with no lease is let go: the next write on its operation follows a claim.
+    """
+
+    def __init__(self, keep: Callable[[Operation], Any]) -> None:
+        self._keep = keep
+        self.records: dict[str, Any] = {}
+
+    def has(self, op: Operation) -> bool:
+        return bool(self.records.get(op.operation_id) == _version_of(op))
+
+    def claimed(self, ops: Sequence[Operation]) -> None:
+        records = self.records
+        for op in ops:
+            records[op.operation_id] = self._keep(op)
+        self._bound()
+
+    def wrote(self, batch: Sequence[tuple[int, Write]], outcomes: Sequence[Any]) -> None:
+        records = self.records
+        for (_, item), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(item, Change | Reschedule):
+                op_id = item.op.operation_id
+            elif isinstance(item, Release):
+                op_id = item.operation_id
+            else:
+                continue
+            if isinstance(outcome, Operation) and outcome.lease_owner is not None:
+                records[op_id] = self._keep(outcome)
+            else:  # refused, ended its lease, or let go
+                records.pop(op_id, None)
+        self._bound()
+
+    def failed(self, batch: Sequence[tuple[int, Write]]) -> None:
+        self.wrote(batch, [None] * len(batch))
+
+    def _bound(self) -> None:
+        if len(self.records) > _HELD_MAX:  # leases given up without a write (a worker stopped mid-way)
+            self.records.clear()
+
+
+#: most records the writer process holds for the worker (a worker's actions in flight are far fewer)
+_HELD_MAX = 100_000
+
+
+class _Gone:
+    """Stands in, in the child, for a record the worker named that the child no longer holds."""
+
+    __slots__ = ("operation_id",)
+
+    def __init__(self, operation_id: str) -> None:
+        self.operation_id = operation_id
+
+
+def _held_record(operation_id: str, version: tuple[int, int, int]) -> Operation | _Gone:
+    """In the child: the record named, as it answered with it."""
+    op = _HELD.records.get(operation_id)
+    if isinstance(op, Operation) and _version_of(op) == tuple(version):
+        return op
+    return _Gone(operation_id)
 
 
 _BODY = _fields_of(Operation).index("request_body")
@@ -227,7 +311,7 @@ def _answers(batch: Sequence[tuple[int, Write]], outcomes: list[Outcome]) -> lis
     ]
 
 
-def _message(message: Any, pickler: type[_Pickler] = _Pickler) -> bytes:
+def _message(message: Any, pickler: Callable[..., _Pickler] = _Pickler) -> bytes:
     buffer = io.BytesIO()
     buffer.write(bytes(_LENGTH.size))
     pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
@@ -269,7 +353,9 @@ class WriterProcess:
         self._redactor = redactor
         self._proc: asyncio.subprocess.Process | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._waiting: collections.deque[_Waiting] = collections.deque()
+        #: the records the running child holds for this worker (a new child holds none)
+        self._held = _Held(_version_of)
         self._reader: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[None] | None = None
         self._retry_at = 0.0
@@ -321,46 +407,37 @@ class WriterProcess:
             log.warning("the ledger's writer process did not start (%s); this process writes itself meanwhile", exc)
             return
         # each child answers the calls made to it: a successor's calls wait in a queue of their own
-        self._proc, self._sent, self._waiting = proc, 0, collections.deque()
-        self._reader = asyncio.get_running_loop().create_task(self._read(proc, self._waiting))
+        self._proc, self._sent, self._waiting, self._held = proc, 0, collections.deque(), _Held(_version_of)
+        self._reader = asyncio.get_running_loop().create_task(self._read(proc, self._waiting, self._held))
 
     def post(self, batch: Sequence[tuple[int, Write]]) -> Awaitable[tuple[list[Outcome], int]]:
         """What :func:`apply_group` returns, from the child (a database failure raises as it would here), its
         group on the pipe before this returns: the caller may send the next group while the child commits this
         one (the child takes the groups that have arrived together)."""
         batch = list(batch)
-        return self._outcomes(batch, self._post("apply_group", batch))
-
-    async def _outcomes(self, batch: list[tuple[int, Write]], answer: asyncio.Future[Any]) -> tuple[list[Outcome], int]:
-        answers, transactions = await self._answer(answer)
-        outcomes = [
-            answer.applied_to(item.op)
-            if isinstance(answer, _Delta) and isinstance(item, Change | Reschedule)
-            else answer
-            for (_, item), answer in zip(batch, answers, strict=True)
-        ]
-        return outcomes, transactions
+        return self._answer(self._post("apply_group", (batch,), {}, batch))
 
     async def claim(self, worker_id: str, **kwargs: Any) -> list[Operation]:
         """:meth:`Store.claim`, in the child: a claim queues with the commits instead of polling for the
         SQLite file's lock against them."""
-        claimed: list[Operation] = await self._call("claim", worker_id, **kwargs)
+        claimed: list[Operation] = await self._answer(self._post("claim", (worker_id,), kwargs))
         return claimed
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await self._answer(self._post(method, *args, **kwargs))
-
-    def _post(self, method: str, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+    def _post(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], batch: list[tuple[int, Write]] | None = None
+    ) -> asyncio.Future[Any]:
         """Put one call on the pipe (now, not when awaited); its answer comes to the future returned."""
         proc = self._proc
         if proc is None or proc.stdin is None:
             raise StorageError("the ledger's writer process is not running; the write was not sent")
         values = self._redactor.registered()
-        data = _message((values[self._sent :], method, args, kwargs), _ToChild)
+        data = _message((values[self._sent :], method, args, kwargs), functools.partial(_ToChild, held=self._held))
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         proc.stdin.write(data)  # before it waits: a call that could not be sent must not take another's answer
         self._sent = len(values)  # (nor count as having sent the child the credentials it carried)
-        self._waiting.append(answer)  # (before its answer can be read: the reader runs on this loop too)
+        self._waiting.append(
+            _Waiting(answer, method, batch)
+        )  # (before its answer can be read: the reader runs on this loop too)
         return answer
 
     @staticmethod
@@ -398,16 +475,20 @@ class WriterProcess:
             raise value
         return proc
 
-    async def _read(self, proc: asyncio.subprocess.Process, waiting: collections.deque[asyncio.Future[Any]]) -> None:
-        """Hand each answer to the oldest call waiting; if the child dies, every call waiting hears it."""
+    async def _read(self, proc: asyncio.subprocess.Process, waiting: collections.deque[_Waiting], held: _Held) -> None:
+        """Hand each answer to the oldest call waiting; if the child dies, every call waiting hears it.
+
+        A group's answer becomes its outcomes here, and both this end and the child learn from it which
+        records the child holds, answer by answer, in the order the child gave them (see :class:`_Held`)."""
         assert proc.stdout is not None
         garbled = None
         try:
             while True:
                 answer = await _read_one(proc.stdout)
                 caller = waiting.popleft()
-                if not caller.done():  # (cancelled: its loop is closing)
-                    caller.set_result(answer)
+                answer = caller.followed(answer, held)
+                if not caller.future.done():  # (cancelled: its loop is closing)
+                    caller.future.set_result(answer)
         except (asyncio.IncompleteReadError, OSError):
             pass
         except Exception as exc:  # bytes that are no answer: nothing after them can be matched to a call
@@ -425,9 +506,9 @@ class WriterProcess:
             why = f"sent bytes that are no answer ({type(garbled).__name__}) and was stopped"
         else:
             why = f"exited with status {code}"
-        for future in waiting:
-            if not future.done():
-                future.set_exception(
+        for caller in waiting:
+            if not caller.future.done():
+                caller.future.set_exception(
                     StorageError(
                         f"the ledger's writer process (pid {proc.pid}) {why}; what it was writing is not "
                         "confirmed. It starts again at the next write; its error, if any, is on this process's "
@@ -451,6 +532,42 @@ class WriterProcess:
                 proc.kill()
         if reader is not None:
             await reader
+
+
+class _Waiting(NamedTuple):
+    """A call on the pipe, waiting for its answer."""
+
+    future: asyncio.Future[Any]
+    method: str
+    #: a group's writes (to make its outcomes of the answer)
+    batch: list[tuple[int, Write]] | None
+
+    def followed(self, answer: tuple[str, Any], held: _Held) -> tuple[str, Any]:
+        """The answer as its caller takes it (a group's: its outcomes), once ``held`` has followed it."""
+        kind, value = answer
+        batch = self.batch
+        if kind != "done":
+            if batch is not None:
+                held.failed(batch)
+            return answer
+        if batch is None:
+            if self.method == "claim":
+                held.claimed(value)
+            return answer
+        answers, transactions = value
+        outcomes = [_outcome(item, reply) for (_, item), reply in zip(batch, answers, strict=True)]
+        held.wrote(batch, outcomes)
+        return kind, (outcomes, transactions)
+
+
+def _outcome(item: Write, reply: Any) -> Any:
+    """A write's outcome from the child's reply: a change's or reschedule's new record, made of its own."""
+    if not (isinstance(reply, _Delta) and isinstance(item, Change | Reschedule)):
+        return reply
+    try:
+        return reply.applied_to(item.op)
+    except StorageError as exc:
+        return exc
 
 
 async def _read_one(stream: asyncio.StreamReader) -> Any:
@@ -564,23 +681,29 @@ def _runs(calls: list[Any]) -> list[list[Any]]:
     return runs
 
 
-def _serve(store: Store, run: list[Any]) -> list[tuple[str, Any]]:
+def _serve(store: Store, run: list[Any], held: _Held | None = None) -> list[tuple[str, Any]]:
     """One answer per call of ``run``: a claim; or groups committed as one (the first answer counts the
-    transactions), each group's outcomes in its own answer."""
+    transactions), each group's outcomes in its own answer. ``held`` follows the records answered with."""
+    held = held or _Held(_without_body)
     for values, *_ in run:
         for value in values:
             store.redactor.register(value)
     _, method, args, kwargs = run[0]
+    batch: list[tuple[int, Write]] = []
     try:
         store.check_file()  # a SQLite file deleted under the worker: refuse, rather than write into a new one
         if method == "claim":
-            return [("done", store.claim(*args, **kwargs))]
+            claimed = store.claim(*args, **kwargs)
+            held.claimed(claimed)
+            return [("done", claimed)]
         if method != "apply_group":
             raise StorageError(f"the writer process has no call {method!r}")
         batch = [write for _, _, (group,), _ in run for write in group]
-        outcomes, transactions = apply_group(store, batch)
+        outcomes, transactions = _apply_held(store, batch)
+        held.wrote(batch, outcomes)
         answers = _answers(batch, _portable(outcomes))
     except Exception as exc:
+        held.failed(batch)
         error = ("raised", _portable_error(exc))
         return [error] * len(run)
     out: list[tuple[str, Any]] = []
@@ -590,6 +713,39 @@ def _serve(store: Store, run: list[Any]) -> list[tuple[str, Any]]:
         at += len(group)
         transactions = 0
     return out
+
+
+def _apply_held(store: Store, batch: list[tuple[int, Write]]) -> tuple[list[Outcome], int]:
+    """:func:`apply_group`, but a write made on a record the worker named and this child no longer holds
+    (a later answer replaced it: the record moved on) is refused as stale, as the database would refuse it."""
+    gone = {
+        i: op.operation_id for i, (_, item) in enumerate(batch) if isinstance(op := getattr(item, "op", None), _Gone)
+    }
+    if not gone:
+        return apply_group(store, batch)
+    live = [write for i, write in enumerate(batch) if i not in gone]
+    outcomes, transactions = apply_group(store, live) if live else ([], 0)
+    landed = iter(outcomes)
+    return [_moved_on(gone[i]) if i in gone else next(landed) for i in range(len(batch))], transactions
+
+
+def _moved_on(operation_id: str) -> Moved:
+    return Moved(
+        StaleRecord(
+            f"operation {operation_id} changed since it was read; read it again and decide again",
+            operation_id=operation_id,
+        )
+    )
+
+
+def _without_body(op: Operation) -> Operation:
+    """A record as the child keeps it: no write it makes reads the body (see :class:`_ToChild`)."""
+    if op.request_body is NOT_SENT or op.request_body is BODY_NOT_LOADED:
+        return op
+    values = _OPERATION_VALUES(op)
+    record = _rebuild(Operation, (*values[:_BODY], NOT_SENT, *values[_BODY + 1 :]))
+    assert isinstance(record, Operation)
+    return record
 
 
 def main() -> None:
@@ -623,9 +779,15 @@ def main() -> None:
         last = time.monotonic()
         try:
             for run in _runs(pending):
-                for answer in _serve(store, run):  # each run answered once it is done: a claim waits for no later group
+                for answer in _serve(
+                    store, run, _HELD
+                ):  # each run answered once it is done: a claim waits for no later group
                     out.write(_message(answer))
                 out.flush()
         except BrokenPipeError:
             break
     store.close()
+
+
+#: in the writer process, the records it answered the worker with (see _Held); unused in the worker's
+_HELD = _Held(_without_body)
