@@ -73,6 +73,11 @@ EXPECTED_LOCK_WAIT_S = 5.0
 
 #: Columns a change may set besides the state (the state itself only via the machine).
 MUTABLE_COLUMNS = frozenset(Changes.__annotations__)
+#: the fields of a record a write can change; a write's new record shares every other with the one it was made on
+WRITTEN_FIELDS = frozenset(
+    {*MUTABLE_COLUMNS, "state", "partial_effects", "lease_owner", "lease_expires_at_us", "updated_at_us", "version"}
+    | {"history_head"}
+)
 
 
 def default_db_path() -> Path:
@@ -1451,7 +1456,6 @@ def _advanced(op: Operation, update: dict[str, Any]) -> Operation:
 def _advance_function() -> Callable[[Operation, dict[str, Any], State, Any, bool], Operation]:
     """One function setting every field (built once): every write that lands makes a record, and a dict
     of 31 fields unpacked into the constructor cost half as much again."""
-    written = {*MUTABLE_COLUMNS, "updated_at_us", "version", "history_head"}
     values = {}
     for name in Operation.__dataclass_fields__:
         if name == "state":
@@ -1460,7 +1464,7 @@ def _advance_function() -> Callable[[Operation, dict[str, Any], State, Any, bool
             values[name] = "effects"
         elif name in ("lease_owner", "lease_expires_at_us"):  # the write that enters a resting state ends the lease
             values[name] = f"None if released else op.{name}"
-        elif name in written:
+        elif name in WRITTEN_FIELDS:
             values[name] = f"update[{name!r}]"
         else:
             values[name] = f"op.{name}"

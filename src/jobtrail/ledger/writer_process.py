@@ -47,7 +47,17 @@ from jobtrail.domain.builders import builder
 from jobtrail.domain.errors import JobtrailError, StaleRecord, StorageError
 from jobtrail.domain.record import BODY_NOT_LOADED, Operation
 from jobtrail.domain.redact import Redactor
-from jobtrail.ledger.store import Applied, Change, Moved, Release, Reschedule, Store, Write, key_race
+from jobtrail.ledger.store import (
+    WRITTEN_FIELDS,
+    Applied,
+    Change,
+    Moved,
+    Release,
+    Reschedule,
+    Store,
+    Write,
+    key_race,
+)
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +274,9 @@ def _held_record(operation_id: str, version: tuple[int, int, int]) -> Operation 
 _BODY = _fields_of(Operation).index("request_body")
 #: an operation's fields' values, in order (what _ToChild sends and _Delta compares)
 _OPERATION_VALUES = _values_of(Operation)
-_INDEXES = range(len(_fields_of(Operation)))
+#: where the fields a write can change are among them, and their values
+_WRITTEN = tuple(i for i, name in enumerate(_fields_of(Operation)) if name in WRITTEN_FIELDS)
+_WRITTEN_VALUES = operator.attrgetter(*(_fields_of(Operation)[i] for i in _WRITTEN))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -276,8 +288,9 @@ class _Delta:
 
     @classmethod
     def between(cls, before: Operation, after: Operation) -> _Delta:
-        values = zip(_INDEXES, _OPERATION_VALUES(before), _OPERATION_VALUES(after), strict=True)
-        # a field a write leaves alone is the very same object: most are ruled out without a call
+        values = zip(_WRITTEN, _WRITTEN_VALUES(before), _WRITTEN_VALUES(after), strict=True)
+        # only the fields a write can change; and one it leaves alone is the very same object: most are
+        # ruled out without a call
         return cls(tuple([(i, new) for i, old, new in values if new is not old and _differs(old, new)]))
 
     def applied_to(self, op: Operation) -> Operation:
