@@ -498,6 +498,23 @@ def test_a_claim_reads_a_request_body_only_where_an_action_may_send_it(store: St
     assert verify(store).ok
 
 
+def test_a_claimed_record_is_the_record_as_stored_under_its_new_lease(store: Store) -> None:
+    """A claim's rows become records by column position, with statements built once for each set of
+    providers and states: every claimed record equals the stored one read after the claim, its partial
+    effects, reason and state included (its body where the claim read it), whichever filters it used."""
+    ops = [op_in(store, state) for state in (S.CREATE_PENDING, S.ACCEPTED, S.OBSERVING)]
+    effects = {"done": 2, "ratio": 0.5, "ok": True, "items": [1, None, "x"]}
+    store.apply([Reschedule(op=op, changes={"next_action_at_us": 1, "partial_effects": effects}) for op in ops])
+    for states in ([S.ACCEPTED], [S.CREATE_PENDING, S.OBSERVING], None):
+        for claimed in store.claim("w", limit=10, lease_s=30, providers=[ops[0].provider], states=states):
+            stored = store.get(claimed.operation_id)
+            if claimed.request_body is BODY_NOT_LOADED:
+                stored = dataclasses.replace(stored, request_body=BODY_NOT_LOADED)
+            assert claimed == stored
+            assert claimed.lease_owner == "w" and claimed.partial_effects == effects
+    assert not store.claim("w", limit=10, lease_s=30, providers=["another"])
+
+
 def _lease_runs_out(store: Store, op: Operation, at_us: int | None) -> None:
     """The lease ``op`` was claimed under now expires at ``at_us`` (in the past: its worker died; None:
     it was left with no expiry at all)."""
