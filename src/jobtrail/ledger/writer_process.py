@@ -180,9 +180,9 @@ class _ToChild(_Pickler):
     operation it would be pickled, piped and unpickled some eight times over. The child answers a
     write with what changed (:class:`_Delta`), so the worker's record keeps its own body.
 
-    And a record the child itself answered with last (``held``: see :class:`_Held`) is not sent
-    again: a write names it (its operation and :func:`_version_of`), and the child takes its own
-    copy. Most of a worker's writes are made on the record its last write or claim came back with.
+    And a record the child itself answered with (``held``: see :class:`_Held`) is not sent again:
+    a write made on that very record names it, and the child takes its own copy. Most of a
+    worker's writes are made on the record its last write or claim came back with.
     """
 
     def __init__(self, file: IO[bytes], protocol: int, held: _Held | None = None) -> None:
@@ -191,67 +191,65 @@ class _ToChild(_Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is Operation:
-            if self._held is not None and self._held.has(obj):
-                return _held_record, (obj.operation_id, _version_of(obj))
+            serial = 0 if self._held is None else self._held.serial_of(obj)
+            if serial:
+                return _held_record, (obj.operation_id, serial)
             values = _OPERATION_VALUES(obj)
             return _rebuild, (Operation, (*values[:_BODY], NOT_SENT, *values[_BODY + 1 :]))
         return super().reducer_override(obj)
 
 
-def _version_of(op: Operation) -> tuple[int, int, int]:
-    """What tells one record of an operation from another the same worker can hold: every write moves
-    ``updated_at_us`` (a transition its ``version`` too), every claim moves ``lease_epoch``."""
-    return op.version, op.updated_at_us, op.lease_epoch
-
-
 class _Held:
-    """The records the writer process answered with last, one per operation while a lease holds it: the
-    child keeps the records, the worker what tells them apart (:func:`_version_of`).
+    """The records the writer process answered with, one per operation while a lease holds it, each
+    under a serial number the child gives it and sends with its answer: the child keeps the records,
+    the worker the very objects it made of those answers.
 
-    Both ends follow the same answers in the same order (the worker's reader as it reads them), so a
-    record the worker names is one the child has, unless a later answer for the same operation
-    replaced it (then the write was made on a record that moved on, and is refused as stale: see
-    :class:`_Gone`). A record with no lease is let go: the next write on its operation follows a claim.
+    The worker names a record only if the write was made on that object; the child takes its own
+    copy if it still holds that serial, and otherwise (a later answer on the same operation replaced
+    it: the write was made on a record that moved on) refuses the write as stale (see :class:`_Gone`).
+    A record with no lease, or that a write refused, is let go on both ends. Each end forgets its
+    oldest records past a bound, the child's four times the worker's: both update in the order of
+    the answers, so what the child forgets the worker forgot long before, and never names.
     """
 
-    def __init__(self, keep: Callable[[Operation], Any]) -> None:
-        self._keep = keep
-        self.records: dict[str, Any] = {}
+    def __init__(self, most: int) -> None:
+        self._most = most
+        self._serial = 0
+        #: operation id -> (serial, record), oldest first
+        self.records: dict[str, tuple[int, Operation]] = {}
 
-    def has(self, op: Operation) -> bool:
-        return bool(self.records.get(op.operation_id) == _version_of(op))
+    def serial_of(self, op: Operation) -> int:
+        """The serial ``op`` was answered with, if this is the record held (0: send it whole)."""
+        held = self.records.get(op.operation_id)
+        return held[0] if held is not None and held[1] is op else 0
 
-    def claimed(self, ops: Sequence[Operation]) -> None:
+    def keep(self, op_id: str, record: Operation | None) -> int:
+        """The child: number and hold ``record`` if a lease holds it, else let its operation go (0)."""
+        if record is None or record.lease_owner is None:
+            self.records.pop(op_id, None)
+            return 0
+        self._serial += 1
+        self._put(op_id, self._serial, record)
+        return self._serial
+
+    def follow(self, op_id: str, record: Operation | None, serial: int) -> None:
+        """The worker: hold ``record`` under the serial the child answered with (0: it let the operation go)."""
+        if serial and record is not None:
+            self._put(op_id, serial, record)
+        else:
+            self.records.pop(op_id, None)
+
+    def _put(self, op_id: str, serial: int, record: Operation) -> None:
         records = self.records
-        for op in ops:
-            records[op.operation_id] = self._keep(op)
-        self._bound()
-
-    def wrote(self, batch: Sequence[tuple[int, Write]], outcomes: Sequence[Any]) -> None:
-        records = self.records
-        for (_, item), outcome in zip(batch, outcomes, strict=True):
-            if isinstance(item, Change | Reschedule):
-                op_id = item.op.operation_id
-            elif isinstance(item, Release):
-                op_id = item.operation_id
-            else:
-                continue
-            if isinstance(outcome, Operation) and outcome.lease_owner is not None:
-                records[op_id] = self._keep(outcome)
-            else:  # refused, ended its lease, or let go
-                records.pop(op_id, None)
-        self._bound()
-
-    def failed(self, batch: Sequence[tuple[int, Write]]) -> None:
-        self.wrote(batch, [None] * len(batch))
-
-    def _bound(self) -> None:
-        if len(self.records) > _HELD_MAX:  # leases given up without a write (a worker stopped mid-way)
-            self.records.clear()
+        records.pop(op_id, None)  # (to the end: the oldest go first)
+        records[op_id] = (serial, record)
+        while len(records) > self._most:  # leases given up without a write through here (rare)
+            del records[next(iter(records))]
 
 
-#: most records the writer process holds for the worker (a worker's actions in flight are far fewer)
-_HELD_MAX = 100_000
+#: most records each end holds (the child's four times the worker's; a worker's actions in flight are far fewer)
+_WORKER_MOST = 50_000
+_CHILD_MOST = 4 * _WORKER_MOST
 
 
 class _Gone:
@@ -263,12 +261,21 @@ class _Gone:
         self.operation_id = operation_id
 
 
-def _held_record(operation_id: str, version: tuple[int, int, int]) -> Operation | _Gone:
-    """In the child: the record named, as it answered with it."""
-    op = _HELD.records.get(operation_id)
-    if isinstance(op, Operation) and _version_of(op) == tuple(version):
-        return op
-    return _Gone(operation_id)
+def _held_record(operation_id: str, serial: int) -> Operation | _Gone:
+    """In the child, unpickling a write: the record named, as it answered with it. (Looked up as the
+    message is read: a write read with an earlier one on the same record gets that record, and the
+    database decides, as it would on the record sent whole.)"""
+    held = _HELD.records.get(operation_id)
+    return held[1] if held is not None and held[0] == serial else _Gone(operation_id)
+
+
+def _written_op_id(item: Write) -> str | None:
+    """The operation whose record a write replaces (None: an observation or a create)."""
+    if isinstance(item, Change | Reschedule):
+        return item.op.operation_id
+    if isinstance(item, Release):
+        return item.operation_id
+    return None
 
 
 _BODY = _fields_of(Operation).index("request_body")
@@ -285,13 +292,15 @@ class _Delta:
     a few values back over the pipe instead of the whole record, its request body included."""
 
     changes: tuple[tuple[int, Any], ...]
+    #: the serial the child holds the new record under (0: it let the operation go; see _Held)
+    serial: int = 0
 
     @classmethod
-    def between(cls, before: Operation, after: Operation) -> _Delta:
+    def between(cls, before: Operation, after: Operation, serial: int = 0) -> _Delta:
         values = zip(_WRITTEN, _WRITTEN_VALUES(before), _WRITTEN_VALUES(after), strict=True)
         # only the fields a write can change; and one it leaves alone is the very same object: most are
         # ruled out without a call
-        return cls(tuple([(i, new) for i, old, new in values if new is not old and _differs(old, new)]))
+        return cls(tuple([(i, new) for i, old, new in values if new is not old and _differs(old, new)]), serial)
 
     def applied_to(self, op: Operation) -> Operation:
         values = list(_OPERATION_VALUES(op))
@@ -314,13 +323,15 @@ def _differs(old: Any, new: Any) -> bool:
     return bool(new != old)
 
 
-def _answers(batch: Sequence[tuple[int, Write]], outcomes: list[Outcome]) -> list[Outcome | _Delta]:
+def _answers(
+    batch: Sequence[tuple[int, Write]], outcomes: list[Outcome], serials: Sequence[int]
+) -> list[Outcome | _Delta]:
     """The child's answers: a change's or reschedule's new record as a :class:`_Delta` of its old one."""
     return [
-        _Delta.between(item.op, outcome)
+        _Delta.between(item.op, outcome, serial)
         if isinstance(outcome, Operation) and isinstance(item, Change | Reschedule)
         else outcome
-        for (_, item), outcome in zip(batch, outcomes, strict=True)
+        for (_, item), outcome, serial in zip(batch, outcomes, serials, strict=True)
     ]
 
 
@@ -368,7 +379,7 @@ class WriterProcess:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: collections.deque[_Waiting] = collections.deque()
         #: the records the running child holds for this worker (a new child holds none)
-        self._held = _Held(_version_of)
+        self._held = _Held(_WORKER_MOST)
         self._reader: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[None] | None = None
         self._retry_at = 0.0
@@ -420,7 +431,7 @@ class WriterProcess:
             log.warning("the ledger's writer process did not start (%s); this process writes itself meanwhile", exc)
             return
         # each child answers the calls made to it: a successor's calls wait in a queue of their own
-        self._proc, self._sent, self._waiting, self._held = proc, 0, collections.deque(), _Held(_version_of)
+        self._proc, self._sent, self._waiting, self._held = proc, 0, collections.deque(), _Held(_WORKER_MOST)
         self._reader = asyncio.get_running_loop().create_task(self._read(proc, self._waiting, self._held))
 
     def post(self, batch: Sequence[tuple[int, Write]]) -> Awaitable[tuple[list[Outcome], int]]:
@@ -499,7 +510,11 @@ class WriterProcess:
             while True:
                 answer = await _read_one(proc.stdout)
                 caller = waiting.popleft()
-                answer = caller.followed(answer, held)
+                try:
+                    answer = caller.followed(answer, held)
+                except Exception as exc:  # a bug here must fail its own caller, not leave it waiting
+                    caller.forget(held)
+                    answer = ("raised", StorageError(f"the writer process's answer could not be read: {exc!r}"))
                 if not caller.future.done():  # (cancelled: its loop is closing)
                     caller.future.set_result(answer)
         except (asyncio.IncompleteReadError, OSError):
@@ -556,21 +571,37 @@ class _Waiting(NamedTuple):
     batch: list[tuple[int, Write]] | None
 
     def followed(self, answer: tuple[str, Any], held: _Held) -> tuple[str, Any]:
-        """The answer as its caller takes it (a group's: its outcomes), once ``held`` has followed it."""
+        """The answer as its caller takes it (a group's: its outcomes; a claim's: its records), once
+        ``held`` has followed it."""
         kind, value = answer
         batch = self.batch
         if kind != "done":
-            if batch is not None:
-                held.failed(batch)
+            self.forget(held)
             return answer
         if batch is None:
-            if self.method == "claim":
-                held.claimed(value)
-            return answer
+            if self.method != "claim":
+                return answer
+            records, serials = value
+            for op, serial in zip(records, serials, strict=True):
+                held.follow(op.operation_id, op, serial)
+            return kind, records
         answers, transactions = value
-        outcomes = [_outcome(item, reply) for (_, item), reply in zip(batch, answers, strict=True)]
-        held.wrote(batch, outcomes)
+        outcomes = []
+        for (_, item), reply in zip(batch, answers, strict=True):
+            outcome = _outcome(item, reply)
+            outcomes.append(outcome)
+            op_id = _written_op_id(item)
+            if op_id is not None:
+                record = outcome if isinstance(outcome, Operation) else None
+                held.follow(op_id, record, reply.serial if isinstance(reply, _Delta) else 0)
         return kind, (outcomes, transactions)
+
+    def forget(self, held: _Held) -> None:
+        """Let go of the operations this call wrote (it failed as a whole)."""
+        for _, item in self.batch or ():
+            op_id = _written_op_id(item)
+            if op_id is not None:
+                held.follow(op_id, None, 0)
 
 
 def _outcome(item: Write, reply: Any) -> Any:
@@ -697,7 +728,7 @@ def _runs(calls: list[Any]) -> list[list[Any]]:
 def _serve(store: Store, run: list[Any], held: _Held | None = None) -> list[tuple[str, Any]]:
     """One answer per call of ``run``: a claim; or groups committed as one (the first answer counts the
     transactions), each group's outcomes in its own answer. ``held`` follows the records answered with."""
-    held = held or _Held(_without_body)
+    held = held or _Held(_CHILD_MOST)
     for values, *_ in run:
         for value in values:
             store.redactor.register(value)
@@ -707,16 +738,21 @@ def _serve(store: Store, run: list[Any], held: _Held | None = None) -> list[tupl
         store.check_file()  # a SQLite file deleted under the worker: refuse, rather than write into a new one
         if method == "claim":
             claimed = store.claim(*args, **kwargs)
-            held.claimed(claimed)
-            return [("done", claimed)]
+            return [("done", (claimed, [held.keep(op.operation_id, _without_body(op)) for op in claimed]))]
         if method != "apply_group":
             raise StorageError(f"the writer process has no call {method!r}")
         batch = [write for _, _, (group,), _ in run for write in group]
         outcomes, transactions = _apply_held(store, batch)
-        held.wrote(batch, outcomes)
-        answers = _answers(batch, _portable(outcomes))
+        serials = [
+            0 if op_id is None else held.keep(op_id, _without_body(o) if isinstance(o, Operation) else None)
+            for o, op_id in zip(outcomes, (_written_op_id(item) for _, item in batch), strict=True)
+        ]
+        answers = _answers(batch, _portable(outcomes), serials)
     except Exception as exc:
-        held.failed(batch)
+        for _, item in batch:  # the whole run failed: its operations are let go, as the worker lets them go
+            op_id = _written_op_id(item)
+            if op_id is not None:
+                held.keep(op_id, None)
         error = ("raised", _portable_error(exc))
         return [error] * len(run)
     out: list[tuple[str, Any]] = []
@@ -803,4 +839,4 @@ def main() -> None:
 
 
 #: in the writer process, the records it answered the worker with (see _Held); unused in the worker's
-_HELD = _Held(_without_body)
+_HELD = _Held(_CHILD_MOST)
