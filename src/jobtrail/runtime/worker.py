@@ -277,15 +277,13 @@ class Worker:
         return due is None
 
     async def _idle(self, busy: bool) -> None:
-        if busy:
-            # a turn of the loop while actions are in flight (two hundred a second): a plain sleep, where a
-            # wait for the stop event made a task and a timer each time; the loop sees a stop within 5 ms
-            await asyncio.sleep(0.005)
-            return
         wait = self.idle_s
-        due = await self.io(self.store.next_claimable_us, providers=tuple(self.providers), states=WORKED_STATES)
-        if due is not None:
-            wait = min(wait, max(0.001, (due - self.store.clock()) / _US))
+        if busy:
+            wait = 0.005
+        else:
+            due = await self.io(self.store.next_claimable_us, providers=tuple(self.providers), states=WORKED_STATES)
+            if due is not None:
+                wait = min(wait, max(0.001, (due - self.store.clock()) / _US))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=wait)
 
