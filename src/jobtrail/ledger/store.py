@@ -1342,10 +1342,7 @@ def _claim_statements(dialect: str, providers: tuple[str, ...] | None, states: t
     """The statements of :meth:`Store.claim` (parameters ``b_now``, ``b_worker``, ``b_expires``, ``b_limit``)."""
     ops = t.operations
     now = sa.bindparam("b_now", type_=sa.BigInteger)
-    filters = [
-        *([] if providers is None else [ops.c.provider.in_(list(providers))]),
-        *([] if states is None else [ops.c.state.in_(list(states))]),
-    ]
+    filters = _filters(providers, None if states is None else [State(value) for value in states])
 
     def claimable(*lease: Any) -> sa.Select[Any]:
         return sa.select(ops.c.operation_id).where(

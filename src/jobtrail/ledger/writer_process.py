@@ -239,6 +239,13 @@ class _Held:
         else:
             self.records.pop(op_id, None)
 
+    def let_go(self, batch: Sequence[tuple[int, Write]]) -> None:
+        """Both ends: let go of the operations ``batch`` wrote (its call failed as a whole)."""
+        for _, item in batch:
+            op_id = _written_op_id(item)
+            if op_id is not None:
+                self.records.pop(op_id, None)
+
     def _put(self, op_id: str, serial: int, record: Operation) -> None:
         records = self.records
         records.pop(op_id, None)  # (to the end: the oldest go first)
@@ -513,7 +520,7 @@ class WriterProcess:
                 try:
                     answer = caller.followed(answer, held)
                 except Exception as exc:  # a bug here must fail its own caller, not leave it waiting
-                    caller.forget(held)
+                    held.let_go(caller.batch or ())
                     answer = ("raised", StorageError(f"the writer process's answer could not be read: {exc!r}"))
                 if not caller.future.done():  # (cancelled: its loop is closing)
                     caller.future.set_result(answer)
@@ -576,7 +583,7 @@ class _Waiting(NamedTuple):
         kind, value = answer
         batch = self.batch
         if kind != "done":
-            self.forget(held)
+            held.let_go(self.batch or ())
             return answer
         if batch is None:
             if self.method != "claim":
@@ -595,13 +602,6 @@ class _Waiting(NamedTuple):
                 record = outcome if isinstance(outcome, Operation) else None
                 held.follow(op_id, record, reply.serial if isinstance(reply, _Delta) else 0)
         return kind, (outcomes, transactions)
-
-    def forget(self, held: _Held) -> None:
-        """Let go of the operations this call wrote (it failed as a whole)."""
-        for _, item in self.batch or ():
-            op_id = _written_op_id(item)
-            if op_id is not None:
-                held.follow(op_id, None, 0)
 
 
 def _outcome(item: Write, reply: Any) -> Any:
@@ -749,10 +749,7 @@ def _serve(store: Store, run: list[Any], held: _Held | None = None) -> list[tupl
         ]
         answers = _answers(batch, _portable(outcomes), serials)
     except Exception as exc:
-        for _, item in batch:  # the whole run failed: its operations are let go, as the worker lets them go
-            op_id = _written_op_id(item)
-            if op_id is not None:
-                held.keep(op_id, None)
+        held.let_go(batch)  # the whole run failed: its operations are let go, as the worker lets them go
         error = ("raised", _portable_error(exc))
         return [error] * len(run)
     out: list[tuple[str, Any]] = []
