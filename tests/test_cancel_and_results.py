@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -411,6 +412,48 @@ def test_large_results_are_files_verified_on_read(
         env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
     )
     assert bad.returncode == 2 and "altered or damaged" in bad.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs Linux's /proc/<pid>/wchan")
+def test_a_result_on_standard_output_arrives_whole_when_the_command_is_stopped_midway(
+    db_url: str, ledger: Store, fake: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``jobtrail result`` into a pipe, under PYTHONUNBUFFERED=1 (which many container images set), stopped
+    and continued while the pipe is full (^Z in a pipeline, a debugger attaching): the reader still gets
+    every byte. Python's unbuffered standard output dropped what one interrupted write left, silently."""
+    monkeypatch.setenv("JOBTRAIL_DATA_DIR", str(tmp_path / "results"))
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"fake": {"result": "large", "size": 3 * INLINE_MAX_BYTES}})
+    work(ledger, cfg)
+    _, data = read_result(ledger, op_id)
+    command = subprocess.Popen(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the result (768 KiB) fills the pipe (64 KiB): the command waits in the middle of a write
+            with open(f"/proc/{command.pid}/wchan") as fh:
+                if "pipe_write" in fh.read():
+                    break
+            assert command.poll() is None and time.monotonic() < deadline, "never blocked writing"
+            time.sleep(0.01)
+        for _ in range(3):
+            command.send_signal(signal.SIGSTOP)
+            time.sleep(0.1)
+            command.send_signal(signal.SIGCONT)
+            time.sleep(0.05)
+        assert command.stdout is not None
+        out = command.stdout.read()
+    finally:
+        if command.poll() is None:
+            command.kill()
+        command.wait(30)
+        assert command.stdout is not None
+        command.stdout.close()
+    assert command.returncode == 0
+    assert len(out) == len(data) and out == data, f"{len(out)} of {len(data)} bytes"
 
 
 def test_no_result_says_why(db_url: str, ledger: Store, fake: FakeProvider) -> None:

@@ -345,8 +345,12 @@ def test_two_records_of_one_operation_answered_together_are_told_apart(db_url: s
         await _started(writer)
         (claimed,) = await writer.claim("w", limit=1, lease_s=30)
         later = claimed.created_at_us + 1_000_000
+        assert writer.pid is not None
+        os.kill(writer.pid, signal.SIGSTOP)  # both on the pipe before the child reads either: one transaction
         first = writer.post([(1, Reschedule(op=claimed, changes={"next_action_at_us": later}))])
         second = writer.post([(2, Reschedule(op=claimed, changes={"polls": 7}))])
+        await asyncio.sleep(0.05)
+        os.kill(writer.pid, signal.SIGCONT)
         ((one,), _), ((two,), _) = await first, await second
         assert isinstance(one, Operation) and isinstance(two, Operation)
         assert not writer._held.serial_of(one) and writer._held.serial_of(two), "the last one answered is held"
@@ -600,7 +604,7 @@ def test_groups_sent_while_the_ledger_is_locked_elsewhere_land_together_once_it_
 def test_bytes_on_the_pipe_that_are_no_answer_fail_the_calls_waiting_and_a_new_child_takes_the_writes(
     tmp_path: Path,
 ) -> None:
-    """Bytes on the answer pipe that are no answer (a profiler attached with ptrace garbled them once, and the
+    """Bytes on the answer pipe that are no answer (a profiler's stop cut an answer short once, and the
     worker waited for ever): nothing after them can be matched to a call, so every call waiting hears an error
     that names it, the child is stopped, and the next child commits the write sent again."""
     path = tmp_path / "garbled.db"
@@ -629,5 +633,52 @@ def test_bytes_on_the_pipe_that_are_no_answer_fail_the_calls_waiting_and_a_new_c
     assert second != first
     assert isinstance(outcome, Operation) and outcome.attempts == 1
     assert store.get(op.operation_id).attempts == 1, "the stopped child's write did not land as well"
+    assert verify(store).ok
+    store.close()
+
+
+def _blocked_writing(pid: int) -> bool:
+    """Is the process waiting for room in a full pipe, in the middle of a write?"""
+    with open(f"/proc/{pid}/wchan") as fh:
+        return "pipe_write" in fh.read()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs Linux's /proc/<pid>/wchan")
+def test_an_answer_interrupted_by_a_stop_arrives_whole_where_python_writes_unbuffered(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PYTHONUNBUFFERED=1 (set by many container images) makes the child's standard output the raw file, whose
+    write took only part of an answer larger than the pipe when a signal interrupted it (a profiler's stop
+    did, and the worker lost its writer process): the child stopped and continued in the middle of a claim's
+    answer, the worker still gets the whole answer, and the next write lands."""
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # what the child inherits
+    store = Store.open(db_url)
+    specs = [spec(body={"prompt": f"{n} " + "x" * 2000}, create_deadline=None) for n in range(200)]
+    ops = {op.operation_id: op for op, _ in store.create_operations(specs)}
+    writer = WriterProcess.for_store(store)
+    assert writer is not None
+
+    async def go() -> tuple[list[Operation], object]:
+        await _started(writer)
+        pid = writer.pid
+        assert pid is not None
+        claim = asyncio.ensure_future(writer.claim("w", limit=500, lease_s=60))
+        await asyncio.sleep(0)  # on the pipe; this loop reads no answer until the stop is over
+        deadline = time.monotonic() + 30
+        while not _blocked_writing(pid):  # the answer (some 400 KiB) fills the pipe (64 KiB)
+            assert time.monotonic() < deadline, "the child never blocked writing its answer"
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGCONT)
+        claimed = await asyncio.wait_for(claim, 30)
+        (outcome,), _ = await writer.post([_attempt(1, claimed[0])])
+        await writer.close()
+        return claimed, outcome
+
+    claimed, outcome = asyncio.run(go())
+    assert sorted(op.operation_id for op in claimed) == sorted(ops), "every record, once"
+    assert all(op.request_body == ops[op.operation_id].request_body for op in claimed), "each body whole"
+    assert isinstance(outcome, Operation) and outcome == store.get(outcome.operation_id)
     assert verify(store).ok
     store.close()

@@ -9,6 +9,7 @@ loop's own handlers take over.
 
 from __future__ import annotations
 
+import io
 import signal
 import sys
 
@@ -17,9 +18,30 @@ from jobtrail.interfaces.early import remember
 
 
 def main() -> None:
+    _whole_writes()
     if subcommand(sys.argv[1:]) == "worker":
         signal.signal(signal.SIGTERM, remember)
         signal.signal(signal.SIGINT, remember)
     from jobtrail.interfaces.cli import main as cli_main
 
     cli_main()
+
+
+def _whole_writes() -> None:
+    """Standard output that never drops part of what is written to it.
+
+    Under PYTHONUNBUFFERED=1 (many container images set it) or ``python -u``, ``sys.stdout`` writes to the
+    raw file, and a write that a signal interrupts (a stop: ^Z in a pipeline, a debugger or profiler
+    attaching) takes only part of a long answer and returns, the rest silently dropped, ``print`` and
+    ``--json`` documents included: the reader gets a truncated answer and no error. A buffered file
+    finishes every write; flushing at each line keeps the output as prompt as unbuffered output.
+    """
+    if isinstance(getattr(sys.stdout, "buffer", None), io.FileIO):
+        sys.stdout = open(  # noqa: SIM115 - the process's standard output, for as long as it runs
+            sys.stdout.fileno(),
+            "w",
+            encoding=sys.stdout.encoding,
+            errors=sys.stdout.errors,
+            buffering=1,
+            closefd=False,
+        )

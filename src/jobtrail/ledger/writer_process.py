@@ -351,9 +351,21 @@ def _message(message: Any, pickler: Callable[..., _Pickler] = _Pickler) -> bytes
     return bytes(data)
 
 
-def _send(stream: IO[bytes], message: Any) -> None:
-    stream.write(_message(message))
-    stream.flush()
+def _send(fd: int, *messages: Any) -> None:
+    """Messages on the pipe at ``fd``, whole: the child's answers (see :func:`_write_all`)."""
+    _write_all(fd, b"".join(_message(m) for m in messages))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Every byte of ``data`` on ``fd``, or an error. A write to a pipe that a signal interrupts once it has
+    begun (a stop by a debugger, a profiler or SIGSTOP) takes only part of it; the rest must follow, or no
+    answer after it can be read. ``sys.stdout.buffer`` does not see to that when it is the raw file (under
+    PYTHONUNBUFFERED=1, which many container images set, or ``python -u``): it returns the count and
+    drops the rest."""
+    with memoryview(data) as view:
+        sent = 0
+        while sent < len(view):
+            sent += os.write(fd, view[sent:])
 
 
 def _portable(outcomes: list[Outcome]) -> list[Outcome]:
@@ -799,7 +811,7 @@ def main() -> None:
     # a Ctrl-C or a service manager's SIGTERM reaches the whole group; the worker decides when this ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    calls, out = _Calls(sys.stdin.fileno()), sys.stdout.buffer
+    calls, out = _Calls(sys.stdin.fileno()), sys.stdout.fileno()
     sys.stdout = sys.stderr  # nothing else may write into the answers
     # what goes wrong here reaches the worker as an error in an answer, and is logged there, redacted;
     # this process has no log handlers of its own, so it logs nothing that could carry a credential
@@ -824,12 +836,8 @@ def main() -> None:
             break
         last = time.monotonic()
         try:
-            for run in _runs(pending):
-                for answer in _serve(
-                    store, run, _HELD
-                ):  # each run answered once it is done: a claim waits for no later group
-                    out.write(_message(answer))
-                out.flush()
+            for run in _runs(pending):  # each run answered once it is done: a claim waits for no later group
+                _send(out, *_serve(store, run, _HELD))
         except BrokenPipeError:
             break
     store.close()
