@@ -186,6 +186,8 @@ def _pattern_found(text: str) -> bool:
     search of a long text costs a millisecond or more per pattern, and prose is full of hints ("token").
     """
     lower = _hint_text(text)
+    if _STRONG_HINT_LOWER.search(lower) is None:  # no hint at all (ids, states, URLs): one search, not one per hint
+        return False
     for (pattern, _), anchors in zip(_PATTERNS, _PATTERN_ANCHORS, strict=True):
         for hint, offset, after in anchors:
             at = lower.find(hint)
