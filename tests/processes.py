@@ -121,3 +121,40 @@ def write_lock_held_elsewhere(db_path: str, seconds: float) -> Iterator[subproce
     finally:
         proc.wait(30)
         proc.stdout.close()
+
+
+def pipe_capacity() -> int:
+    """How many bytes a new pipe holds: 64 KiB on most Linux machines, 1 MiB where pages are 64 KiB."""
+    import fcntl
+
+    read, write = os.pipe()
+    try:
+        return int(fcntl.fcntl(read, fcntl.F_GETPIPE_SZ))
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def wait_until_blocked_writing(pid: int, timeout: float = 60.0) -> None:
+    """Wait until process ``pid`` waits for room in a full pipe, in the middle of a write (Linux)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(f"/proc/{pid}/wchan") as fh:
+            if "pipe_write" in fh.read():
+                return
+        assert time.monotonic() < deadline, f"process {pid} never blocked writing to a full pipe"
+        time.sleep(0.01)
+
+
+def stop_and_continue(pid: int, times: int = 3) -> None:
+    """SIGSTOP then SIGCONT ``pid``, ``times`` times: each stop interrupts the write it is blocked in."""
+    import signal
+    import time
+
+    for _ in range(times):
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)

@@ -28,6 +28,8 @@ from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, Fault
 
+from processes import pipe_capacity, stop_and_continue, wait_until_blocked_writing
+
 S = State
 FAST = {
     "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 0.2},
@@ -423,36 +425,23 @@ def test_a_result_on_standard_output_arrives_whole_when_the_command_is_stopped_m
     every byte. Python's unbuffered standard output dropped what one interrupted write left, silently."""
     monkeypatch.setenv("JOBTRAIL_DATA_DIR", str(tmp_path / "results"))
     cfg = config(fake)
-    op_id = submit(ledger, cfg, {"fake": {"result": "large", "size": 3 * INLINE_MAX_BYTES}})
+    size = max(3 * INLINE_MAX_BYTES, 4 * pipe_capacity())  # a result four times what the pipe holds, at least
+    op_id = submit(ledger, cfg, {"fake": {"result": "large", "size": size}})
     work(ledger, cfg)
     _, data = read_result(ledger, op_id)
-    command = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id],
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # the result (768 KiB) fills the pipe (64 KiB): the command waits in the middle of a write
-            with open(f"/proc/{command.pid}/wchan") as fh:
-                if "pipe_write" in fh.read():
-                    break
-            assert command.poll() is None and time.monotonic() < deadline, "never blocked writing"
-            time.sleep(0.01)
-        for _ in range(3):
-            command.send_signal(signal.SIGSTOP)
-            time.sleep(0.1)
-            command.send_signal(signal.SIGCONT)
-            time.sleep(0.05)
-        assert command.stdout is not None
-        out = command.stdout.read()
-    finally:
-        if command.poll() is None:
-            command.kill()
-        command.wait(30)
-        assert command.stdout is not None
-        command.stdout.close()
-    assert command.returncode == 0
+    ) as command:
+        try:
+            wait_until_blocked_writing(command.pid)
+            stop_and_continue(command.pid)
+            assert command.stdout is not None
+            out = command.stdout.read()
+        finally:
+            command.send_signal(signal.SIGCONT)  # (whatever failed above: never leave it stopped)
+        assert command.wait(60) == 0
     assert len(out) == len(data) and out == data, f"{len(out)} of {len(data)} bytes"
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +22,15 @@ from jobtrail.interfaces.logs import configure_logging
 from jobtrail.testing import FakeProvider
 
 from helpers import spec
-from processes import finish, start_worker, submit_many, write_provider
+from processes import (
+    finish,
+    pipe_capacity,
+    start_worker,
+    stop_and_continue,
+    submit_many,
+    wait_until_blocked_writing,
+    write_provider,
+)
 
 log = logging.getLogger("jobtrail")
 
@@ -122,3 +134,28 @@ def test_worker_logs_a_failed_action_as_one_json_line(tmp_path: Path) -> None:
         assert op_id in message and "in state" in message and "FailpointHit" in message, message
     finally:
         fake.stop()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs Linux's /proc/<pid>/wchan")
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_line_longer_than_the_pipe_arrives_whole_from_the_command_under_pythonunbuffered(stream: str) -> None:
+    """Under PYTHONUNBUFFERED=1 Python writes standard output and error raw, and a stopped write dropped the
+    rest of a long log line or document: what the ``jobtrail`` entry sets up first writes each line whole."""
+    size = 4 * pipe_capacity()
+    program = (
+        "import sys; from jobtrail.interfaces.entry import _whole_writes; _whole_writes(); "
+        f"sys.{stream}.write('x' * {size} + '\\n'); sys.{stream}.write('next line\\n')"
+    )
+    pipe = {stream: subprocess.PIPE}
+    with subprocess.Popen(
+        [sys.executable, "-c", program], env={**os.environ, "PYTHONUNBUFFERED": "1"}, **pipe
+    ) as command:
+        reader = getattr(command, stream)
+        try:
+            wait_until_blocked_writing(command.pid)
+            stop_and_continue(command.pid)
+            out = reader.read()
+        finally:
+            command.send_signal(signal.SIGCONT)
+        assert command.wait(60) == 0
+    assert out == b"x" * size + b"\nnext line\n", f"{len(out)} bytes"

@@ -37,7 +37,16 @@ from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
 
 from helpers import spec
-from processes import finish, start_worker, submit_many, write_lock_held_elsewhere, write_provider
+from processes import (
+    finish,
+    pipe_capacity,
+    start_worker,
+    stop_and_continue,
+    submit_many,
+    wait_until_blocked_writing,
+    write_lock_held_elsewhere,
+    write_provider,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -637,12 +646,6 @@ def test_bytes_on_the_pipe_that_are_no_answer_fail_the_calls_waiting_and_a_new_c
     store.close()
 
 
-def _blocked_writing(pid: int) -> bool:
-    """Is the process waiting for room in a full pipe, in the middle of a write?"""
-    with open(f"/proc/{pid}/wchan") as fh:
-        return "pipe_write" in fh.read()
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs Linux's /proc/<pid>/wchan")
 def test_an_answer_interrupted_by_a_stop_arrives_whole_where_python_writes_unbuffered(
     db_url: str, monkeypatch: pytest.MonkeyPatch
@@ -653,7 +656,8 @@ def test_an_answer_interrupted_by_a_stop_arrives_whole_where_python_writes_unbuf
     answer, the worker still gets the whole answer, and the next write lands."""
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # what the child inherits
     store = Store.open(db_url)
-    specs = [spec(body={"prompt": f"{n} " + "x" * 2000}, create_deadline=None) for n in range(200)]
+    n = max(200, 4 * pipe_capacity() // 2000)  # an answer four times what the pipe holds, at least
+    specs = [spec(body={"prompt": f"{i} " + "x" * 2000}, create_deadline=None) for i in range(n)]
     ops = {op.operation_id: op for op, _ in store.create_operations(specs)}
     writer = WriterProcess.for_store(store)
     assert writer is not None
@@ -662,23 +666,23 @@ def test_an_answer_interrupted_by_a_stop_arrives_whole_where_python_writes_unbuf
         await _started(writer)
         pid = writer.pid
         assert pid is not None
-        claim = asyncio.ensure_future(writer.claim("w", limit=500, lease_s=60))
-        await asyncio.sleep(0)  # on the pipe; this loop reads no answer until the stop is over
-        deadline = time.monotonic() + 30
-        while not _blocked_writing(pid):  # the answer (some 400 KiB) fills the pipe (64 KiB)
-            assert time.monotonic() < deadline, "the child never blocked writing its answer"
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.2)
-        os.kill(pid, signal.SIGCONT)
-        claimed = await asyncio.wait_for(claim, 30)
-        (outcome,), _ = await writer.post([_attempt(1, claimed[0])])
-        await writer.close()
+        try:
+            claim = asyncio.ensure_future(writer.claim("w", limit=n, lease_s=60))
+            await asyncio.sleep(0)  # on the pipe; this loop reads no answer until the stops are over
+            wait_until_blocked_writing(pid)
+            stop_and_continue(pid)
+            claimed = await asyncio.wait_for(claim, 30)
+            (outcome,), _ = await writer.post([_attempt(1, claimed[0])])
+        finally:
+            os.kill(pid, signal.SIGCONT)  # (whatever failed above: never leave it stopped)
+            await writer.close()
         return claimed, outcome
 
-    claimed, outcome = asyncio.run(go())
-    assert sorted(op.operation_id for op in claimed) == sorted(ops), "every record, once"
-    assert all(op.request_body == ops[op.operation_id].request_body for op in claimed), "each body whole"
-    assert isinstance(outcome, Operation) and outcome == store.get(outcome.operation_id)
-    assert verify(store).ok
-    store.close()
+    try:
+        claimed, outcome = asyncio.run(go())
+        assert sorted(op.operation_id for op in claimed) == sorted(ops), "every record, once"
+        assert all(op.request_body == ops[op.operation_id].request_body for op in claimed), "each body whole"
+        assert isinstance(outcome, Operation) and outcome == store.get(outcome.operation_id)
+        assert verify(store).ok
+    finally:
+        store.close()

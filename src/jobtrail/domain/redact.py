@@ -186,7 +186,9 @@ def _pattern_found(text: str) -> bool:
     search of a long text costs a millisecond or more per pattern, and prose is full of hints ("token").
     """
     lower = _hint_text(text)
-    if _STRONG_HINT_LOWER.search(lower) is None:  # no hint at all (ids, states, URLs): one search, not one per hint
+    if len(text) <= _TEXT_CACHED_LEN and _STRONG_HINT_LOWER.search(lower) is None:
+        # a short text with no hint at all (an id, a state, a relative URL): one search, not one per hint
+        # (past some hundreds of characters the plain finds below cost less than the alternation)
         return False
     for (pattern, _), anchors in zip(_PATTERNS, _PATTERN_ANCHORS, strict=True):
         for hint, offset, after in anchors:

@@ -28,20 +28,20 @@ def main() -> None:
 
 
 def _whole_writes() -> None:
-    """Standard output that never drops part of what is written to it.
+    """Standard output and error that never drop part of what is written to them.
 
-    Under PYTHONUNBUFFERED=1 (many container images set it) or ``python -u``, ``sys.stdout`` writes to the
-    raw file, and a write that a signal interrupts (a stop: ^Z in a pipeline, a debugger or profiler
-    attaching) takes only part of a long answer and returns, the rest silently dropped, ``print`` and
-    ``--json`` documents included: the reader gets a truncated answer and no error. A buffered file
-    finishes every write; flushing at each line keeps the output as prompt as unbuffered output.
+    Under PYTHONUNBUFFERED=1 (many container images set it) or ``python -u``, ``sys.stdout`` and
+    ``sys.stderr`` write to the raw file, and a write that a signal interrupts (a stop: ^Z in a pipeline, a
+    debugger or profiler attaching) takes only part of a long text and returns, the rest silently dropped:
+    ``print``, ``--json`` documents and log lines included, so the reader gets a truncated answer and no
+    error. A buffered file finishes every write; flushing at each line keeps the output as prompt as
+    unbuffered output (and is what Python gives standard error without ``-u``).
     """
-    if isinstance(getattr(sys.stdout, "buffer", None), io.FileIO):
-        sys.stdout = open(  # noqa: SIM115 - the process's standard output, for as long as it runs
-            sys.stdout.fileno(),
-            "w",
-            encoding=sys.stdout.encoding,
-            errors=sys.stdout.errors,
-            buffering=1,
-            closefd=False,
-        )
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        # io.FileIO, or a Windows console's raw file (which also writes part of a long text)
+        if isinstance(getattr(stream, "buffer", None), io.RawIOBase):
+            whole = open(  # noqa: SIM115 - the process's own stream, for as long as it runs
+                stream.fileno(), "w", encoding=stream.encoding, errors=stream.errors, buffering=1, closefd=False
+            )
+            setattr(sys, name, whole)

@@ -623,7 +623,9 @@ async def serve_stdio(server: MCPServer) -> None:
 
     wire_in = os.fdopen(os.dup(sys.stdin.fileno()), "rb")
     wire_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    # stray output from handlers goes to stderr, never onto the wire
+    # stray output from handlers goes to stderr, never onto the wire (what sys.stdout holds goes first where
+    # it was meant to go, and what a handler left in it goes to stderr before fd 1 is the wire again)
+    sys.stdout.flush()
     saved_out = os.dup(1)
     os.dup2(2, 1)
     try:
@@ -632,6 +634,8 @@ async def serve_stdio(server: MCPServer) -> None:
             lowlevel = server._lowlevel_server
             await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
     finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
         os.dup2(saved_out, 1)
         os.close(saved_out)
         wire_out.close()
