@@ -76,11 +76,12 @@ def wait_for(what: Callable[[], bool], seconds: float = 30) -> None:
 
 
 def crashed_worker(
-    db_url: str, tmp_path: Path, fake: FakeProvider, body: Any, point: str, name: str = "doomed"
+    db_url: str, tmp_path: Path, fake: FakeProvider, body: Any, point: str, name: str = "doomed", **overrides: Any
 ) -> tuple[str, Path]:
-    """Submit one operation and run a worker that the failpoint kills at ``point``."""
+    """Submit one operation and run a worker that the failpoint kills at ``point`` (``overrides``: of the
+    provider file)."""
     op_id = submit(db_url, fake.provider_config(), body)
-    provider = provider_file(tmp_path, fake)
+    provider = provider_file(tmp_path, fake, **overrides)
     env = {"JOBTRAIL_FAILPOINTS": f"{point}=exit"}
     code, _, _ = finish(start_worker(db_url, provider, name, *SETTLE, env=env))
     assert code == 137, "the failpoint killed the worker"
@@ -106,7 +107,11 @@ def test_1_the_provider_commits_the_create_but_the_response_is_dropped(
 def test_2_the_worker_dies_after_storing_the_job_id_before_the_first_poll(
     db_url: str, tmp_path: Path, fake: FakeProvider
 ) -> None:
-    op_id, provider = crashed_worker(db_url, tmp_path, fake, {"scenario": 2}, "create.after_job_id")
+    # the first poll 2 s after the create's answer (the lease is 7 s): the write that stores the job id lands
+    # before it is due even on a loaded machine (a write that lands once it is due keeps the lease, by design:
+    # the worker goes on to poll; CI saw that with the 0.1 s of FAST)
+    first_poll = {**FAST["poll"], "initial_s": 2.0}
+    op_id, provider = crashed_worker(db_url, tmp_path, fake, {"scenario": 2}, "create.after_job_id", poll=first_poll)
     op, _ = ledger(db_url, op_id)
     # the write that stored the job id left the first poll for later, so it ended the lease too: the next
     # worker polls when the poll is due, not when the dead worker's lease runs out
