@@ -135,26 +135,24 @@ def pipe_capacity() -> int:
         os.close(write)
 
 
-def wait_until_blocked_writing(pid: int, timeout: float = 60.0) -> None:
-    """Wait until process ``pid`` waits for room in a full pipe, in the middle of a write (Linux)."""
+def stop_midway_through_a_write(pid: int, times: int = 3, timeout: float = 60.0) -> None:
+    """Once process ``pid`` waits for room in a full pipe, in the middle of a write (Linux), SIGSTOP and
+    SIGCONT it ``times`` times: each stop interrupts that write. It is never left stopped."""
+    import signal
     import time
 
     deadline = time.monotonic() + timeout
     while True:
         with open(f"/proc/{pid}/wchan") as fh:
             if "pipe_write" in fh.read():
-                return
+                break
         assert time.monotonic() < deadline, f"process {pid} never blocked writing to a full pipe"
         time.sleep(0.01)
-
-
-def stop_and_continue(pid: int, times: int = 3) -> None:
-    """SIGSTOP then SIGCONT ``pid``, ``times`` times: each stop interrupts the write it is blocked in."""
-    import signal
-    import time
-
-    for _ in range(times):
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.1)
+    try:
+        for _ in range(times):
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.1)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+    finally:
         os.kill(pid, signal.SIGCONT)
-        time.sleep(0.05)

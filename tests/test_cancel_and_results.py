@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, Fault
 
-from processes import pipe_capacity, stop_and_continue, wait_until_blocked_writing
+from processes import pipe_capacity, stop_midway_through_a_write
 
 S = State
 FAST = {
@@ -434,13 +433,9 @@ def test_a_result_on_standard_output_arrives_whole_when_the_command_is_stopped_m
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     ) as command:
-        try:
-            wait_until_blocked_writing(command.pid)
-            stop_and_continue(command.pid)
-            assert command.stdout is not None
-            out = command.stdout.read()
-        finally:
-            command.send_signal(signal.SIGCONT)  # (whatever failed above: never leave it stopped)
+        stop_midway_through_a_write(command.pid)
+        assert command.stdout is not None
+        out = command.stdout.read()
         assert command.wait(60) == 0
     assert len(out) == len(data) and out == data, f"{len(out)} of {len(data)} bytes"
 

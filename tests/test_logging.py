@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,9 +25,8 @@ from processes import (
     finish,
     pipe_capacity,
     start_worker,
-    stop_and_continue,
+    stop_midway_through_a_write,
     submit_many,
-    wait_until_blocked_writing,
     write_provider,
 )
 
@@ -150,12 +148,7 @@ def test_a_line_longer_than_the_pipe_arrives_whole_from_the_command_under_python
     with subprocess.Popen(
         [sys.executable, "-c", program], env={**os.environ, "PYTHONUNBUFFERED": "1"}, **pipe
     ) as command:
-        reader = getattr(command, stream)
-        try:
-            wait_until_blocked_writing(command.pid)
-            stop_and_continue(command.pid)
-            out = reader.read()
-        finally:
-            command.send_signal(signal.SIGCONT)
+        stop_midway_through_a_write(command.pid)
+        out = getattr(command, stream).read()
         assert command.wait(60) == 0
     assert out == b"x" * size + b"\nnext line\n", f"{len(out)} bytes"

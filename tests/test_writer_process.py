@@ -41,9 +41,8 @@ from processes import (
     finish,
     pipe_capacity,
     start_worker,
-    stop_and_continue,
+    stop_midway_through_a_write,
     submit_many,
-    wait_until_blocked_writing,
     write_lock_held_elsewhere,
     write_provider,
 )
@@ -669,12 +668,10 @@ def test_an_answer_interrupted_by_a_stop_arrives_whole_where_python_writes_unbuf
         try:
             claim = asyncio.ensure_future(writer.claim("w", limit=n, lease_s=60))
             await asyncio.sleep(0)  # on the pipe; this loop reads no answer until the stops are over
-            wait_until_blocked_writing(pid)
-            stop_and_continue(pid)
+            stop_midway_through_a_write(pid)
             claimed = await asyncio.wait_for(claim, 30)
             (outcome,), _ = await writer.post([_attempt(1, claimed[0])])
         finally:
-            os.kill(pid, signal.SIGCONT)  # (whatever failed above: never leave it stopped)
             await writer.close()
         return claimed, outcome
 

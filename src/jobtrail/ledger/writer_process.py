@@ -595,7 +595,7 @@ class _Waiting(NamedTuple):
         kind, value = answer
         batch = self.batch
         if kind != "done":
-            held.let_go(self.batch or ())
+            held.let_go(batch or ())
             return answer
         if batch is None:
             if self.method != "claim":
