@@ -622,3 +622,40 @@ def test_an_idle_workers_question_is_answered_from_indexes_on_postgresql(store: 
         plan = "\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters))
     assert "Seq Scan on operations" not in plan, plan
     assert "ix_operations_unleased" in plan and "ix_operations_leased" in plan, plan
+
+
+def test_a_sqlite_ledger_deleted_under_a_store_is_never_made_anew(tmp_path) -> None:
+    """sqlite3 makes a missing file when it connects. Once a store has seen its ledger, a new connection
+    (any thread's, the pool's next) must fail naming the deletion instead, and no empty ledger may
+    appear where the old one was: a process that went on there would read and write where no one else
+    looks."""
+    db = tmp_path / "jobs.db"
+    store = Store.open(str(db))
+    op, _ = store.create_operation(spec())
+    store.engine.dispose()  # every connection closed: the next read needs a new one
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"jobs.db{suffix}").unlink(missing_ok=True)
+
+    errors: list[BaseException] = []
+
+    def read_elsewhere() -> None:
+        try:
+            store.get(op.operation_id)
+        except BaseException as exc:  # what the thread met, for the test to read
+            errors.append(exc)
+
+    with pytest.raises(StorageError, match=rf"{re.escape(str(db))} was deleted"):
+        store.get(op.operation_id)
+    thread = threading.Thread(target=read_elsewhere)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and isinstance(errors[0], StorageError) and "deleted" in str(errors[0])
+    with pytest.raises(StorageError, match="deleted"):
+        store.create_operation(spec(body={"another": 1}))
+    assert not db.exists(), "no new, empty ledger in the old one's place"
+    store.close()
+
+    # a store opened afresh on the path starts a new ledger, as asked
+    fresh = Store.open(str(db))
+    assert fresh.list_operations(limit=None) == []
+    fresh.close()

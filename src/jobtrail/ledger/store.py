@@ -256,6 +256,8 @@ class Store:
         #: (device, inode) of the SQLite file, once seen (see :meth:`check_file`)
         self._file_identity: tuple[int, int] | None = None
         self._write_lock = _process_write_lock(engine)
+        if self.dialect == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+            event.listen(engine, "do_connect", self._open_existing)
 
     @property
     def default_clock(self) -> bool:
@@ -326,6 +328,15 @@ class Store:
                 "the right one) and start again"
             )
 
+    def _open_existing(self, _dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        """Once this store has seen its SQLite file, a new connection opens that file or fails: sqlite3 would
+        make a missing file anew, and a process whose ledger was deleted under it would go on reading and
+        writing an empty one that nobody else sees (any of its threads, before its next write noticed)."""
+        if self._file_identity is None or cparams.get("uri") or not cargs:
+            return
+        cargs[0] = Path(os.path.abspath(cargs[0])).as_uri() + "?mode=rw"
+        cparams["uri"] = True
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -342,6 +353,7 @@ class Store:
         except Exception as exc:
             if not isinstance(exc, (sa.exc.DBAPIError, sa.exc.TimeoutError, sqlite3.Error, *_psycopg("Error"))):
                 raise
+            self.check_file()  # the file gone: say so, rather than SQLite's "unable to open database file"
             raise StorageError(_explain_db_error(self.engine, doing, exc)) from exc
 
     @contextlib.contextmanager
