@@ -191,19 +191,16 @@ def _worker_peak_rss_kib(db_url: str, provider: Path, spool: Path) -> int:
 def test_a_large_result_streams_to_its_file_without_being_held_in_memory(
     db_url: str, fake: FakeProvider, tmp_path: Path
 ) -> None:
-    provider = fake.write_provider_file(
-        tmp_path / "fake.toml",
-        result={"content_type": "application/octet-stream", "max_bytes": 256 * 1024 * 1024},
-        **FAST,
-    )
+    # 96 MiB through the fake provider's Python server, onto disk and hashed: seconds on a loaded 2-core
+    # machine (CI's three test processes), where the fake's 2 s time-out gave up on all five fetches
+    large = {"result": {"content_type": "application/octet-stream", "max_bytes": 256 * 1024 * 1024}, "timeout_s": 60}
+    provider = fake.write_provider_file(tmp_path / "fake.toml", **large, **FAST)
     spool = tmp_path / "spool"  # the worker's own temporary directory: what it leaves there is its own
     spool.mkdir()
     peaks = {}
     for name, size in (("small", 100_000), ("large", 96 * 1024 * 1024)):
         with Store.open(db_url) as store:
-            cfg = fake.provider_config(
-                result={"content_type": "application/octet-stream", "max_bytes": 256 * 1024 * 1024}, **FAST
-            )
+            cfg = fake.provider_config(**large, **FAST)
             op_id = submit(store, cfg, {"fake": {"result": "large_binary", "size": size}, "n": name})
         peaks[name] = _worker_peak_rss_kib(db_url, provider, spool)
         with Store.open(db_url) as store:
