@@ -659,3 +659,46 @@ def test_a_sqlite_ledger_deleted_under_a_store_is_never_made_anew(tmp_path) -> N
     fresh = Store.open(str(db))
     assert fresh.list_operations(limit=None) == []
     fresh.close()
+
+
+@pytest.mark.parametrize("db", [":memory:", "sqlite://", "sqlite:///:memory:"])
+def test_a_ledger_in_memory_is_one_ledger_for_every_thread(db: str, fake: FakeProvider, tmp_path, monkeypatch) -> None:
+    """SQLite's own name for a database in memory makes one, not a file called ":memory:" in the working
+    directory; and every thread sees the one ledger (SQLite gives each connection a memory database of its
+    own, so the async client's and the worker's threads saw "no such table")."""
+    monkeypatch.chdir(tmp_path)
+    store = Store.open(db)
+    op, _ = store.create_operation(spec())
+    seen: list[object] = []
+
+    def elsewhere() -> None:
+        try:
+            seen.append(store.get(op.operation_id))
+            seen.append(store.create_operation(spec(body={"from": "a thread"}))[0])
+        except BaseException as exc:  # what the thread met, for the test to read
+            seen.append(exc)
+
+    threads = [threading.Thread(target=elsewhere) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [type(x) for x in seen] == [Operation] * 8, seen
+    assert store.count() == 5
+
+    async def through_the_client() -> list[Operation]:  # its reads and writes run on threads of their own
+        jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+        made = await jt.submit_many("fake", [{"n": i} for i in range(5)])
+        try:
+            sent = [await jt.advance_create(m.operation_id) for m in made]
+            assert await jt.io(store.count) == 10
+            return sent
+        finally:
+            await jt.aclose()
+
+    sent = asyncio.run(through_the_client())
+    assert {op.state for op in sent} == {S.ACCEPTED} and fake.counts["creates_received"] == 5
+    assert list(tmp_path.iterdir()) == [], "nothing written to disk"
+    # the client closed its store, and a ledger in memory goes with it: said plainly, not "no such table"
+    with pytest.raises(StorageError, match="was in memory and its store is closed"):
+        store.count()

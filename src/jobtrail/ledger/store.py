@@ -92,6 +92,8 @@ def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
     A plain path means a SQLite file; ``postgresql://`` URLs use psycopg 3.
     """
     raw = str(db) if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
+    if raw == ":memory:":  # SQLite's own name for a database in memory, not a file in the working directory
+        return "sqlite:///:memory:"
     if "://" not in raw:
         path = Path(raw).expanduser().resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,7 +258,12 @@ class Store:
         #: (device, inode) of the SQLite file, once seen (see :meth:`check_file`)
         self._file_identity: tuple[int, int] | None = None
         self._write_lock = _process_write_lock(engine)
-        if self.dialect == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        # a ledger in memory is one connection (see _make_engine): a read takes its turn on it as a write does
+        self._read_lock = self._write_lock if _in_memory(engine.url) else contextlib.nullcontext()
+        if _in_memory(engine.url):
+            event.listen(engine, "do_connect", self._memory_once)
+            self._memory_made = False
+        elif self.dialect == "sqlite":
             event.listen(engine, "do_connect", self._open_existing)
 
     @property
@@ -337,6 +344,16 @@ class Store:
         cargs[0] = Path(os.path.abspath(cargs[0])).as_uri() + "?mode=rw"
         cparams["uri"] = True
 
+    def _memory_once(self, *_: Any) -> None:
+        """A ledger in memory lives as long as its one connection: once the store is closed, a new one would be
+        another, empty ledger (SQLite's "no such table", or records that seem to have vanished)."""
+        if self._memory_made:
+            raise StorageError(
+                "this ledger was in memory and its store is closed: its records are gone with it. Open a new "
+                "store, or give a file (a path, or --db / JOBTRAIL_DB) to keep what is recorded"
+            )
+        self._memory_made = True
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -358,7 +375,7 @@ class Store:
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Connection]:
-        with self._errors("reading"), self.engine.connect() as conn:
+        with self._errors("reading"), self._read_lock, self.engine.connect() as conn:
             yield conn.execution_options(jobtrail_read=True)
 
     @contextlib.contextmanager
@@ -1796,18 +1813,31 @@ _WRITE_LOCKS_GUARD = threading.Lock()
 
 
 def _process_write_lock(engine: Engine) -> contextlib.AbstractContextManager[Any]:
-    """One lock per SQLite file per process (however many stores open it); PostgreSQL needs none."""
-    path = engine.url.database if engine.dialect.name == "sqlite" else None
-    if not path:
+    """One lock per SQLite file per process (however many stores open it), one per ledger in memory (each its own
+    database); PostgreSQL needs none."""
+    if engine.dialect.name != "sqlite":
         return contextlib.nullcontext()
-    key = path if path == ":memory:" else os.path.realpath(path)
+    if _in_memory(engine.url):
+        return threading.RLock()
+    key = os.path.realpath(str(engine.url.database))
     with _WRITE_LOCKS_GUARD:
         return _WRITE_LOCKS.setdefault(key, threading.RLock())
 
 
+def _in_memory(url: sa.URL) -> bool:
+    """A SQLite database in memory (``sqlite://``, ``sqlite:///:memory:``)?"""
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
 def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = sa.create_engine(url)
+        if _in_memory(sa.engine.make_url(url)):
+            # SQLite gives each connection a database in memory of its own, and SQLAlchemy one connection per
+            # thread: the thread that wrote and the threads that read (every async call, the worker) would each
+            # see another, empty ledger ("no such table"). One connection, shared: the store takes turns on it
+            engine = sa.create_engine(url, poolclass=sa.pool.StaticPool, connect_args={"check_same_thread": False})
+        else:
+            engine = sa.create_engine(url)
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
