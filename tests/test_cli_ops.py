@@ -224,3 +224,19 @@ def test_ops_list_fits_80_columns_with_states_and_keys_whole(tmp_path: Path) -> 
     rows = re.sub(r"\x1b\[[0-9;]*m", "", history.stdout).splitlines()
     assert max(len(line) for line in rows) <= 80, "\n".join(rows)
     assert any(" cancellation_unconfirmed " in line for line in rows)
+
+
+def test_an_in_memory_ledger_is_read_as_one(tmp_path: Path) -> None:
+    """`--db :memory:` is SQLite's database in memory (empty, for a command that only reads), not a file of
+    that name: none is looked for, none is made."""
+    for db in (":memory:", "sqlite:///:memory:"):
+        listed = subprocess.run(
+            [sys.executable, "-m", "jobtrail", "--db", db, "ops", "list", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout)["items"] == []
+    assert list(tmp_path.iterdir()) == []

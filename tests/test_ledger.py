@@ -702,3 +702,47 @@ def test_a_ledger_in_memory_is_one_ledger_for_every_thread(db: str, fake: FakePr
     # the client closed its store, and a ledger in memory goes with it: said plainly, not "no such table"
     with pytest.raises(StorageError, match="was in memory and its store is closed"):
         store.count()
+
+
+def test_a_claim_for_no_provider_finds_nothing_and_fails_nothing(store: Store) -> None:
+    """A worker given no providers (or no states) claims nothing, on either database, rather than failing
+    each claim on a statement the driver cannot read."""
+    op = op_in(store, S.ACCEPTED)
+    store.apply([Reschedule(op=op, changes={"next_action_at_us": 1})])
+    assert store.claim("idle", limit=10, lease_s=60, providers=[]) == []
+    assert store.claim("idle", limit=10, lease_s=60, states=[]) == []
+    (claimed,) = store.claim("busy", limit=10, lease_s=60, providers=[op.provider], states=[S.ACCEPTED])
+    assert claimed.operation_id == op.operation_id
+
+
+def test_a_ledger_in_memory_refuses_a_read_or_write_inside_another_on_one_thread(tmp_path, monkeypatch) -> None:
+    """In memory there is one connection: a read begun inside a write would end the write's transaction
+    under it, and the rest of the write would commit piece by piece. It is refused, and the write that was
+    under way is still all or nothing."""
+    monkeypatch.chdir(tmp_path)
+    store = Store.open(":memory:")
+    op, _ = store.create_operation(spec())
+    with pytest.raises(RuntimeError, match="abandoned"), store.writing("a test's write") as conn:
+        conn.execute(sa.update(sa.table("operations", sa.column("caller"))).values(caller="A"))
+        with pytest.raises(UsageError, match="one connection"):
+            store.get(op.operation_id)
+        conn.execute(sa.update(sa.table("operations", sa.column("target"))).values(target="B"))
+        raise RuntimeError("abandoned")
+    after = store.get(op.operation_id)
+    assert (after.caller, after.target) == (op.caller, op.target)
+    store.close()
+
+
+def test_a_ledger_in_memory_keeps_large_results_in_a_directory_of_its_own(tmp_path, monkeypatch) -> None:
+    """Its results' files do not land in the working directory (a ':memory:-results' folder there), and go
+    when the store closes, as its records do."""
+    from jobtrail.ledger.files import data_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("JOBTRAIL_DATA_DIR", raising=False)
+    store = Store.open(":memory:")
+    files = data_dir(store)
+    assert files == data_dir(store) and files.is_dir() and tmp_path not in files.parents
+    store.close()
+    assert not files.exists()
+    assert list(tmp_path.iterdir()) == []

@@ -35,7 +35,7 @@ from jobtrail.domain.errors import require_extra
 from jobtrail.domain.states import State
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.ledger.audit import verify
-from jobtrail.ledger.store import Store
+from jobtrail.ledger.store import Store, in_memory
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.client import AsyncJobtrail
 from jobtrail.runtime.loop import run as run_loop
@@ -287,6 +287,14 @@ def run_demo(db: str | None, console: Console | None = None) -> bool:
     console.print(f"jobtrail demo: ledger at [bold]{path}[/bold], fake providers on 127.0.0.1\n")
     started = time.monotonic()
     ok = run_loop(_run(path, console))
+    if in_memory(path):  # nothing to look around in afterwards: say so, rather than point at an empty ledger
+        console.print(
+            f"\nfinished in {time.monotonic() - started:.1f} s. Its ledger was in memory and went with it: "
+            f"run `{_command()} demo --db FILE` to look around afterwards",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return ok
     with Store.open(path) as store:
         last = store.list_operations(limit=1, caller="demo")
     key = last[0].operation_key if last else "OP_ID"

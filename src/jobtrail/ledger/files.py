@@ -14,10 +14,14 @@ _CHUNK = 1024 * 1024
 
 
 def data_dir(store: Store) -> Path:
-    """Where large results live: beside a SQLite file, else $JOBTRAIL_DATA_DIR or the user data dir."""
+    """Where large results live: $JOBTRAIL_DATA_DIR; else beside a SQLite file, with a ledger in memory (see
+    :meth:`Store.results_in_memory`), or for a server in the user data dir."""
     configured = os.environ.get("JOBTRAIL_DATA_DIR")
     if configured:
         return Path(configured)
+    in_memory = store.results_in_memory()
+    if in_memory is not None:
+        return in_memory
     if store.dialect == "sqlite" and store.engine.url.database:
         return Path(f"{store.engine.url.database}-results")
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")

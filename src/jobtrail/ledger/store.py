@@ -16,8 +16,10 @@ import json
 import logging
 import operator
 import os
+import shutil
 import sqlite3
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -260,9 +262,13 @@ class Store:
         self._write_lock = _process_write_lock(engine)
         # a ledger in memory is one connection (see _make_engine): a read takes its turn on it as a write does
         self._read_lock = self._write_lock if _in_memory(engine.url) else contextlib.nullcontext()
+        #: in memory: whether this thread is reading or writing (see _one_at_a_time); None for a file or a server
+        self._busy: threading.local | None = None
+        self._memory_results: Path | None = None
         if _in_memory(engine.url):
             event.listen(engine, "do_connect", self._memory_once)
             self._memory_made = False
+            self._busy = threading.local()
         elif self.dialect == "sqlite":
             event.listen(engine, "do_connect", self._open_existing)
 
@@ -354,8 +360,19 @@ class Store:
             )
         self._memory_made = True
 
+    def results_in_memory(self) -> Path | None:
+        """Where a ledger in memory keeps its large results: a temporary directory of its own, removed when
+        the store closes, as its records are (None: the ledger is a file or a server)."""
+        if self._busy is None:
+            return None
+        if self._memory_results is None:
+            self._memory_results = Path(tempfile.mkdtemp(prefix="jobtrail-memory-results-"))
+        return self._memory_results
+
     def close(self) -> None:
         self.engine.dispose()
+        if self._memory_results is not None:
+            shutil.rmtree(self._memory_results, ignore_errors=True)
 
     def __enter__(self) -> Store:
         return self
@@ -375,8 +392,27 @@ class Store:
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Connection]:
-        with self._errors("reading"), self._read_lock, self.engine.connect() as conn:
+        with self._errors("reading"), self._read_lock, self._one_at_a_time(), self.engine.connect() as conn:
             yield conn.execution_options(jobtrail_read=True)
+
+    @contextlib.contextmanager
+    def _one_at_a_time(self) -> Iterator[None]:
+        """In memory, a read or write inside another on the same thread would get the one connection, inside
+        the other's transaction: its BEGIN fails, and handing the connection back rolls the outer transaction
+        back under it, so the rest of that write would commit statement by statement. Refused instead."""
+        if self._busy is None:
+            yield
+            return
+        if getattr(self._busy, "on", False):
+            raise UsageError(
+                "a ledger in memory has one connection: a read or write cannot start inside another on the same "
+                "thread (finish the first, or use a file)"
+            )
+        self._busy.on = True
+        try:
+            yield
+        finally:
+            self._busy.on = False
 
     @contextlib.contextmanager
     def writing(self, doing: str) -> Iterator[Connection]:
@@ -387,7 +423,7 @@ class Store:
         polls (up to 100 ms between tries), and many pollers starve each other past
         the busy time-out while the lock is free most of the time.
         """
-        with self._errors(doing), self._write_lock, self.engine.begin() as conn:
+        with self._errors(doing), self._write_lock, self._one_at_a_time(), self.engine.begin() as conn:
             yield conn
 
     # -- creating ---------------------------------------------------------------
@@ -1443,14 +1479,17 @@ def _filters(providers: Sequence[str] | None, states: Sequence[State] | None, *,
     """``fixed``: the lists' values as parameters of their own, fixed in the statement (one run on the driver's
     cursor, see _Prepared, where SQLAlchemy cannot expand a list at each execution)."""
 
-    def listed(values: list[str]) -> list[Any]:
-        return [sa.literal(v, sa.String) for v in values] if fixed else values
+    def among(column: sa.Column[Any], values: list[str]) -> Any:
+        if not fixed:
+            return column.in_(values)
+        # (an empty list would still be SQLAlchemy's expanding parameter, which the driver cannot read)
+        return column.in_([sa.literal(v, sa.String) for v in values]) if values else sa.false()
 
     out: list[Any] = []
     if providers is not None:
-        out.append(t.operations.c.provider.in_(listed(list(providers))))
+        out.append(among(t.operations.c.provider, list(providers)))
     if states is not None:
-        out.append(t.operations.c.state.in_(listed([State(s).value for s in states])))
+        out.append(among(t.operations.c.state, [State(s).value for s in states]))
     return out
 
 
@@ -1822,6 +1861,11 @@ def _process_write_lock(engine: Engine) -> contextlib.AbstractContextManager[Any
     key = os.path.realpath(str(engine.url.database))
     with _WRITE_LOCKS_GUARD:
         return _WRITE_LOCKS.setdefault(key, threading.RLock())
+
+
+def in_memory(db: str | os.PathLike[str] | None) -> bool:
+    """Does ``db`` (as :meth:`Store.open` takes it) name a SQLite database in memory?"""
+    return _in_memory(sa.engine.make_url(resolve_db_url(db)))
 
 
 def _in_memory(url: sa.URL) -> bool:

@@ -102,6 +102,8 @@ def sqlite_file(db: str | None) -> Path | None:
     from jobtrail.ledger.store import DEFAULT_DB_ENV, default_db_path
 
     raw = db if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
+    if raw == ":memory:":
+        return None
     if raw.startswith("sqlite:///"):
         raw = raw[len("sqlite:///") :].split("?", 1)[0]
         return Path(raw).expanduser().absolute() if raw and raw != ":memory:" else None
