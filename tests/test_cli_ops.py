@@ -226,17 +226,25 @@ def test_ops_list_fits_80_columns_with_states_and_keys_whole(tmp_path: Path) -> 
     assert any(" cancellation_unconfirmed " in line for line in rows)
 
 
-def test_an_in_memory_ledger_is_read_as_one(tmp_path: Path) -> None:
-    """`--db :memory:` is SQLite's database in memory (empty, for a command that only reads), not a file of
-    that name: none is looked for, none is made."""
-    for db in (":memory:", "sqlite:///:memory:"):
-        listed = subprocess.run(
-            [sys.executable, "-m", "jobtrail", "--db", db, "ops", "list", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=tmp_path,
-        )
-        assert listed.returncode == 0, listed.stderr
-        assert json.loads(listed.stdout)["items"] == []
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_an_in_memory_ledger_is_refused_on_the_command_line(tmp_path: Path) -> None:
+    """One command is one process: a ledger in memory would end with it, a job it sent included (submit sent
+    one and kept nothing). Refused with the way out, and no file called ":memory:" looked for or made."""
+    for db in (":memory:", "sqlite:///:memory:", "sqlite://"):
+        for args in (
+            ("ops", "list", "--json"),
+            ("submit", "--provider", str(EXAMPLES / "fake.toml"), "--request", "{}"),
+        ):
+            ran = subprocess.run(
+                [sys.executable, "-m", "jobtrail", "--db", db, *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+            )
+            assert ran.returncode == 2, (db, args, ran.stdout, ran.stderr)
+            assert "a ledger in memory ends with the command" in ran.stderr and "--db" in ran.stderr
+            assert "Traceback" not in ran.stderr
     assert list(tmp_path.iterdir()) == []

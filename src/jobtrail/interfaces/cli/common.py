@@ -89,8 +89,16 @@ class Group(click.Group):
 def open_store(ctx: click.Context) -> Store:
     obj: dict[str, Any] = ctx.ensure_object(dict)
     if "store" not in obj:
-        from jobtrail.ledger.store import Store
+        from jobtrail.ledger.store import Store, in_memory
 
+        if in_memory(obj.get("db")):
+            # one command is one process: what it recorded would end with it, a job it sent included
+            fail(
+                "a ledger in memory ends with the command that opened it: nothing it recorded (a job it sent "
+                "included) could be followed afterwards. Give --db (or JOBTRAIL_DB) a file or a postgresql:// URL "
+                "(`jobtrail demo --db :memory:` alone runs in memory)",
+                EXIT_USAGE,
+            )
         obj["store"] = Store.open(obj.get("db"))
         ctx.call_on_close(obj["store"].close)
     store: Store = obj["store"]
