@@ -248,3 +248,25 @@ def test_an_in_memory_ledger_is_refused_on_the_command_line(tmp_path: Path) -> N
             assert "a ledger in memory ends with the command" in ran.stderr and "--db" in ran.stderr
             assert "Traceback" not in ran.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_submit_says_each_attempt_that_got_no_answer_instead_of_waiting_in_silence(tmp_path: Path) -> None:
+    """The provider is not running (the commonest first mistake): submit tries again until the create
+    deadline, and says so at each attempt on stderr, naming the provider's address and the way out."""
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    text = (EXAMPLES / "fake.toml").read_text(encoding="utf-8")
+    provider = tmp_path / "down.toml"
+    provider.write_text(text.replace("http://127.0.0.1:8080", f"http://127.0.0.1:{port}"), encoding="utf-8")
+    db = str(tmp_path / "down.db")
+    ran = jobtrail("--db", db, "submit", "--provider", str(provider), "--request", "{}", "--create-deadline", "3s")
+    assert ran.returncode == 3, ran.stderr  # needs attention: nobody confirmed a job before the deadline
+    said = [line for line in ran.stderr.splitlines() if "never left" in line]
+    assert len(said) >= 2, ran.stderr
+    assert f"http://127.0.0.1:{port}" in said[0] and "create deadline" in said[0] and "jobtrail worker" in said[0]
+    attempts = Store.open(db).list_operations(limit=None)[0].attempts
+    # once per attempt, not once per look at the record (the last may end at the deadline, with nothing to say)
+    assert attempts - 1 <= len(said) <= attempts

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypedDict, Unpack
 
@@ -235,21 +235,31 @@ class AsyncJobtrail:
             return op
         return await self._advance_leased(leased, provider)
 
-    async def drive_create(self, operation_id: str) -> Operation:
+    async def drive_create(
+        self, operation_id: str, *, retrying: Callable[[Operation, float], None] | None = None
+    ) -> Operation:
         """Drive the create to its end: accepted, result_collecting, failed or needs_attention.
 
         One owner at a time: each action is taken under the operation's lease
         (with a fencing epoch), from before its attempt is recorded until its
         outcome is. While a worker holds the lease, the worker acts and this
         waits for the outcome; a create is never sent by two processes at once.
+
+        ``retrying(op, seconds)`` is told once per attempt that did not settle the create (nothing answered,
+        a retryable answer), with the seconds until the next: without it, a provider that never answers
+        keeps this call quietly busy until the create deadline.
         """
         op = await self.io(self.store.get, operation_id)
         provider = self.provider(op.provider)
         lease_s = self._lease_s(provider)
+        told = -1  # the attempts last told of
         while op.state in CREATE_PHASE:
             now = self.store.clock()
             held = op.lease_owner is not None and (op.lease_expires_at_us or 0) > now
             due_in = ((op.next_action_at_us or now) - now) / _US
+            if retrying is not None and not held and due_in > 0 and op.attempts != told:
+                told = op.attempts
+                retrying(op, due_in)
             if held or due_in > 0:
                 # another owner is acting (its outcome, not ours, comes next), or nothing is due yet:
                 # look again by reading, never by taking write locks in a loop

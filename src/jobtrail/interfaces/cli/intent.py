@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,22 @@ def _request(value: str) -> Any:
 
 
 _EXIT_FOR_STATE = {State.FAILED: EXIT_NEGATIVE, State.NEEDS_ATTENTION: EXIT_NEEDS_PERSON}
+
+
+def _say_retrying(where: str) -> Callable[[Operation, float], None]:
+    """A create that is being tried again (nothing answered: the provider is not running, say) is said on
+    stderr at each attempt, not waited out in silence until its create deadline."""
+
+    def say(op: Operation, _seconds: float) -> None:
+        deadline = op.create_deadline
+        until = f"until its create deadline ({deadline:%Y-%m-%d %H:%M:%S} UTC)" if deadline else "without end"
+        click.echo(
+            f"jobtrail: {op.operation_id}: {op.state_reason or 'not created yet'} (provider {where}). This waits "
+            f"{until}; Ctrl-C stops waiting, and the operation stays recorded for `jobtrail worker` to send",
+            err=True,
+        )
+
+    return say
 
 
 @cli.command()
@@ -111,6 +128,7 @@ def submit(
     Example:
       jobtrail submit --provider examples/fake.toml --request '{"prompt": "hi"}' --key demo-1
     """
+    from jobtrail.providers.http import HttpProvider
     from jobtrail.runtime.client import AsyncJobtrail
 
     body = _request(request_text)
@@ -139,7 +157,9 @@ def submit(
                     click.echo(f"(already there: key {key!r} with this request; nothing new is created)", err=True)
             sys.stdout.flush()
             if not no_send:
-                op = await jt.drive_create(op.operation_id)
+                adapter = jt.providers[provider]
+                where = f"{provider}, {adapter.config.base_url}" if isinstance(adapter, HttpProvider) else provider
+                op = await jt.drive_create(op.operation_id, retrying=_say_retrying(where))
             return op, created
         finally:
             for adapter in jt.providers.values():
