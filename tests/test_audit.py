@@ -306,3 +306,18 @@ def test_a_field_digest_is_the_documented_hash_of_the_values_canonical_bytes(val
     expected = hashlib.sha256(b"jobtrail/field/v1\0" + canonical_bytes(value)).hexdigest()[:32]
     assert field_digest(value) == expected
     assert field_digest(value) == expected  # and again, from whatever was remembered
+
+
+def test_an_anchor_for_a_directory_that_does_not_exist_is_one_clear_line(tmp_path) -> None:
+    """The README's own example names a directory a newcomer may not have: a usage error (exit 2) naming it,
+    one line (a JSON one under --json), no traceback and no file written anywhere."""
+    db = str(tmp_path / "cli.db")
+    op_in(Store.open(db), S.SUCCEEDED)
+    out = tmp_path / "somewhere" / "safe" / "anchor.json"
+    for extra in ((), ("--json",)):
+        made = run_cli("--db", db, "audit", "anchor", "--out", str(out), *extra)
+        assert made.returncode == 2, made.stderr
+        assert "Traceback" not in made.stderr and f"the directory {out.parent} does not exist" in made.stderr
+        if extra:
+            assert json.loads(made.stdout)["error"]["exit_code"] == 2
+    assert not (tmp_path / "somewhere").exists()

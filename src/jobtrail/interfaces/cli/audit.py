@@ -85,13 +85,18 @@ def audit_anchor(ctx: click.Context, out: str, key_env: str | None, as_json: boo
     """
     from jobtrail.ledger.audit import make_anchor
 
+    if out != "-" and not Path(out).absolute().parent.is_dir():  # said before the ledger is read through
+        fail(f"--out {out}: the directory {Path(out).absolute().parent} does not exist; create it first", EXIT_USAGE)
     store = existing_store(ctx)
     anchor = make_anchor(store, key=secret_from_env(key_env, "--key-env", store.redactor), key_name=key_env)
     text = json.dumps(anchor, indent=1, sort_keys=True)
     if out == "-":
         click.echo(text)
     else:
-        Path(out).write_text(text + "\n", encoding="utf-8")
+        try:
+            Path(out).write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            fail(f"--out {out}: the anchor could not be written ({exc.strerror or exc})", EXIT_USAGE)
     summary = {
         "path": out,
         "root": anchor["root"],
