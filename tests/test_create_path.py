@@ -277,6 +277,22 @@ def test_definitive_rejection_fails_with_the_problem_kept(
     assert evidence["http_status"] == status and evidence["problem"]["title"] == "rejected"
 
 
+def test_a_rejection_says_why_in_the_providers_own_words(
+    make_client: Callable[..., AsyncJobtrail], fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reason that said only "HTTP 400" sent a person to the raw answer to learn that a field was
+    misspelled: the provider's own sentence comes into the reason (bounded, and masked like all of it)."""
+    op = submit_and_drive(make_client(fake), {"fake": {"duraton": 1}})  # a typo the fake refuses by name
+    assert op.state is S.FAILED
+    assert "HTTP 400" in op.state_reason and "unknown fake option 'duraton'" in op.state_reason
+
+    monkeypatch.setenv("FAKE_API_KEY", "sk-live-0123456789abcdefXYZ")
+    fake.script(Fault.reject(401, echo_auth=True))  # a provider that repeats the credential in its refusal
+    op = submit_and_drive(make_client(fake, credential="env:FAKE_API_KEY"), {"p": 2})
+    assert op.state is S.FAILED and "rejected credential" in op.state_reason
+    assert "0123456789abcdef" not in op.state_reason
+
+
 def test_declared_non_retryable_error_code_fails_even_on_5xx(
     make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
 ) -> None:

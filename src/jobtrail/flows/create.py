@@ -366,7 +366,8 @@ class CreateFlow:
                 changes={
                     "next_action_at_us": None,
                     "state_reason": (
-                        f"rejected by the provider: {outcome.detail}; a changed request is a new operation"
+                        f"rejected by the provider: {outcome.detail}{_in_its_words(resp.body)}; "
+                        "a changed request is a new operation"
                     ),
                 },
                 request_ids=_ids(resp.provider_request_id),
@@ -638,3 +639,28 @@ def _stored_outcome(stored: dict[str, Any]) -> CreateOutcome:
 
 def _ids(request_id: str | None) -> tuple[str, ...]:
     return (request_id,) if request_id else ()
+
+
+#: where APIs put the one sentence that says why they refused (RFC 9457 problem details, and the error
+#: objects of OpenAI, Anthropic, Google, AWS and the like), in the order they are looked for
+_WHY_FIELDS = ("detail", "message", "Message", "title", "error_description")
+#: the most of the provider's own words kept in a state reason (the whole answer is in the evidence)
+_WHY_MAX = 300
+
+
+def _in_its_words(body: object) -> str:
+    """``: "<what the provider said>"`` from a refusal's body, or nothing: a reason that says only "HTTP 400"
+    sends a person to the raw answer to learn that a field was misspelled."""
+    for holder in (body, body.get("error") if isinstance(body, dict) else None):
+        if isinstance(holder, str) and holder.strip():
+            words = holder
+            break
+        if isinstance(holder, dict):
+            found = next((holder[k] for k in _WHY_FIELDS if isinstance(holder.get(k), str) and holder[k].strip()), None)
+            if found is not None:
+                words = found
+                break
+    else:
+        return ""
+    words = " ".join(words.split())
+    return f': "{words[:_WHY_MAX]}{"..." if len(words) > _WHY_MAX else ""}"'
