@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import os
 import secrets
@@ -24,7 +25,7 @@ from jobtrail.providers.contract import NoAnswer
 from jobtrail.providers.http import load_provider, parse_config
 from jobtrail.testing import FakeProvider, Fault, provider_toml
 
-from helpers import tiered
+from helpers import op_in, tiered
 from processes import cli
 
 jobtrail = cli
@@ -500,6 +501,31 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     listed = jobtrail("--db", str(tmp_path / "jobtrail-demo.db"), "ops", "list", "--json")
     assert json.loads(listed.stdout)["count"] == 9
     assert time.monotonic() - started < 120
+
+
+def test_a_demo_starts_from_an_empty_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second demo on the first one's ledger saw its webhooks as duplicates (the fake's job ids start again)
+    and its operations among the new: the demo's own file is made anew, and a ledger someone named that
+    holds operations is refused, never emptied."""
+    from rich.console import Console
+
+    from jobtrail.domain.errors import UsageError
+    from jobtrail.interfaces.demo import DEFAULT_DEMO_DB, _start_afresh
+
+    monkeypatch.delenv("JOBTRAIL_DATA_DIR", raising=False)
+    console = Console(file=io.StringIO())
+    own, named = tmp_path / DEFAULT_DEMO_DB, tmp_path / "mine.db"
+    for path in (own, named):
+        with Store.open(path) as store:
+            op_in(store, State.ACCEPTED)
+    (tmp_path / f"{DEFAULT_DEMO_DB}-results").mkdir()
+
+    _start_afresh(str(own), own=True, console=console)
+    assert not own.exists() and not (tmp_path / f"{DEFAULT_DEMO_DB}-results").exists()
+    with pytest.raises(UsageError, match=r"mine.db holds 1 operation\(s\). Give --db a new path"):
+        _start_afresh(str(named), own=False, console=console)
+    with Store.open(named) as store:
+        assert store.count() == 1
 
 
 def test_parse_config_accepts_a_dict_with_a_callable_credential() -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jobtrail.domain.errors import require_extra
+from jobtrail.domain.errors import UsageError, require_extra
 from jobtrail.domain.states import State
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.ledger.audit import verify
@@ -185,14 +185,22 @@ async def _run(db: str, console: Console) -> bool:
             stderr=subprocess.DEVNULL,
         )
         polls = good.counts["status"]
+
+        async def held_by_doomed() -> int:
+            leases = [(await jt.io(store.get, sc.operation_id)).lease_owner for sc in scenarios]
+            return leases.count("demo-worker-1")
+
         with console.status("worker demo-worker-1 is polling; about to kill it with kill -9"):
+            # in the middle of its work: a few polls made, and (if it comes within the time) while it holds
+            # leases, each for the moment of a call and its write, so that the takeover has something to take
             deadline = time.monotonic() + 15
-            while good.counts["status"] < polls + 3 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            while time.monotonic() < deadline:
+                if good.counts["status"] >= polls + 3 and await held_by_doomed():
+                    break
+                await asyncio.sleep(0.005)
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(10)
-        leases = [(await jt.io(store.get, sc.operation_id)).lease_owner for sc in scenarios]
-        held = leases.count("demo-worker-1")
+        held = await held_by_doomed()
         console.print(
             f"  killed demo-worker-1 (kill -9) after {good.counts['status'] - polls} polls, holding {held} "
             "lease(s); another worker continues from the record alone"
@@ -279,11 +287,37 @@ def _report(store: Store, scenarios: list[Scenario], good: FakeProvider, console
     return ok and report.ok
 
 
+def _start_afresh(path: str, *, own: bool, console: Console) -> None:
+    """The demo tells a story from an empty ledger: a second run on the first one's saw its webhooks as
+    duplicates (the fake's job ids start again at job_00001) and its operations among the new ones. Its own
+    file is made anew; a ledger someone named is never emptied: refused instead."""
+    if in_memory(path):
+        return
+    from jobtrail.ledger.files import ledger_files
+
+    with Store.open(path) as store:
+        held = store.count()
+        files, results = ledger_files(store)
+    if not held:
+        return
+    if not own:
+        raise UsageError(
+            f"the demo needs an empty ledger: {path} holds {held} operation(s). Give --db a new path, or leave "
+            f"it out (the demo's own {DEFAULT_DEMO_DB} is made anew at each run)"
+        )
+    console.print(f"(the last demo's ledger at {path} is replaced)\n", highlight=False)
+    for file in files:
+        file.unlink(missing_ok=True)
+    if results == Path(f"{path}-results").resolve():  # its own, beside it (not a $JOBTRAIL_DATA_DIR shared by others)
+        shutil.rmtree(results, ignore_errors=True)
+
+
 def run_demo(db: str | None, console: Console | None = None) -> bool:
     # the demo shows webhooks arriving, so it runs the receiver
     require_extra("webhooks", "jobtrail demo", "uvicorn", "starlette", "standardwebhooks")
     console = console or Console()
     path = db or str(Path.cwd() / DEFAULT_DEMO_DB)
+    _start_afresh(path, own=db is None, console=console)
     console.print(f"jobtrail demo: ledger at [bold]{path}[/bold], fake providers on 127.0.0.1\n")
     started = time.monotonic()
     ok = run_loop(_run(path, console))
