@@ -270,3 +270,10 @@ def test_submit_says_each_attempt_that_got_no_answer_instead_of_waiting_in_silen
     attempts = Store.open(db).list_operations(limit=None)[0].attempts
     # once per attempt, not once per look at the record (the last may end at the deadline, with nothing to say)
     assert attempts - 1 <= len(said) <= attempts
+
+
+def test_a_provider_named_where_its_file_is_meant_gets_the_way_out(tmp_path: Path) -> None:
+    """`--provider fake` (the name `ops list --provider` takes) on submit: say a file is meant, and which."""
+    ran = jobtrail("--db", str(tmp_path / "p.db"), "submit", "--provider", "fake", "--request", "{}")
+    assert ran.returncode == 2
+    assert "cannot read provider file fake" in ran.stderr and "such as examples/fake.toml" in ran.stderr

@@ -70,7 +70,9 @@ def read_provider_file(source: str | os.PathLike[str] | Mapping[str, Any]) -> tu
     try:
         return tomllib.loads(path.read_text(encoding="utf-8")), str(path)
     except OSError as exc:
-        raise ConfigError(f"cannot read provider file {path}: {exc.strerror}") from None
+        # a provider's name where its file is meant ("--provider fake") is the likeliest slip
+        hint = "" if path.suffix else " (a provider is given by its file, such as examples/fake.toml, not its name)"
+        raise ConfigError(f"cannot read provider file {path}: {exc.strerror}{hint}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
 
