@@ -231,6 +231,7 @@ def test_an_agent_cancels_and_lists_what_needs_a_person(db_url: str, fake: FakeP
     assert 0 <= polled["progress"] < 1 and polled["last_observed_at"] is not None
     assert polled["advice"].startswith("wait: a worker will poll the remote job")
     assert out["status"]["advice"].startswith("nothing: it ended cancelled")
+    assert out["status"]["advice"].endswith("to try again, submit it as a new operation, with a new key")
     assert out["asked"]["outcome"] == "requested" and out["status"]["state"] == "cancelled"
     assert fake.counts["cancels"] == 1
     assert out["waiting"] == {"count": 0, "total": 0, "items": []}

@@ -71,7 +71,11 @@ def advice(op: Operation) -> str:
     if s in PERSON_DECIDES:
         return f"a person must decide: {op.state_reason or s.value}; tell them, and do not retry it yourself"
     if s in (State.FAILED, State.CANCELLED, State.RESULT_UNAVAILABLE, State.RESULT_VALIDATION_FAILED):
-        return f"nothing: it ended {s.value} (the reason says why); a changed request is a new operation"
+        # (the same key and request answer with this very operation: trying again is a new one)
+        return (
+            f"nothing: it ended {s.value} (the reason says why); to try again, submit it as a new operation, "
+            "with a new key"
+        )
     due = "" if op.next_action_at_us is None else f", next step due {rfc3339(op.next_action_at_us)}"
     return (
         f"wait: a worker will {next_action(op)}{due}; do not act on the remote job yourself "
