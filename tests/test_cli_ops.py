@@ -277,3 +277,19 @@ def test_a_provider_named_where_its_file_is_meant_gets_the_way_out(tmp_path: Pat
     ran = jobtrail("--db", str(tmp_path / "p.db"), "submit", "--provider", "fake", "--request", "{}")
     assert ran.returncode == 2
     assert "cannot read provider file fake" in ran.stderr and "such as examples/fake.toml" in ran.stderr
+
+
+def test_a_ledger_path_in_a_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    """A typo in --db made the directories and a new, empty ledger there, unseen: a write now refuses too,
+    naming the directory, as reads did. (The default path's own directory is still made on first use.)"""
+    db = tmp_path / "no-such-dir" / "jobs.db"
+    ran = jobtrail("--db", str(db), "submit", "--provider", str(EXAMPLES / "fake.toml"), "--request", "{}")
+    assert ran.returncode == 2 and f"the directory {db.parent} for the ledger" in ran.stderr
+    assert not db.parent.exists()
+    data = tmp_path / "home" / "data"
+    made = jobtrail(
+        *("submit", "--provider", str(EXAMPLES / "fake.toml"), "--request", "{}", "--no-send"),
+        env={"JOBTRAIL_DB": "", "XDG_DATA_HOME": str(data)},
+    )
+    assert made.returncode == 0, made.stderr
+    assert (data / "jobtrail" / "jobtrail.db").is_file()

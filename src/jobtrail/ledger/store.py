@@ -93,12 +93,20 @@ def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
 
     A plain path means a SQLite file; ``postgresql://`` URLs use psycopg 3.
     """
-    raw = str(db) if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
+    named = str(db) if db is not None else os.environ.get(DEFAULT_DB_ENV) or None
+    raw = named or str(default_db_path())
     if raw == ":memory:":  # SQLite's own name for a database in memory, not a file in the working directory
         return "sqlite:///:memory:"
     if "://" not in raw:
         path = Path(raw).expanduser().resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if named is None:  # the default's own directory is made on first use
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.parent.is_dir():
+            # a path someone gave: a typo in it must not start a new ledger in a new directory, unseen
+            raise ConfigError(
+                f"the directory {path.parent} for the ledger {raw} does not exist: fix the path given with --db "
+                f"(or JOBTRAIL_DB), or create the directory first (mkdir -p {path.parent})"
+            )
         return f"sqlite:///{path}"
     scheme = raw.split("://", 1)[0]
     if scheme in ("postgres", "postgresql", "postgresql+psycopg"):
