@@ -291,14 +291,12 @@ def _start_afresh(path: str, *, own: bool, console: Console) -> None:
     """The demo tells a story from an empty ledger: a second run on the first one's saw its webhooks as
     duplicates (the fake's job ids start again at job_00001) and its operations among the new ones. Its own
     file is made anew; a ledger someone named is never emptied: refused instead."""
-    if in_memory(path):
-        return
     from jobtrail.ledger.files import ledger_files
 
     with Store.open(path) as store:
         held = store.count()
         files, results = ledger_files(store)
-    if not held:
+    if not held:  # (in memory, always: a new store is a new ledger)
         return
     if not own:
         raise UsageError(

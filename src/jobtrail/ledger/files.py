@@ -63,8 +63,8 @@ def file_digest(path: Path) -> str:
 def ledger_files(store: Store) -> tuple[list[Path], Path]:
     """The ledger's own files (a SQLite database and its journals) and its results directory."""
     files: list[Path] = []
-    database = store.engine.url.database if store.dialect == "sqlite" else None
-    if database and database != ":memory:":
+    database = store.engine.url.database if store.dialect == "sqlite" and not store.in_memory else None
+    if database:
         db = Path(database).resolve()
         files = [db, *(db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal"))]
     return files, data_dir(store).resolve()

@@ -267,16 +267,17 @@ class Store:
         self.dialect = engine.dialect.name
         #: (device, inode) of the SQLite file, once seen (see :meth:`check_file`)
         self._file_identity: tuple[int, int] | None = None
+        #: a SQLite database in memory: one connection (see _make_engine), gone when the store closes
+        self.in_memory = _in_memory(engine.url)
         self._write_lock = _process_write_lock(engine)
-        # a ledger in memory is one connection (see _make_engine): a read takes its turn on it as a write does
-        self._read_lock = self._write_lock if _in_memory(engine.url) else contextlib.nullcontext()
-        #: in memory: whether this thread is reading or writing (see _one_at_a_time); None for a file or a server
-        self._busy: threading.local | None = None
+        # in memory, a read takes its turn on the one connection as a write does
+        self._read_lock = self._write_lock if self.in_memory else contextlib.nullcontext()
+        #: whether this thread is reading or writing (see _one_at_a_time; in memory only)
+        self._busy = threading.local()
         self._memory_results: Path | None = None
-        if _in_memory(engine.url):
+        self._memory_made = False
+        if self.in_memory:
             event.listen(engine, "do_connect", self._memory_once)
-            self._memory_made = False
-            self._busy = threading.local()
         elif self.dialect == "sqlite":
             event.listen(engine, "do_connect", self._open_existing)
 
@@ -329,8 +330,8 @@ class Store:
         SQLite keeps writing to an unlinked file without a word, and the next process
         would open an empty ledger: a long-running process must stop instead.
         """
-        path = self.engine.url.database if self.dialect == "sqlite" else None
-        if not path or path == ":memory:":
+        path = self.engine.url.database if self.dialect == "sqlite" and not self.in_memory else None
+        if not path:
             return
         try:
             stat = os.stat(path)
@@ -371,7 +372,7 @@ class Store:
     def results_in_memory(self) -> Path | None:
         """Where a ledger in memory keeps its large results: a temporary directory of its own, removed when
         the store closes, as its records are (None: the ledger is a file or a server)."""
-        if self._busy is None:
+        if not self.in_memory:
             return None
         if self._memory_results is None:
             self._memory_results = Path(tempfile.mkdtemp(prefix="jobtrail-memory-results-"))
@@ -408,7 +409,7 @@ class Store:
         """In memory, a read or write inside another on the same thread would get the one connection, inside
         the other's transaction: its BEGIN fails, and handing the connection back rolls the outer transaction
         back under it, so the rest of that write would commit statement by statement. Refused instead."""
-        if self._busy is None:
+        if not self.in_memory:
             yield
             return
         if getattr(self._busy, "on", False):
@@ -1428,7 +1429,7 @@ def _claim_statements(dialect: str, providers: tuple[str, ...] | None, states: t
 
     # the body only where an action may send it (body_needed): past the create, a claim of a thousand
     # long prompts would read, pipe and hold them all for nothing
-    creating = ops.c.state.in_([sa.literal(s, sa.String) for s in sorted(s.value for s in CREATE_PHASE)])
+    creating = _among(ops.c.state, sorted(s.value for s in CREATE_PHASE))
     # (no job id tested by coalesce: SQLite 3.40 answers "remote_job_id IS NULL" with 0 for a NULL in the
     # RETURNING clause of this table's UPDATE, while a SELECT answers 1)
     no_job = sa.func.coalesce(ops.c.remote_job_id, "") == ""
@@ -1484,21 +1485,21 @@ def _leases_ran_out(conn: Connection, now: int, providers: Sequence[str] | None)
 
 
 def _filters(providers: Sequence[str] | None, states: Sequence[State] | None, *, fixed: bool = False) -> list[Any]:
-    """``fixed``: the lists' values as parameters of their own, fixed in the statement (one run on the driver's
-    cursor, see _Prepared, where SQLAlchemy cannot expand a list at each execution)."""
-
-    def among(column: sa.Column[Any], values: list[str]) -> Any:
-        if not fixed:
-            return column.in_(values)
-        # (an empty list would still be SQLAlchemy's expanding parameter, which the driver cannot read)
-        return column.in_([sa.literal(v, sa.String) for v in values]) if values else sa.false()
-
+    """``fixed``: the lists' values fixed in the statement (see :func:`_among`)."""
+    among = _among if fixed else lambda column, values: column.in_(values)
     out: list[Any] = []
     if providers is not None:
         out.append(among(t.operations.c.provider, list(providers)))
     if states is not None:
         out.append(among(t.operations.c.state, [State(s).value for s in states]))
     return out
+
+
+def _among(column: sa.Column[Any], values: Sequence[str]) -> Any:
+    """``column IN (values)``, each value a parameter of its own fixed in the statement: a statement run on the
+    driver's cursor (see _Prepared) cannot have SQLAlchemy expand a list at each execution (and an empty list
+    would still be its expanding parameter)."""
+    return column.in_([sa.literal(v, sa.String) for v in values]) if values else sa.false()
 
 
 def _entries(entry: dict[str, Any]) -> list[dict[str, Any]]:

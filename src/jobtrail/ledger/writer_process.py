@@ -410,7 +410,7 @@ class WriterProcess:
         SQLite ledger, a store on a clock of its own (tests, the simulation) or with writes of its own."""
         if type(store).apply is not Store.apply or not store.default_clock:
             return None
-        if store.dialect == "sqlite" and store.engine.url.database in (None, "", ":memory:"):
+        if store.in_memory:
             return None
         url = store.engine.url.render_as_string(hide_password=False)
         return cls(url, store.redactor, store.file_identity)
