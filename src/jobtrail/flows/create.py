@@ -662,5 +662,7 @@ def _in_its_words(body: object) -> str:
                 break
     else:
         return ""
-    words = " ".join(words.split())
-    return f': "{words[:_WHY_MAX]}{"..." if len(words) > _WHY_MAX else ""}"'
+    # whitespace and control characters as single spaces: a NUL would make PostgreSQL refuse the whole write
+    kept = " ".join("".join(c if c.isprintable() else " " for c in words[: 4 * _WHY_MAX]).split())
+    more = len(kept) > _WHY_MAX or len(words) > 4 * _WHY_MAX
+    return f': "{kept[:_WHY_MAX]}{"..." if more else ""}"'
