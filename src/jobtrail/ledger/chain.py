@@ -130,13 +130,13 @@ def entry_hash(row: Mapping[str, Any]) -> str:
 def field_digest(value: Any) -> str:
     """128 bits of sha256 over one stored column value: enough to name the field, never its content."""
     kind = type(value)
-    if kind is int:  # times and counts: the canonical form of an integer is its decimal digits
-        return hashlib.sha256(_FIELD_PREFIX + b"%d" % value).hexdigest()[:32]
+    # counts, and an operation's times (its deadlines, its creation) repeat on every write of it, and
+    # so do states and reasons; long values (a provider's partial effects) are not kept. (An integer's
+    # canonical form is its digits; an exact int or str only: True == 1 must not find 1's digest.)
+    if kind is int or (kind is str and len(value) <= _CACHED_LEN):
+        return _scalar_digest(value)
     if value is None:
         return _NULL_DIGEST
-    # states and reasons repeat on every write; long values (a provider's partial effects) are not kept
-    if kind is str and len(value) <= _CACHED_LEN:
-        return _scalar_digest(value)
     return _digest(value)
 
 

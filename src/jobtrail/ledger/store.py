@@ -729,13 +729,14 @@ class Store:
         more). SQLite: this transaction holds the write lock, and these are the ids SQLite would give
         (one above the largest); PostgreSQL: the column's own sequence."""
         if self.dialect == "postgresql":
-            rows = conn.exec_driver_sql(
+            rows = _driver_rows(
+                conn,
                 "SELECT nextval(pg_get_serial_sequence('observations', 'observation_id')) "
                 "FROM generate_series(1, %(n)s) ORDER BY 1",
                 {"n": n},
             )
             return [int(row[0]) for row in rows]
-        top = conn.exec_driver_sql("SELECT max(observation_id) FROM observations").scalar()
+        ((top,),) = _driver_rows(conn, "SELECT max(observation_id) FROM observations", ())
         first = int(top or 0) + 1
         return list(range(first, first + n))
 
@@ -886,9 +887,8 @@ class Store:
             "LEFT OUTER JOIN observations AS ob ON ob.operation_id = o.operation_id AND ob.observation_id > h.obs_upto "
             f"WHERE {where} ORDER BY o.operation_id, ob.observation_id"
         )
-        rows = conn.exec_driver_sql(sql, params)
         out: dict[str, tuple[int | None, list[tuple[int, Any]]]] = {}
-        for op_id, upto, oid, digest in rows:
+        for op_id, upto, oid, digest in _driver_rows(conn, sql, params):
             _, items = out.setdefault(op_id, (None if upto is None else int(upto), []))
             if oid is not None:
                 items.append((int(oid), digest))
@@ -1668,13 +1668,7 @@ class _Prepared:
 
     def fetch(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
         """Execute a query once; returns its rows as tuples."""
-        sql, args = self._args(conn, params)
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cursor.execute(sql, args)
-            return list(cursor.fetchall())
-        finally:
-            cursor.close()
+        return _driver_rows(conn, *self._args(conn, params))
 
     def many_args(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> tuple[str, list[Any]]:
         """The SQL and the parameter sets of one executemany over ``rows``."""
@@ -1694,6 +1688,17 @@ class _Prepared:
                 cursor.executemany(*self.many_args(conn, rows))
         finally:
             cursor.close()
+
+
+def _driver_rows(conn: Connection, sql: str, params: Any) -> list[Any]:
+    """The rows of ``sql`` (the driver's own placeholders), as tuples straight from the DBAPI cursor: a group
+    commit's reads, without SQLAlchemy's result object and a call per row."""
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
 
 
 def _in_order(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
