@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from jobtrail import Store
 from jobtrail.testing import FakeProvider, send_webhook
 
 from processes import cli, finish, start_worker
@@ -68,6 +69,7 @@ def test_a_worker_that_runs_out_of_time_before_settling_says_so(db_url: str, tmp
 
 
 def test_errors_under_json_are_json_with_their_exit_code(db_url: str) -> None:
+    Store.open(db_url).close()  # a ledger: a read command refuses a database without one (tests/test_cli_ops.py)
     missing = jobtrail("--db", db_url, "ops", "show", "no-such-key", "--json")
     assert missing.returncode == 1
     assert json.loads(missing.stdout)["error"]["exit_code"] == 1 and "no-such-key" in missing.stdout

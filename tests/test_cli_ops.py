@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+import sqlalchemy as sa
 
 from jobtrail import Store
 
@@ -142,6 +145,36 @@ def test_global_options_work_after_the_command_too(tmp_path: Path) -> None:
     assert json.loads(shown.stdout)["operation_id"] == op.operation_id
     missing = jobtrail("ops", "list", "--db", str(tmp_path / "none.db"))
     assert missing.returncode == 2 and "no database at" in missing.stderr  # the --db given after, not the default
+
+
+def test_a_read_command_on_a_database_without_a_ledger_writes_nothing_there(
+    tmp_path: Path, db_url: str, engine_name: str
+) -> None:
+    """`jobtrail --db X ops list` pointed at the wrong database (another program's file, an empty schema)
+    says there is no ledger there, and leaves it as it was: no tables, and SQLite's journal mode untouched."""
+    other = tmp_path / "another-program.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (text)")
+        conn.execute("INSERT INTO notes VALUES ('theirs')")
+    before = other.read_bytes()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for db in (str(other), str(empty)):
+        listed = jobtrail("--db", db, "ops", "list")
+        assert listed.returncode == 2 and "no jobtrail ledger in" in listed.stderr, listed.stderr
+        assert "Point --db (or JOBTRAIL_DB) at your ledger" in listed.stderr
+    assert other.read_bytes() == before and empty.stat().st_size == 0
+    assert not Path(f"{other}-wal").exists() and not Path(f"{empty}-wal").exists()
+    if engine_name == "postgresql":  # the test's schema is empty until something opens it for writing
+        verified = jobtrail("--db", db_url, "audit", "verify")
+        assert verified.returncode == 2 and "no jobtrail ledger in" in verified.stderr, verified.stderr
+        engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+        with engine.connect() as conn:
+            assert sa.inspect(conn).get_table_names() == []
+        engine.dispose()
+    # a ledger of its own is read as ever (an existing one of an older revision is upgraded by any command)
+    Store.open(db_url).close()
+    assert jobtrail("--db", db_url, "ops", "list", "--json").returncode == 0
 
 
 def test_errors_are_one_line_with_the_way_out(tmp_path: Path) -> None:

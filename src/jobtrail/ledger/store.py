@@ -296,15 +296,45 @@ class Store:
         redactor: Redactor | None = None,
         clock: Callable[[], int] = _now_us,
         migrate: bool = True,
+        create: bool = True,
     ) -> Store:
-        """Open (and by default create or upgrade) the ledger at ``db``."""
+        """Open (and by default create or upgrade) the ledger at ``db``. ``create=False`` (a command that only
+        reads): a database that holds no ledger is refused, never given one (it may be another program's)."""
         url = resolve_db_url(db)
         engine = _make_engine(url)
         store = cls(engine, redactor=redactor, clock=clock)
-        if migrate:
-            store.migrate()
-        store.check_file()
+        try:
+            if not create and not store.holds_a_ledger():
+                where = engine.url.render_as_string(hide_password=True)
+                raise UsageError(
+                    f"no jobtrail ledger in {where}: there is nothing to read, and nothing was written there. "
+                    "Point --db (or JOBTRAIL_DB) at your ledger"
+                )
+            if migrate:
+                store.migrate()
+            store.check_file()
+        except BaseException:
+            store.close()
+            raise
         return store
+
+    def holds_a_ledger(self) -> bool:
+        """Has this database a jobtrail schema (of any revision)? Asked without writing: the store's own SQLite
+        connections switch the file to WAL mode, a change of its own to another program's database."""
+        from jobtrail.ledger.migrate import current_revision
+
+        path = self.engine.url.database
+        if self.dialect != "sqlite" or self.in_memory or not path:
+            with self._read() as conn:
+                return current_revision(conn) is not None
+        probe = sa.create_engine(
+            "sqlite://", creator=lambda: sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True)
+        )
+        try:
+            with self._errors("reading"), probe.connect() as conn:
+                return current_revision(conn) is not None
+        finally:
+            probe.dispose()
 
     def migrate(self, revision: str = "head") -> None:
         """Bring the schema to ``revision``; data survives every upgrade."""

@@ -86,7 +86,7 @@ class Group(click.Group):
             fail(exc.format_message(), EXIT_USAGE)
 
 
-def open_store(ctx: click.Context) -> Store:
+def open_store(ctx: click.Context, *, create: bool = True) -> Store:
     obj: dict[str, Any] = ctx.ensure_object(dict)
     if "store" not in obj:
         from jobtrail.ledger.store import Store, in_memory
@@ -99,7 +99,7 @@ def open_store(ctx: click.Context) -> Store:
                 "(`jobtrail demo --db :memory:` alone runs in memory)",
                 EXIT_USAGE,
             )
-        obj["store"] = Store.open(obj.get("db"))
+        obj["store"] = Store.open(obj.get("db"), create=create)
         ctx.call_on_close(obj["store"].close)
     store: Store = obj["store"]
     return store
@@ -121,7 +121,8 @@ def sqlite_file(db: str | None) -> Path | None:
 
 
 def existing_store(ctx: click.Context) -> Store:
-    """For commands that only read: a missing SQLite file is an error, never a fresh empty ledger."""
+    """For commands that only read: a missing SQLite file, or a database without a ledger, is an error, never
+    a fresh empty ledger (an existing one of an older revision is upgraded, as every command does)."""
     obj: dict[str, Any] = ctx.ensure_object(dict)
     if "store" not in obj:
         path = sqlite_file(obj.get("db"))
@@ -131,7 +132,7 @@ def existing_store(ctx: click.Context) -> Store:
                 "Point --db (or JOBTRAIL_DB) at your ledger",
                 EXIT_USAGE,
             )
-    return open_store(ctx)
+    return open_store(ctx, create=False)
 
 
 @click.group(cls=Group)
