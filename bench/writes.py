@@ -2,6 +2,7 @@
 
     python bench/writes.py --n 3000
     python bench/writes.py --n 3000 --replays 5 --profile      # and where the time goes (cProfile)
+    python bench/writes.py --n 1000 --instructions             # instructions per write (valgrind)
 
 A whole life cycle (``lifecycle.py``) on this shared machine varies by a tenth from
 run to run, too much to see a change of a few percent. This runs one jobtrail worker
@@ -11,6 +12,13 @@ submits are in. Then it replays the same claims and commits on copies of the sna
 with the same clocks, and reports the CPU ``Store.apply`` takes per write (the fastest
 replay, with the median). A replay is exact: every write lands as it did (none is
 refused as stale), so the same writes are measured on every run and every commit.
+
+Even so its CPU clock drifts with whatever else the machine runs (a fifth from one hour to
+the next, here). ``--instructions`` counts instead: it replays under valgrind's cachegrind,
+once and twice, and reports the difference (instructions of one replay, claims included)
+per write and per operation. It repeats to a hundredth of a percent, and sees a change of
+one percent. valgrind makes a replay some fifty times slower: a thousand operations take a
+minute or two.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
+import re
 import shutil
 import sqlite3
 import statistics
@@ -138,12 +148,45 @@ def replay(events: list[tuple[str, int, Any]], snapshot: str, folder: str) -> tu
     return cpu, writes, moved
 
 
+def instructions(events: list[tuple[str, int, Any]], snapshot: str, folder: str) -> float:
+    """Instructions of one whole replay (claims and commits): cachegrind's count of two minus one."""
+    recording = os.path.join(folder, "events.pickle")
+    with open(recording, "wb") as fh:
+        pickle.dump((events, snapshot), fh)
+    counts = []
+    for replays in (1, 2):
+        out = subprocess.run(
+            [
+                *("valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"),
+                *(sys.executable, __file__, "--replay-only", recording, "--replays", str(replays)),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+        if found is None:
+            raise SystemExit(f"cachegrind gave no count:\n{out.stderr[-2000:]}")
+        counts.append(int(found.group(1).replace(",", "")))
+    return float(counts[1] - counts[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of one more replay")
+    parser.add_argument("--instructions", action="store_true", help="count instructions under valgrind instead")
+    parser.add_argument("--replay-only", help=argparse.SUPPRESS)  # (what --instructions runs under valgrind)
     args = parser.parse_args()
+    if args.replay_only:
+        with open(args.replay_only, "rb") as fh:
+            events, snapshot = pickle.load(fh)  # our own recording, just made
+        for _ in range(args.replays):
+            replay(events, snapshot, os.path.dirname(args.replay_only))
+        return
+    if args.instructions and shutil.which("valgrind") is None:
+        raise SystemExit("--instructions runs the replay under valgrind: install it (apt-get install valgrind)")
     fake = subprocess.Popen(
         [sys.executable, "-m", "jobtrail.testing.provider", "--port", str(_free_port()), "--job-duration", "1.0"],
         stdout=subprocess.PIPE,
@@ -165,6 +208,15 @@ def main() -> None:
         + ", ".join(f"{count / args.n:.2f} {name}" for name, count in kinds.most_common())
         + " per operation"
     )
+    if args.instructions:
+        count = instructions(events, recorded.snapshot, folder)
+        writes = sum(len(batch) for kind, _, batch in events if kind == "apply")
+        print(
+            f"one replay (claims and group commits): {count / writes / 1000:.1f} k instructions per write, "
+            f"{count / args.n / 1e6:.3f} M per operation (valgrind cachegrind, two replays minus one)"
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+        return
     runs = [replay(events, recorded.snapshot, folder) for _ in range(args.replays)]
     per_write = [cpu / writes * 1e6 for cpu, writes, _ in runs]
     writes, moved = runs[0][1], runs[0][2]
