@@ -10,6 +10,7 @@ import re
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -400,6 +401,17 @@ def test_db_location_order(tmp_path, monkeypatch) -> None:
     assert resolve_db_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
     with pytest.raises(Exception, match="unsupported database URL scheme"):
         resolve_db_url("mysql://x")
+
+
+def test_a_ledger_path_is_a_path_not_url_text(tmp_path: Path) -> None:
+    """``--db 'runs?mode=ro.db'`` is that file: not ``runs`` opened with a query, nor ``a b.db`` for ``a%20b.db``."""
+    for name in ("runs?mode=ro.db", "a%20b.db", "h#1.db"):
+        with Store.open(tmp_path / name) as store:
+            store.create_operation(spec())
+        assert (tmp_path / name).is_file(), sorted(p.name for p in tmp_path.iterdir())
+        with Store.open(str(tmp_path / name)) as again:
+            assert again.count() == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".db") == ["a%20b.db", "h#1.db", "runs?mode=ro.db"]
 
 
 def test_many_records_in_one_transaction_keep_the_key_rules(store: Store) -> None:

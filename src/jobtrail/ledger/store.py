@@ -107,7 +107,8 @@ def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
                 f"the directory {path.parent} for the ledger {raw} does not exist: fix the path given with --db "
                 f"(or JOBTRAIL_DB), or create the directory first (mkdir -p {path.parent})"
             )
-        return f"sqlite:///{path}"
+        # escaped: a path is not URL text ("a%20b.db" is that file, and "x?mode=ro.db" is not x with a query)
+        return sa.engine.URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
     scheme = raw.split("://", 1)[0]
     if scheme in ("postgres", "postgresql", "postgresql+psycopg"):
         require_extra("postgres", "a PostgreSQL database", "psycopg")
