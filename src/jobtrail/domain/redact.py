@@ -451,17 +451,22 @@ class Redactor:
         either way; decoding finds them nested inside another encoding).
         """
         detect = self._detect
+        if not detect:
+            return False
+        # no decoding lengthens a text (each undoes an escape, or reads four characters as three bytes or two
+        # as one): a text shorter than the shortest form holds none, nor does anything decoded from it
+        shortest = len(detect[-1])
         seen: set[str] = set()
         frontier = [text]
         for _ in range(4):
             nxt: list[str] = []
             for candidate in frontier:
-                if candidate in seen:
+                if candidate in seen or len(candidate) < shortest:
                     continue
                 seen.add(candidate)
                 if any(form in candidate for form in detect):
                     return True
-                nxt.extend(c for c in _decoded_forms(candidate, deep=deep) if c not in seen)
+                nxt.extend(c for c in _decoded_forms(candidate, deep=deep, at_least=shortest) if c not in seen)
             if not nxt:
                 return False
             frontier = nxt
@@ -739,11 +744,12 @@ def _unescape_json(text: str) -> str:
     return out.encode("utf-16", "surrogatepass").decode("utf-16", errors="replace") if out != text else out
 
 
-def _decoded_forms(text: str, *, deep: bool, together: bool = False) -> list[str]:
+def _decoded_forms(text: str, *, deep: bool, together: bool = False, at_least: int = 0) -> list[str]:
     """``text`` with one layer of each encoding undone (only those that change something).
 
     ``together``: the base64 runs of letters and digits as one text (:func:`_decoded_together`), to rule
-    out hints in all of them with one search."""
+    out hints in all of them with one search. ``at_least``: no base64 or hex run is decoded whose decoding
+    would be shorter (what is looked for is no shorter)."""
     forms: list[str] = []
     if "\\" in text:
         forms.append(_unescape_json(text))
@@ -758,6 +764,8 @@ def _decoded_forms(text: str, *, deep: bool, together: bool = False) -> list[str
     quanta: list[str] = []
     runs = dict.fromkeys(_B64_RUN.findall(text))  # prose repeats its words: each decoded once
     for run in runs:
+        if len(run) * 3 // 4 < at_least:  # four characters are three bytes at most
+            continue
         # letters and digits only (a word, say): both alphabets read it alike, so it is decoded once
         bare = run.rstrip("=")
         alnum = bare.isalnum()
@@ -775,7 +783,8 @@ def _decoded_forms(text: str, *, deep: bool, together: bool = False) -> list[str
         forms.append(_decoded_together(quanta))
     # a hex run is part of a base64 run (the same characters and more): searched there, not in all the text
     for run in _HEX_RUN.findall(" ".join(runs)):
-        forms.append(bytes.fromhex(run[: len(run) // 2 * 2]).decode("utf-8", errors="replace"))
+        if len(run) // 2 >= at_least:
+            forms.append(bytes.fromhex(run[: len(run) // 2 * 2]).decode("utf-8", errors="replace"))
     return [f for f in forms if f != text]
 
 
