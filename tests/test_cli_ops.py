@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -152,19 +153,28 @@ def test_a_read_command_on_a_database_without_a_ledger_writes_nothing_there(
 ) -> None:
     """`jobtrail --db X ops list` pointed at the wrong database (another program's file, an empty schema)
     says there is no ledger there, and leaves it as it was: no tables, and SQLite's journal mode untouched."""
-    other = tmp_path / "another-program.db"
-    with sqlite3.connect(other) as conn:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    other = theirs / "another-program.db"
+    with contextlib.closing(sqlite3.connect(other)) as conn, conn:
         conn.execute("CREATE TABLE notes (text)")
         conn.execute("INSERT INTO notes VALUES ('theirs')")
-    before = other.read_bytes()
-    empty = tmp_path / "empty.db"
+    # a program that migrates with Alembic too, in WAL mode (its -wal and -shm files come and go with it)
+    migrated = theirs / "migrated-app.db"
+    with contextlib.closing(sqlite3.connect(migrated)) as conn, conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        conn.execute("INSERT INTO alembic_version VALUES ('3f2a9c1b7d4e')")
+        conn.execute("CREATE TABLE users (name)")
+    empty = theirs / "empty.db"
     empty.touch()
-    for db in (str(other), str(empty)):
-        listed = jobtrail("--db", db, "ops", "list")
+    before = {path: path.read_bytes() for path in (other, migrated, empty)}
+    for db in before:
+        listed = jobtrail("--db", str(db), "ops", "list")
         assert listed.returncode == 2 and "no jobtrail ledger in" in listed.stderr, listed.stderr
         assert "Point --db (or JOBTRAIL_DB) at your ledger" in listed.stderr
-    assert other.read_bytes() == before and empty.stat().st_size == 0
-    assert not Path(f"{other}-wal").exists() and not Path(f"{empty}-wal").exists()
+    assert {path: path.read_bytes() for path in before} == before
+    assert sorted(p.name for p in theirs.iterdir()) == ["another-program.db", "empty.db", "migrated-app.db"]
     if engine_name == "postgresql":  # the test's schema is empty until something opens it for writing
         verified = jobtrail("--db", db_url, "audit", "verify")
         assert verified.returncode == 2 and "no jobtrail ledger in" in verified.stderr, verified.stderr

@@ -80,6 +80,6 @@ def schema_health(store: Store) -> tuple[bool, str]:
     if revision != HEAD:
         return False, (
             f"schema is at revision {revision or 'none'}, this jobtrail expects {HEAD}: "
-            "run a command that opens the ledger for writing (a worker, `jobtrail ops list`) to upgrade it"
+            "start a worker (`jobtrail worker`), which creates or upgrades it"
         )
     return True, f"schema at revision {revision}"

@@ -121,6 +121,11 @@ def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
     )
 
 
+def sqlite_url_path(url: str) -> str:
+    """The file a ``sqlite:///`` URL names, its escapes undone ("" for none)."""
+    return sa.engine.make_url(url).database or ""
+
+
 def _psycopg(name: str) -> tuple[type[Exception], ...]:
     """psycopg's error class ``name``, if PostgreSQL is in use (psycopg is the optional ``postgres`` extra).
 
@@ -320,20 +325,29 @@ class Store:
         return store
 
     def holds_a_ledger(self) -> bool:
-        """Has this database a jobtrail schema (of any revision)? Asked without writing: the store's own SQLite
-        connections switch the file to WAL mode, a change of its own to another program's database."""
-        from jobtrail.ledger.migrate import current_revision
-
+        """Has this database a jobtrail schema (of any revision)? Its own tables, not only a version table:
+        other programs migrate with Alembic too. Asked without writing: the store's own SQLite connections
+        switch the file to WAL mode, a change of its own to another program's database."""
         path = self.engine.url.database
         if self.dialect != "sqlite" or self.in_memory or not path:
             with self._read() as conn:
-                return current_revision(conn) is not None
+                return _a_ledger(conn)
+        uri = Path(path).absolute().as_uri()
+        try:
+            # read-write, which never creates the file: a database in WAL mode gets its -wal and -shm files from
+            # whoever opens it, and only a connection that may write removes them as it closes
+            return self._probe(f"{uri}?mode=rw")
+        except StorageError:
+            return self._probe(f"{uri}?mode=ro")  # a file this user may only read
+
+    def _probe(self, uri: str) -> bool:
+        # no pool: the connection is closed (and its -wal and -shm files with it) as the question is answered
         probe = sa.create_engine(
-            "sqlite://", creator=lambda: sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True)
+            "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=sa.pool.NullPool
         )
         try:
             with self._errors("reading"), probe.connect() as conn:
-                return current_revision(conn) is not None
+                return _a_ledger(conn)
         finally:
             probe.dispose()
 
@@ -1719,6 +1733,12 @@ class _Prepared:
                 cursor.executemany(*self.many_args(conn, rows))
         finally:
             cursor.close()
+
+
+def _a_ledger(conn: Connection) -> bool:
+    """Does ``conn``'s database hold jobtrail's tables (and their schema version)?"""
+    inspector = sa.inspect(conn)
+    return all(inspector.has_table(name) for name in ("alembic_version", "operations", "history"))
 
 
 def _driver_rows(conn: Connection, sql: str, params: Any) -> list[Any]:

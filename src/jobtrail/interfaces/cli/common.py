@@ -107,13 +107,13 @@ def open_store(ctx: click.Context, *, create: bool = True) -> Store:
 
 def sqlite_file(db: str | None) -> Path | None:
     """The SQLite file ``--db`` (or its defaults) names, or None for a server URL or an in-memory one."""
-    from jobtrail.ledger.store import DEFAULT_DB_ENV, default_db_path
+    from jobtrail.ledger.store import DEFAULT_DB_ENV, default_db_path, sqlite_url_path
 
     raw = db if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
     if raw == ":memory:":
         return None
     if raw.startswith("sqlite:///"):
-        raw = raw[len("sqlite:///") :].split("?", 1)[0]
+        raw = sqlite_url_path(raw)  # URL text: "a%20b.db" names "a b.db", as the store reads it
         return Path(raw).expanduser().absolute() if raw and raw != ":memory:" else None
     if "://" in raw:
         return None
