@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from jobtrail import RemoteState, Store
+from jobtrail import RemoteState, StorageError, Store
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.migrate import current_revision, head_revision, script_head
 
@@ -58,3 +60,26 @@ def test_opening_twice_is_harmless(open_store: Callable[..., Store]) -> None:
 def test_the_head_constant_is_alembics_head() -> None:
     """Opening compares the ledger with HEAD instead of loading Alembic: a new migration must move HEAD."""
     assert head_revision() == script_head()
+
+
+def test_a_ledger_made_by_a_newer_jobtrail_is_left_as_it_is_with_the_way_out(
+    open_store: Callable[..., Store], db_url: str
+) -> None:
+    """An older jobtrail opening a newer one's ledger says so, instead of Alembic's traceback, and writes nothing."""
+    store = open_store()
+    op = op_in(store, S.ACCEPTED)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    store.close()
+    with pytest.raises(StorageError, match=r"revision 9999, made by a newer jobtrail.*pip install -U jobtrail"):
+        Store.open(db_url)
+    reading = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "ops", "show", op.operation_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert reading.returncode == 2 and "made by a newer jobtrail" in reading.stderr
+    assert "Traceback" not in reading.stderr and len(reading.stderr.strip().splitlines()) == 1
+    with open_store(migrate=False).engine.connect() as conn:
+        assert current_revision(conn) == "9999"

@@ -59,8 +59,19 @@ def upgrade(conn: Connection, revision: str = "head") -> None:
         # two workers starting at once must not both run the same migration
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(7206151)"))
     target = HEAD if revision == "head" else revision
-    if current_revision(conn) == target:
+    current = current_revision(conn)
+    if current == target:
         return
+    if current is not None and not (len(current) == len(HEAD) and current.isdigit() and current <= HEAD):
+        from jobtrail.domain.errors import StorageError
+
+        # Alembic would only say it cannot locate the revision, in a traceback
+        made_by = "a newer jobtrail" if current.isdigit() else "something other than jobtrail"
+        raise StorageError(
+            f"this ledger's schema is at revision {current}, made by {made_by}: this jobtrail knows revisions up "
+            f"to {HEAD} and leaves it as it is. Upgrade jobtrail (pip install -U jobtrail), or point --db "
+            "(or JOBTRAIL_DB) at another ledger"
+        )
     from alembic import command
 
     cfg = _config()
