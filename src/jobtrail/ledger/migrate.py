@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from jobtrail.domain.errors import StorageError
+
 if TYPE_CHECKING:
     from alembic.config import Config
 
@@ -63,8 +65,6 @@ def upgrade(conn: Connection, revision: str = "head") -> None:
     if current == target:
         return
     if current is not None and not (len(current) == len(HEAD) and current.isdigit() and current <= HEAD):
-        from jobtrail.domain.errors import StorageError
-
         # Alembic would only say it cannot locate the revision, in a traceback
         made_by = "a newer jobtrail" if current.isdigit() else "something other than jobtrail"
         raise StorageError(
@@ -81,8 +81,6 @@ def upgrade(conn: Connection, revision: str = "head") -> None:
 
 def schema_health(store: Store) -> tuple[bool, str]:
     """(fine, what): the database answers and its schema is the one this code expects (``/healthz``)."""
-    from jobtrail.domain.errors import StorageError
-
     try:
         with store._read() as conn:
             revision = current_revision(conn)

@@ -88,10 +88,11 @@ def default_db_path() -> Path:
     return Path(base) / "jobtrail" / "jobtrail.db"
 
 
-def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
+def resolve_db_url(db: str | os.PathLike[str] | None = None, *, create: bool = True) -> str:
     """``--db`` wins, then ``$JOBTRAIL_DB``, then :func:`default_db_path`.
 
-    A plain path means a SQLite file; ``postgresql://`` URLs use psycopg 3.
+    A plain path means a SQLite file; ``postgresql://`` URLs use psycopg 3. ``create=False`` (to read, or
+    only to ask): the default's directory is not made, nor a named one's required.
     """
     named = str(db) if db is not None else os.environ.get(DEFAULT_DB_ENV) or None
     raw = named or str(default_db_path())
@@ -99,9 +100,10 @@ def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
         return "sqlite:///:memory:"
     if "://" not in raw:
         path = Path(raw).expanduser().resolve()
-        if named is None:  # the default's own directory is made on first use
-            path.parent.mkdir(parents=True, exist_ok=True)
-        elif not path.parent.is_dir():
+        if named is None:
+            if create:  # the default's own directory is made on first use
+                path.parent.mkdir(parents=True, exist_ok=True)
+        elif create and not path.parent.is_dir():
             # a path someone gave: a typo in it must not start a new ledger in a new directory, unseen
             raise ConfigError(
                 f"the directory {path.parent} for the ledger {raw} does not exist: fix the path given with --db "
@@ -119,11 +121,6 @@ def resolve_db_url(db: str | os.PathLike[str] | None = None) -> str:
         f"unsupported database URL scheme {scheme!r}; use a file path (SQLite) "
         "or postgresql://user@host:port/dbname (set it with --db or JOBTRAIL_DB)"
     )
-
-
-def sqlite_url_path(url: str) -> str:
-    """The file a ``sqlite:///`` URL names, its escapes undone ("" for none)."""
-    return sa.engine.make_url(url).database or ""
 
 
 def _psycopg(name: str) -> tuple[type[Exception], ...]:
@@ -306,8 +303,15 @@ class Store:
     ) -> Store:
         """Open (and by default create or upgrade) the ledger at ``db``. ``create=False`` (a command that only
         reads): a database that holds no ledger is refused, never given one (it may be another program's)."""
-        url = resolve_db_url(db)
+        url = resolve_db_url(db, create=create)
         engine = _make_engine(url)
+        path = engine.url.database if engine.dialect.name == "sqlite" and not _in_memory(engine.url) else None
+        if not create and path and not os.path.exists(path):
+            engine.dispose()
+            raise UsageError(
+                f"no database at {Path(path).absolute()}: there is nothing to read (none was created). "
+                "Point --db (or JOBTRAIL_DB) at your ledger"
+            )
         store = cls(engine, redactor=redactor, clock=clock)
         try:
             if not create and not store.holds_a_ledger():
@@ -1930,7 +1934,7 @@ def _process_write_lock(engine: Engine) -> contextlib.AbstractContextManager[Any
 
 def in_memory(db: str | os.PathLike[str] | None) -> bool:
     """Does ``db`` (as :meth:`Store.open` takes it) name a SQLite database in memory?"""
-    return _in_memory(sa.engine.make_url(resolve_db_url(db)))
+    return _in_memory(sa.engine.make_url(resolve_db_url(db, create=False)))
 
 
 def _in_memory(url: sa.URL) -> bool:

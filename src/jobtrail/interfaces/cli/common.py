@@ -11,7 +11,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -105,33 +104,9 @@ def open_store(ctx: click.Context, *, create: bool = True) -> Store:
     return store
 
 
-def sqlite_file(db: str | None) -> Path | None:
-    """The SQLite file ``--db`` (or its defaults) names, or None for a server URL or an in-memory one."""
-    from jobtrail.ledger.store import DEFAULT_DB_ENV, default_db_path, sqlite_url_path
-
-    raw = db if db is not None else os.environ.get(DEFAULT_DB_ENV) or str(default_db_path())
-    if raw == ":memory:":
-        return None
-    if raw.startswith("sqlite:///"):
-        raw = sqlite_url_path(raw)  # URL text: "a%20b.db" names "a b.db", as the store reads it
-        return Path(raw).expanduser().absolute() if raw and raw != ":memory:" else None
-    if "://" in raw:
-        return None
-    return Path(raw).expanduser().absolute()
-
-
 def existing_store(ctx: click.Context) -> Store:
     """For commands that only read: a missing SQLite file, or a database without a ledger, is an error, never
     a fresh empty ledger (an existing one of an older revision is upgraded, as every command does)."""
-    obj: dict[str, Any] = ctx.ensure_object(dict)
-    if "store" not in obj:
-        path = sqlite_file(obj.get("db"))
-        if path is not None and not path.exists():
-            fail(
-                f"no database at {path}: there is nothing to read (none was created). "
-                "Point --db (or JOBTRAIL_DB) at your ledger",
-                EXIT_USAGE,
-            )
     return open_store(ctx, create=False)
 
 
