@@ -257,9 +257,11 @@ class AsyncJobtrail:
             now = self.store.clock()
             held = op.lease_owner is not None and (op.lease_expires_at_us or 0) > now
             due_in = ((op.next_action_at_us or now) - now) / _US
-            if retrying is not None and not held and due_in > 0 and op.attempts != told:
+            # every attempt is told, also one whose next try is already due (a write that took longer
+            # than the backoff): waiting for a positive wait skipped attempts on a busy machine
+            if retrying is not None and not held and op.attempts and op.attempts != told:
                 told = op.attempts
-                retrying(op, due_in)
+                retrying(op, max(due_in, 0.0))
             if held or due_in > 0:
                 # another owner is acting (its outcome, not ours, comes next), or nothing is due yet:
                 # look again by reading, never by taking write locks in a loop
