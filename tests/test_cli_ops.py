@@ -148,11 +148,12 @@ def test_global_options_work_after_the_command_too(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no database at" in missing.stderr  # the --db given after, not the default
 
 
-def test_a_read_command_on_a_database_without_a_ledger_writes_nothing_there(
+def test_a_command_on_a_database_without_a_ledger_writes_nothing_there(
     tmp_path: Path, db_url: str, engine_name: str
 ) -> None:
-    """`jobtrail --db X ops list` pointed at the wrong database (another program's file, an empty schema)
-    says there is no ledger there, and leaves it as it was: no tables, and SQLite's journal mode untouched."""
+    """`jobtrail --db X ops list` (or resolve, or cancel) pointed at the wrong database (another program's
+    file, an empty schema, a mistyped path) says there is no ledger there, and leaves it as it was: no
+    tables, no new file, and SQLite's journal mode untouched."""
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     other = theirs / "another-program.db"
@@ -173,6 +174,15 @@ def test_a_read_command_on_a_database_without_a_ledger_writes_nothing_there(
         listed = jobtrail("--db", str(db), "ops", "list")
         assert listed.returncode == 2 and "no jobtrail ledger in" in listed.stderr, listed.stderr
         assert "Point --db (or JOBTRAIL_DB) at your ledger" in listed.stderr
+    # commands that act on an operation already recorded find none there either, and make no ledger to say so
+    for acting in (
+        ("resolve", "op_1", "--to", "failed", "--by", "me", "--reason", "r"),
+        ("cancel", "op_1", "--by", "me", "--reason", "r"),
+    ):
+        refused = jobtrail("--db", str(other), *acting)
+        assert refused.returncode == 2 and "no jobtrail ledger in" in refused.stderr, refused.stderr
+        gone = jobtrail("--db", str(theirs / "typo.db"), *acting)
+        assert gone.returncode == 2 and "no database at" in gone.stderr, gone.stderr
     assert {path: path.read_bytes() for path in before} == before
     assert sorted(p.name for p in theirs.iterdir()) == ["another-program.db", "empty.db", "migrated-app.db"]
     if engine_name == "postgresql":  # the test's schema is empty until something opens it for writing

@@ -105,8 +105,9 @@ def open_store(ctx: click.Context, *, create: bool = True) -> Store:
 
 
 def existing_store(ctx: click.Context) -> Store:
-    """For commands that only read: a missing SQLite file, or a database without a ledger, is an error, never
-    a fresh empty ledger (an existing one of an older revision is upgraded, as every command does)."""
+    """For commands that read, or act on an operation already recorded (resolve, cancel): a missing SQLite
+    file, or a database without a ledger, is an error, never a fresh empty ledger (where no operation could
+    be found anyway); an existing one of an older revision is upgraded, as every command does."""
     return open_store(ctx, create=False)
 
 

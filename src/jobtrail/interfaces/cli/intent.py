@@ -18,7 +18,15 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import State
-from jobtrail.interfaces.cli.common import EXIT_NEEDS_PERSON, EXIT_NEGATIVE, EXIT_OK, cli, emit_json, open_store
+from jobtrail.interfaces.cli.common import (
+    EXIT_NEEDS_PERSON,
+    EXIT_NEGATIVE,
+    EXIT_OK,
+    cli,
+    emit_json,
+    existing_store,
+    open_store,
+)
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -210,7 +218,7 @@ def resolve(
     """
     from jobtrail.flows.resolve import decide
 
-    moved = decide(open_store(ctx), operation_id, to_state, decided_by=decided_by, reason=reason, job_id=job_id)
+    moved = decide(existing_store(ctx), operation_id, to_state, decided_by=decided_by, reason=reason, job_id=job_id)
     if as_json:
         emit_json(moved.to_json())
     else:
@@ -237,7 +245,7 @@ def cancel(
     """
     from jobtrail.flows.cancel import request_cancel
 
-    store = open_store(ctx)
+    store = existing_store(ctx)
     operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
     done = request_cancel(
         store, operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
