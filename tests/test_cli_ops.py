@@ -208,9 +208,18 @@ def test_errors_are_one_line_with_the_way_out(tmp_path: Path) -> None:
     bad_url = jobtrail("--db", "mysql://nowhere/x", "ops", "list")
     assert bad_url.returncode == 2 and "unsupported database URL scheme" in bad_url.stderr
 
-    down = jobtrail("--db", "postgresql://postgres@127.0.0.1:1/x", "ops", "list")
+    down = jobtrail(
+        "--db", "postgresql://postgres:pw1@127.0.0.1:1/x?password=hunter2&sslpassword=s3cret", "ops", "list"
+    )
     assert down.returncode == 2 and "is the PostgreSQL server running" in down.stderr
     assert "Traceback" not in down.stderr
+    # the URL is named, its passwords never: neither the URL's own nor one given as a parameter
+    assert "127.0.0.1:1/x" in down.stderr and "password=***" in down.stderr
+    assert not any(secret in down.stderr for secret in ("pw1", "hunter2", "s3cret"))
+
+    for command in (("ops", "list"), ("worker", "--provider", str(EXAMPLES / "fake.toml"), "--until-settled")):
+        directory = jobtrail("--db", str(tmp_path), *command)
+        assert directory.returncode == 2 and f"{tmp_path} is a directory, not a ledger" in directory.stderr
 
 
 def test_a_person_resolves_what_automation_could_not(tmp_path: Path) -> None:

@@ -83,3 +83,62 @@ def test_a_ledger_made_by_a_newer_jobtrail_is_left_as_it_is_with_the_way_out(
     assert "Traceback" not in reading.stderr and len(reading.stderr.strip().splitlines()) == 1
     with open_store(migrate=False).engine.connect() as conn:
         assert current_revision(conn) == "9999"
+
+
+@pytest.mark.empty_ledger
+@pytest.mark.parametrize("their_revision", ["3f2a9c1b7d4e", "0003"])
+def test_another_programs_alembic_database_is_refused_and_left_as_it_was(
+    db_url: str, engine_name: str, their_revision: str
+) -> None:
+    """Another program that migrates with Alembic keeps its revision where jobtrail keeps its own: a command
+    that would make a ledger there (a worker, a submit) says so and changes nothing, not even SQLite's
+    journal mode; a revision numbered like jobtrail's ("0003") does not start jobtrail's migrations there."""
+    engine = sa.create_engine(
+        db_url.replace("postgresql://", "postgresql+psycopg://", 1) if "://" in db_url else f"sqlite:///{db_url}"
+    )
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(sa.text(f"INSERT INTO alembic_version VALUES ('{their_revision}')"))
+        conn.execute(sa.text("CREATE TABLE users (name VARCHAR(20))"))
+    engine.dispose()
+    before = Path(db_url).read_bytes() if engine_name == "sqlite" else None
+    with pytest.raises(StorageError, match=r"another program's schema .*revision " + their_revision):
+        Store.open(db_url)
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobtrail",
+            "--db",
+            db_url,
+            "worker",
+            "--provider",
+            "examples/fake.toml",
+            "--until-settled",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert made.returncode == 2 and "another program's schema" in made.stderr, made.stderr
+    assert "Traceback" not in made.stderr and "pip install -U" not in made.stderr
+    if before is not None:
+        assert Path(db_url).read_bytes() == before  # journal mode (in the header) included
+    engine = sa.create_engine(
+        db_url.replace("postgresql://", "postgresql+psycopg://", 1) if "://" in db_url else f"sqlite:///{db_url}"
+    )
+    with engine.connect() as conn:
+        assert sorted(sa.inspect(conn).get_table_names()) == ["alembic_version", "users"]
+    engine.dispose()
+
+
+def test_healthz_says_a_newer_ledger_needs_a_newer_jobtrail(open_store: Callable[..., Store]) -> None:
+    """During a rolling upgrade an old worker's /healthz names the way out: upgrade it (a new worker would not help)."""
+    from jobtrail.ledger.migrate import schema_health
+
+    store = open_store()
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    fine, said = schema_health(store)
+    assert not fine and "made by a newer jobtrail" in said and "pip install -U jobtrail" in said

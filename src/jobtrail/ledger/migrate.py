@@ -55,23 +55,46 @@ def current_revision(conn: Connection) -> str | None:
     return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
 
 
+def holds_ledger_tables(conn: Connection) -> bool:
+    """Does ``conn``'s database hold jobtrail's tables (and their schema version)? Its own tables, not only
+    a version table: other programs migrate with Alembic too."""
+    inspector = sa.inspect(conn)
+    return all(inspector.has_table(name) for name in ("alembic_version", "operations", "history"))
+
+
+def refuse_unknown_schema(conn: Connection) -> str | None:
+    """The schema revision of ``conn``'s database (None: it has none yet); raises :class:`StorageError`, before
+    anything is changed, for a revision jobtrail did not make: another program's (its Alembic version table,
+    without jobtrail's tables), or a newer jobtrail's. (Alembic would only say, in a traceback, that it
+    cannot locate the revision, or run jobtrail's migrations over another program's tables.)"""
+    current = current_revision(conn)
+    if current is None:
+        return None
+    if not holds_ledger_tables(conn):
+        raise StorageError(
+            f"this database holds another program's schema (its alembic_version table says revision {current}) "
+            "and no jobtrail ledger; jobtrail keeps its own schema version in that table, so it cannot share "
+            "the database (on PostgreSQL: the schema) with it, and left it as it is. Point --db (or JOBTRAIL_DB) "
+            "at your ledger, or at a new file or an empty database to start one"
+        )
+    if not (len(current) == len(HEAD) and current.isdigit() and current <= HEAD):
+        raise StorageError(
+            f"this ledger's schema is at revision {current}, made by a newer jobtrail: this jobtrail knows "
+            f"revisions up to {HEAD} and leaves it as it is. Upgrade jobtrail (pip install -U jobtrail), or point "
+            "--db (or JOBTRAIL_DB) at another ledger"
+        )
+    return current
+
+
 def upgrade(conn: Connection, revision: str = "head") -> None:
     """Upgrade the schema inside the caller's transaction (serialised between processes)."""
     if conn.dialect.name == "postgresql":
         # two workers starting at once must not both run the same migration
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(7206151)"))
     target = HEAD if revision == "head" else revision
-    current = current_revision(conn)
+    current = refuse_unknown_schema(conn)
     if current == target:
         return
-    if current is not None and not (len(current) == len(HEAD) and current.isdigit() and current <= HEAD):
-        # Alembic would only say it cannot locate the revision, in a traceback
-        made_by = "a newer jobtrail" if current.isdigit() else "something other than jobtrail"
-        raise StorageError(
-            f"this ledger's schema is at revision {current}, made by {made_by}: this jobtrail knows revisions up "
-            f"to {HEAD} and leaves it as it is. Upgrade jobtrail (pip install -U jobtrail), or point --db "
-            "(or JOBTRAIL_DB) at another ledger"
-        )
     from alembic import command
 
     cfg = _config()
@@ -86,6 +109,11 @@ def schema_health(store: Store) -> tuple[bool, str]:
             revision = current_revision(conn)
     except StorageError as exc:
         return False, f"database unreachable: {exc}"
+    if revision is not None and revision.isdigit() and len(revision) == len(HEAD) and revision > HEAD:
+        return False, (
+            f"schema is at revision {revision}, made by a newer jobtrail; this one knows revisions up to {HEAD}: "
+            "upgrade this jobtrail (pip install -U jobtrail)"
+        )
     if revision != HEAD:
         return False, (
             f"schema is at revision {revision or 'none'}, this jobtrail expects {HEAD}: "

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -47,7 +47,7 @@ from jobtrail.domain.evidence import Evidence, OperationCreated, StatusObservati
 from jobtrail.domain.ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail.domain.machine import check_transition
 from jobtrail.domain.record import BODY_NOT_LOADED, Changes, HistoryEntry, Operation, OperationSpec
-from jobtrail.domain.redact import Redactor
+from jobtrail.domain.redact import Redactor, is_secret_name
 from jobtrail.domain.states import AUTOMATIC_STATES, CREATE_PHASE, RemoteState, State
 from jobtrail.ledger import schema as t
 from jobtrail.ledger.chain import (
@@ -61,7 +61,9 @@ from jobtrail.ledger.chain import (
     seal,
     window_digest,
 )
+from jobtrail.ledger.migrate import holds_ledger_tables, refuse_unknown_schema
 
+_T = TypeVar("_T")
 log = logging.getLogger("jobtrail")
 
 DEFAULT_DB_ENV = "JOBTRAIL_DB"
@@ -306,6 +308,12 @@ class Store:
         url = resolve_db_url(db, create=create)
         engine = _make_engine(url)
         path = engine.url.database if engine.dialect.name == "sqlite" and not _in_memory(engine.url) else None
+        if path and os.path.isdir(path):
+            engine.dispose()
+            raise UsageError(
+                f"{Path(path).absolute()} is a directory, not a ledger: point --db (or JOBTRAIL_DB) at a file, "
+                f"such as {Path(path).absolute() / 'jobtrail.db'}"
+            )
         if not create and path and not os.path.exists(path):
             engine.dispose()
             raise UsageError(
@@ -315,12 +323,16 @@ class Store:
         store = cls(engine, redactor=redactor, clock=clock)
         try:
             if not create and not store.holds_a_ledger():
-                where = engine.url.render_as_string(hide_password=True)
+                where = shown_url(engine.url)
                 raise UsageError(
                     f"no jobtrail ledger in {where}: there is nothing to read, and nothing was written there. "
                     "Point --db (or JOBTRAIL_DB) at your ledger"
                 )
             if migrate:
+                if path and os.path.exists(path):
+                    # asked first on a connection of its own: the store's would switch another program's
+                    # SQLite file to WAL mode before the upgrade could refuse it
+                    store._ask(refuse_unknown_schema)
                 store.migrate()
             store.check_file()
         except BaseException:
@@ -330,28 +342,34 @@ class Store:
 
     def holds_a_ledger(self) -> bool:
         """Has this database a jobtrail schema (of any revision)? Its own tables, not only a version table:
-        other programs migrate with Alembic too. Asked without writing: the store's own SQLite connections
-        switch the file to WAL mode, a change of its own to another program's database."""
+        other programs migrate with Alembic too."""
+        return self._ask(holds_ledger_tables)
+
+    def _ask(self, question: Callable[[Connection], _T]) -> _T:
+        """``question`` answered without writing: the store's own SQLite connections switch the file to WAL
+        mode, a change of its own to another program's database."""
         path = self.engine.url.database
         if self.dialect != "sqlite" or self.in_memory or not path:
             with self._read() as conn:
-                return _a_ledger(conn)
+                return question(conn)
         uri = Path(path).absolute().as_uri()
         try:
             # read-write, which never creates the file: a database in WAL mode gets its -wal and -shm files from
             # whoever opens it, and only a connection that may write removes them as it closes
-            return self._probe(f"{uri}?mode=rw")
-        except StorageError:
-            return self._probe(f"{uri}?mode=ro")  # a file this user may only read
+            return self._probe(f"{uri}?mode=rw", question)
+        except StorageError as exc:
+            if "unable to open" not in str(exc) and "readonly" not in str(exc):
+                raise  # (the question's own answer: an unknown schema)
+            return self._probe(f"{uri}?mode=ro", question)  # a file this user may only read
 
-    def _probe(self, uri: str) -> bool:
+    def _probe(self, uri: str, question: Callable[[Connection], _T]) -> _T:
         # no pool: the connection is closed (and its -wal and -shm files with it) as the question is answered
         probe = sa.create_engine(
             "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=sa.pool.NullPool
         )
         try:
             with self._errors("reading"), probe.connect() as conn:
-                return _a_ledger(conn)
+                return question(conn)
         finally:
             probe.dispose()
 
@@ -1739,12 +1757,6 @@ class _Prepared:
             cursor.close()
 
 
-def _a_ledger(conn: Connection) -> bool:
-    """Does ``conn``'s database hold jobtrail's tables (and their schema version)?"""
-    inspector = sa.inspect(conn)
-    return all(inspector.has_table(name) for name in ("alembic_version", "operations", "history"))
-
-
 def _driver_rows(conn: Connection, sql: str, params: Any) -> list[Any]:
     """The rows of ``sql`` (the driver's own placeholders), as tuples straight from the DBAPI cursor: a group
     commit's reads, without SQLAlchemy's result object and a call per row."""
@@ -1979,8 +1991,17 @@ def _sqlite_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def shown_url(url: sa.engine.URL) -> str:
+    """A ledger's URL as a message shows it: a SQLite file as its path, and no password, neither the
+    URL's own nor one given as a query parameter (``?password=...``, ``sslpassword``, ``passfile``)."""
+    if url.get_backend_name() == "sqlite":
+        return url.database or "sqlite://"
+    query = {k: "***" if is_secret_name(k) or "pass" in k.lower() else v for k, v in url.query.items()}
+    return url.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")  # (escaped in a query)
+
+
 def _explain_db_error(engine: Engine, doing: str, exc: Exception) -> str:
-    where = engine.url.render_as_string(hide_password=True)
+    where = shown_url(engine.url)
     orig = getattr(exc, "orig", None)
     text = str(orig) if orig is not None else str(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
