@@ -41,10 +41,15 @@ def test_an_overdue_operation_without_a_worker_says_so_and_how_to_start_one(
     assert "none has ever run on this ledger" in explained.stdout and "jobtrail worker --provider" in explained.stdout
     doc = json.loads(jobtrail(db_url, "explain", "stranded", "--json").stdout)
     assert doc["no_worker"].startswith("no worker is running for provider fake")
+    # what the caller does now is start one, not wait for a worker that is not there
+    assert doc["advice"].startswith("no worker is running") and "jobtrail worker --provider" in doc["advice"]
     listed = jobtrail(db_url, "ops", "list")
     assert "1 listed operation(s) of provider fake are overdue and no worker is running" in listed.stderr
-    waited = jobtrail(db_url, "wait", "stranded", "--timeout", "0.2")
+    waited = jobtrail(db_url, "wait", "stranded", "--timeout", "3")
     assert waited.returncode == 4 and "no worker is running for provider fake" in waited.stderr
+    # said while it waits, as soon as it is known, not only once the time-out has passed
+    said = [line for line in waited.stderr.splitlines() if "no worker is running" in line]
+    assert any("still waiting" in line for line in said), waited.stderr
 
     # a worker runs, settles it and stops: its heartbeat says when it was last seen, and that it stopped
     provider = fake.write_provider_file(tmp_path / "fake.toml")

@@ -26,16 +26,16 @@ def status_json(store: Store, op: Operation) -> StatusJson:
     from jobtrail.runtime.liveness import no_worker
 
     seen = store.last_seen(op.operation_id)
-    return cast(
-        StatusJson,
-        op.to_json()
-        | {
-            "last_observed_at": None if seen is None else rfc3339(seen[0]),
-            "progress": None if seen is None else seen[1],
-            "no_worker": no_worker(store, op),
-            "cancel": cancel_story(op, store.history(op.operation_id)),
-        },
-    )
+    missing = no_worker(store, op)
+    doc = op.to_json() | {
+        "last_observed_at": None if seen is None else rfc3339(seen[0]),
+        "progress": None if seen is None else seen[1],
+        "no_worker": missing,
+        "cancel": cancel_story(op, store.history(op.operation_id)),
+    }
+    if missing:  # waiting for a worker that is not there would be for ever: the advice says what moves it
+        doc["advice"] = f"{missing}; then wait (wait_for_change, or jobtrail wait)"
+    return cast(StatusJson, doc)
 
 
 def wait_json(status: StatusJson, *, changed: bool, settled: bool) -> WaitJson:

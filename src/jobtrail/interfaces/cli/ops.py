@@ -334,8 +334,18 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     status = console.status(f"{op.operation_id}: {op.state.value}") if live else None
     if status is not None:
         status.start()
+    from jobtrail.runtime.liveness import no_worker
+
+    told = False  # that no worker serves it: said once, as soon as it is so, not after the whole time-out
     try:
         while op.state not in SETTLED_STATES and time.monotonic() < deadline:
+            if not told and (missing := no_worker(store, op)):
+                told = True
+                if status is not None:
+                    status.stop()
+                click.echo(f"jobtrail: {missing}; still waiting (Ctrl-C stops)", err=True)
+                if status is not None:
+                    status.start()
             time.sleep(0.2)
             op = store.get(operation_id)
             if status is not None:
@@ -353,8 +363,6 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     if not settled:
         if not as_json:
             click.echo(f"still {op.state.value} after {timeout:g} s; next: {next_action(op)}", err=True)
-        from jobtrail.runtime.liveness import no_worker
-
         missing = no_worker(store, op)
         if missing:
             click.echo(f"jobtrail: {missing}", err=True)
