@@ -15,6 +15,7 @@ from jobtrail.ledger.audit import verify
 from jobtrail.ledger.migrate import current_revision, head_revision, script_head
 
 from helpers import S, obs, op_in
+from processes import cli
 
 DATA = Path(__file__).parent / "data" / "ledger_0001.sql"
 
@@ -93,9 +94,8 @@ def test_another_programs_alembic_database_is_refused_and_left_as_it_was(
     """Another program that migrates with Alembic keeps its revision where jobtrail keeps its own: a command
     that would make a ledger there (a worker, a submit) says so and changes nothing, not even SQLite's
     journal mode; a revision numbered like jobtrail's ("0003") does not start jobtrail's migrations there."""
-    engine = sa.create_engine(
-        db_url.replace("postgresql://", "postgresql+psycopg://", 1) if "://" in db_url else f"sqlite:///{db_url}"
-    )
+    url = db_url.replace("postgresql://", "postgresql+psycopg://", 1) if "://" in db_url else f"sqlite:///{db_url}"
+    engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
         conn.execute(sa.text(f"INSERT INTO alembic_version VALUES ('{their_revision}')"))
@@ -104,30 +104,13 @@ def test_another_programs_alembic_database_is_refused_and_left_as_it_was(
     before = Path(db_url).read_bytes() if engine_name == "sqlite" else None
     with pytest.raises(StorageError, match=r"another program's schema .*revision " + their_revision):
         Store.open(db_url)
-    made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobtrail",
-            "--db",
-            db_url,
-            "worker",
-            "--provider",
-            "examples/fake.toml",
-            "--until-settled",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).parent.parent,
-    )
+    examples = Path(__file__).parent.parent / "examples"
+    made = cli("--db", db_url, "worker", "--provider", str(examples / "fake.toml"), "--until-settled", timeout=60)
     assert made.returncode == 2 and "another program's schema" in made.stderr, made.stderr
     assert "Traceback" not in made.stderr and "pip install -U" not in made.stderr
     if before is not None:
         assert Path(db_url).read_bytes() == before  # journal mode (in the header) included
-    engine = sa.create_engine(
-        db_url.replace("postgresql://", "postgresql+psycopg://", 1) if "://" in db_url else f"sqlite:///{db_url}"
-    )
+    engine = sa.create_engine(url)
     with engine.connect() as conn:
         assert sorted(sa.inspect(conn).get_table_names()) == ["alembic_version", "users"]
     engine.dispose()
