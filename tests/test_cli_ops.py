@@ -6,11 +6,13 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from jobtrail import Store
@@ -226,19 +228,41 @@ def test_a_person_resolves_what_automation_could_not(tmp_path: Path) -> None:
     """needs_attention waits for a person; resolve records the decision, explain shows what follows."""
     from jobtrail import ConflictingJobIds
 
-    db = str(tmp_path / "r.db")
+    (tmp_path / "my ledgers").mkdir()
+    db = str(tmp_path / "my ledgers" / "r.db")
     store = Store.open(db)
-    op = op_in(store, S.CREATE_PENDING)
-    op = store.transition(
-        op,
-        S.NEEDS_ATTENTION,
-        ConflictingJobIds(first_job_id="a", second_job_id="b"),
-        actor="worker",
-        changes={"state_reason": "two job ids"},
+    op, other = (
+        store.transition(
+            op_in(store, S.CREATE_PENDING, body={"i": i}),
+            S.NEEDS_ATTENTION,
+            ConflictingJobIds(first_job_id="a", second_job_id="b"),
+            actor="worker",
+            changes={"state_reason": "two job ids"},
+        )
+        for i in range(2)
     )
     store.close()
     stuck = jobtrail("--db", db, "explain", op.operation_id)
     assert stuck.returncode == 3 and "a person decides" in stuck.stdout
+    # the escalation names both job ids, and each way out is a command that, pasted into a shell as
+    # printed, reaches this very ledger (its --db, quoted, included)
+    decision = json.loads(jobtrail("--db", db, "ops", "escalation", other.operation_id, "--json").stdout)["decision"]
+    assert "a and b" in decision["question"]
+    keep = {o["if"].split()[0]: o["then"] for o in decision["options"] if "--job-id" in o["then"]}
+    assert sorted(keep) == ["a", "b"]
+    pasted = keep["a"].replace("YOUR_NAME", "bob").replace("'...'", "'kept a'")
+    shell = subprocess.run(
+        ["/bin/sh", "-c", pasted],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+        cwd=tmp_path,  # not where the ledger is: only its --db leads there
+        timeout=60,
+    )
+    assert shell.returncode == 0, shell.stderr
+    kept = Store.open(db)
+    assert kept.get(other.operation_id).remote_job_id == "a"
+    kept.close()
     wrong = jobtrail("--db", db, "resolve", op.operation_id, "--to", "accepted", "--by", "alice", "--reason", "x")
     assert wrong.returncode == 2 and "needs the remote job id the person confirmed" in wrong.stderr
     done = jobtrail(
@@ -355,3 +379,15 @@ def test_a_ledger_path_in_a_directory_that_does_not_exist_is_refused(tmp_path: P
     )
     assert made.returncode == 0, made.stderr
     assert (data / "jobtrail" / "jobtrail.db").is_file()
+
+
+def test_a_printed_command_names_the_ledger_unless_a_bare_command_opens_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commands printed for a person (start a worker, resolve) carry --db, quoted for a shell, only where a
+    bare `jobtrail` would open another ledger."""
+    db = tmp_path / "it's here.db"
+    with Store.open(str(db)) as store:
+        assert store.command == f"jobtrail --db {shlex.quote(str(db))}"
+        monkeypatch.setenv("JOBTRAIL_DB", str(db))
+        assert store.command == "jobtrail"

@@ -225,8 +225,10 @@ def test_the_escalation_names_the_decision_and_the_command_for_each_answer(ledge
     decision = escalation_bundle(ledger, op.operation_id)["decision"]
     assert op.trace_id in decision["question"] and job_id in decision["question"]
     commands = [o["then"] for o in decision["options"]]
+    resolve = f"{ledger.command} resolve {op.operation_id} --by YOUR_NAME --reason '...'"
+    assert ledger.command.startswith("jobtrail --db ")  # the test's ledger is not the default one
     assert commands == [
-        f"jobtrail resolve {op.operation_id} --by YOUR_NAME --reason '...' --to accepted --job-id {job_id}",
-        f"jobtrail resolve {op.operation_id} --by YOUR_NAME --reason '...' --to create_pending",
-        f"jobtrail resolve {op.operation_id} --by YOUR_NAME --reason '...' --to failed",
+        f"{resolve} --to accepted --job-id {job_id}",
+        f"{resolve} --to create_pending",
+        f"{resolve} --to failed",
     ]

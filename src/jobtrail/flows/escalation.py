@@ -58,7 +58,7 @@ def escalation_bundle(store: Store, operation_id: str) -> dict[str, Any]:
     ]
     return {
         "operation_id": op.operation_id,
-        "decision": _decision(op, history),
+        "decision": _decision(op, history, store.command),
         "provider": op.provider,
         "target": op.target,
         "remote_job_id": op.remote_job_id,
@@ -83,17 +83,24 @@ def escalation_bundle(store: Store, operation_id: str) -> dict[str, Any]:
     }
 
 
-def _decision(op: Operation, history: list[dict[str, Any]]) -> dict[str, Any]:
-    """The question a person faces, and for each answer the exact command that records it."""
+def _decision(op: Operation, history: list[dict[str, Any]], jobtrail: str) -> dict[str, Any]:
+    """The question a person faces, and for each answer the exact command that records it (``jobtrail``:
+    how a command reaches this ledger, its ``--db`` included)."""
     ref = op.operation_key or op.operation_id
     quoted = shlex.quote(ref)
-    resolve = f"jobtrail resolve {quoted} --by YOUR_NAME --reason"
+    resolve = f"{jobtrail} resolve {quoted} --by YOUR_NAME --reason"
     if op.state is State.NEEDS_ATTENTION:
         said: dict[str, Any] = next(
             (e["evidence"] for e in reversed(history) if e["to"] == State.NEEDS_ATTENTION.value), {}
         )
         candidates = [str(c) for c in said.get("candidates", [])]
-        if op.remote_job_id is None:
+        # a conflict: the same token answered with two job ids (the recorded one first, if one is)
+        answered = [
+            job
+            for job in dict.fromkeys((op.remote_job_id, said.get("first_job_id"), said.get("second_job_id")))
+            if isinstance(job, str) and job
+        ]
+        if op.remote_job_id is None and len(answered) < 2:
             found = candidates or ["JOB_ID"]
             return {
                 "question": f"Did provider {op.provider} make a job for this operation? Look for trace id "
@@ -102,7 +109,7 @@ def _decision(op: Operation, history: list[dict[str, Any]]) -> dict[str, Any]:
                     *(
                         {
                             "if": f"job {job} is this operation's",
-                            "then": f"{resolve} '...' --to accepted --job-id {job}",
+                            "then": f"{resolve} '...' --to accepted --job-id {shlex.quote(job)}",
                         }
                         for job in found
                     ),
@@ -114,14 +121,18 @@ def _decision(op: Operation, history: list[dict[str, Any]]) -> dict[str, Any]:
                     {"if": "it should not run after all", "then": f"{resolve} '...' --to failed"},
                 ],
             }
+        named = " and ".join(answered) if len(answered) > 1 else f"{answered[0]} and another (see the history)"
         return {
-            "question": f"Which job is this operation's? The provider answered with {op.remote_job_id} and "
-            "another (see the history); keep one and cancel the other at the provider.",
+            "question": f"Which job is this operation's? The provider answered with {named}; keep one and "
+            f"cancel the other in provider {op.provider}'s console.",
             "options": [
-                {
-                    "if": f"{op.remote_job_id} is the one to keep",
-                    "then": f"{resolve} '...' --to accepted --job-id {op.remote_job_id}",
-                },
+                *(
+                    {
+                        "if": f"{job} is the one to keep (once the other is cancelled at the provider)",
+                        "then": f"{resolve} '...' --to accepted --job-id {shlex.quote(job)}",
+                    }
+                    for job in answered
+                ),
                 {"if": "both were stopped at the provider", "then": f"{resolve} '...' --to cancelled"},
                 {"if": "it should not run after all", "then": f"{resolve} '...' --to failed"},
             ],
@@ -138,7 +149,7 @@ def _decision(op: Operation, history: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "question": f"Job {op.remote_job_id} ran past its result deadline: wait longer, or stop it?",
             "options": [
-                {"if": "stop it", "then": f"jobtrail cancel {quoted} --by YOUR_NAME --reason '...' --expect '...'"},
+                {"if": "stop it", "then": f"{jobtrail} cancel {quoted} --by YOUR_NAME --reason '...' --expect '...'"},
                 {"if": "wait longer", "then": "nothing: a worker keeps polling slowly and records how it ends"},
             ],
         }

@@ -16,6 +16,7 @@ import json
 import logging
 import operator
 import os
+import shlex
 import shutil
 import sqlite3
 import sys
@@ -35,6 +36,7 @@ from jobtrail.domain.builders import builder
 from jobtrail.domain.canonical import compact_json, floatless_json, request_fingerprint, to_us
 from jobtrail.domain.errors import (
     ConfigError,
+    JobtrailError,
     OperationKeyConflict,
     OperationNotFound,
     SecretInRequest,
@@ -339,6 +341,20 @@ class Store:
             store.close()
             raise
         return store
+
+    @property
+    def command(self) -> str:
+        """``jobtrail``, as a command printed for a person to run must start to reach this ledger: with
+        ``--db`` unless it is the one a bare ``jobtrail`` opens (``$JOBTRAIL_DB``, else the default). A
+        command copied without it would act on another ledger (a worker would serve an empty one)."""
+        here = self.engine.url.render_as_string(hide_password=False)
+        try:
+            bare = sa.engine.make_url(resolve_db_url(None, create=False)).render_as_string(hide_password=False)
+        except JobtrailError:  # $JOBTRAIL_DB names nothing a command could open
+            bare = None
+        if self.in_memory or here == bare:
+            return "jobtrail"
+        return f"jobtrail --db {shlex.quote(shown_url(self.engine.url))}"
 
     def holds_a_ledger(self) -> bool:
         """Has this database a jobtrail schema (of any revision)? Its own tables, not only a version table:

@@ -47,5 +47,5 @@ def no_worker(store: Store, op: Operation) -> str | None:
     )
     return (
         f"no worker is running for provider {op.provider}: its next step was due at "
-        f"{rfc3339(op.next_action_at_us)}{seen}. Start one: jobtrail worker --provider <its provider file>"
+        f"{rfc3339(op.next_action_at_us)}{seen}. Start one: {store.command} worker --provider <its provider file>"
     )

@@ -292,7 +292,7 @@ def _say_when_no_worker_serves(store: Store, operations: list[Operation]) -> Non
         if no_worker(store, ops[0]):
             click.echo(
                 f"jobtrail: {len(ops)} listed operation(s) of provider {provider} are overdue and no worker is "
-                "running for it; start one: jobtrail worker --provider <its provider file>",
+                f"running for it; start one: {store.command} worker --provider <its provider file>",
                 err=True,
             )
 
