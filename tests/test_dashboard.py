@@ -3,6 +3,7 @@ refuses, and the one thing it writes (a person's decision, through the same path
 
 from __future__ import annotations
 
+import html
 import http.client
 import json
 import re
@@ -220,6 +221,8 @@ def test_workers_providers_and_audit_pages(store: Store, tmp_path: Path) -> None
     from jobtrail.ledger.audit import make_anchor
 
     op_in(store, S.SUCCEEDED)
+    with serve_asgi(dashboard_app(store)) as base:  # none yet: how to start one, on this very ledger
+        assert f"start one: <code>{store.command} worker" in html.unescape(call(base, "GET", "/workers").text)
     store.heartbeat("host-a:1", ["fake"])
     store.heartbeat("host-b:2", ["other"], stopped=True)
     anchor = tmp_path / "anchor.json"

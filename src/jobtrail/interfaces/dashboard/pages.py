@@ -256,7 +256,7 @@ class Pages:
             }
             for w in browse.recent_workers(self.store)
         ]
-        return self._render(request, "workers.html", workers=rows, gone_after=GONE_AFTER_S)
+        return self._render(request, "workers.html", workers=rows, gone_after=GONE_AFTER_S, jobtrail=self.store.command)
 
     def providers(self, request: Request) -> Response:
         if (gate := self._gate(request)) is not None:
