@@ -402,6 +402,16 @@ def test_large_results_are_files_verified_on_read(
         env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
     )
     assert got.returncode == 0 and json.loads(got.stdout)["stored"] == "file" and out.read_bytes() == data
+    plain = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id, "--out", str(out), "--force"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
+    )
+    # nothing on stdout (a script's), and a line on stderr that says what went where
+    assert plain.returncode == 0 and plain.stdout == "" and out.read_bytes() == data
+    assert f"wrote {len(data)} bytes (sha256 {row['sha256']}) to {out}" in plain.stderr
     path.write_bytes(data[:-10] + b"tampered!!")
     with pytest.raises(ResultCorrupted, match="does not match its sha256"):
         read_result(ledger, op_id)

@@ -381,6 +381,15 @@ def test_a_ledger_path_in_a_directory_that_does_not_exist_is_refused(tmp_path: P
     assert (data / "jobtrail" / "jobtrail.db").is_file()
 
 
+def test_an_empty_listing_says_why_in_one_line(tmp_path: Path) -> None:
+    """No table of nothing: an empty ledger, or filters nothing matches, is one line saying which."""
+    db = str(tmp_path / "empty.db")
+    Store.open(db).close()
+    assert jobtrail("--db", db, "ops", "list").stdout.strip() == "no operations in this ledger"
+    filtered = jobtrail("--db", db, "ops", "list", "--state", "failed")
+    assert filtered.stdout.strip() == "no operations match these filters"
+
+
 def test_a_printed_command_names_the_ledger_unless_a_bare_command_opens_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -359,7 +359,7 @@ def _ending_reason(op: Operation, ending: State, raw_state: str | None, remote: 
         said = raw_state if raw_state and raw_state.lower() == remote.value else f"{raw_state} ({remote.value})"
         return f"the provider reports the job {said}" + (" (after the cancel was requested)" if after_cancel else "")
     if after_cancel:
-        return "cancelled: the provider reports the job cancelled"
+        return "the provider reports the job cancelled, as asked"
     return "the provider reports the job cancelled (not by us)"
 
 

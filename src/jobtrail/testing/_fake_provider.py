@@ -73,7 +73,7 @@ class Fault:
 #: the options a request body's ``{"fake": {...}}`` may carry (name, values, default, what it scripts);
 #: the README's table is generated from this, and a create with any other option is refused (400)
 FAKE_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
-    ("duration", "seconds", "job_duration_s", "how long the job runs"),
+    ("duration", "seconds", "the provider's (`--job-duration`, 1 s)", "how long the job runs"),
     (
         "cancel",
         "normal, finish_first, ignore",

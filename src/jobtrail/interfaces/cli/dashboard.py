@@ -72,7 +72,11 @@ def dashboard(
         anchor_key=secret_from_env(anchor_key_env, "--anchor-key-env", store.redactor),
         public_origin=public_origin,
     )
-    mode = "sign in with the token to record decisions" if token is not None else "read-only (no --token-env)"
+    mode = (
+        "sign in with the token to record decisions"
+        if token is not None
+        else "read-only: give --token-env to let people decide"
+    )
     click.echo(f"dashboard on http://{host}:{port}/ ({mode})")
     # uvicorn's access log would print every URL; the pages' URLs carry no secret, but its noise helps no one
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

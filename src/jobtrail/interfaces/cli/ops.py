@@ -71,9 +71,10 @@ def ops_list(
     if as_json:
         emit_json({"count": len(operations), "total": total, "items": [op.to_json() for op in operations]})
         return
+    if not operations:  # (an empty table's header says nothing more)
+        console.print("no operations" + (" match these filters" if any(filters.values()) else " in this ledger"))
+        return
     _print_operations(operations)
-    if not operations:
-        console.print("no operations")
 
 
 @ops.command("show")

@@ -55,7 +55,10 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
             sys.exit(EXIT_NEGATIVE)
         fail(str(exc), EXIT_NEGATIVE)
     if out:
-        _write_result(_result_target(store, out, force), data, force)
+        target = _result_target(store, out, force)
+        _write_result(target, data, force)
+        if not as_json:  # said where it went (stdout stays empty, as a script expects of --out)
+            click.echo(f"wrote {len(data)} bytes (sha256 {row['sha256']}) to {target}", err=True)
     if as_json:
         emit_json(result_found(row, data, out=out))
     elif not out:
