@@ -109,10 +109,14 @@ def test_2_the_worker_dies_after_storing_the_job_id_before_the_first_poll(
 ) -> None:
     # the first poll 2 s after the create's answer (the lease is 7 s): the write that stores the job id lands
     # before it is due even on a loaded machine (a write that lands once it is due keeps the lease, by design:
-    # the worker goes on to poll; CI saw that with the 0.1 s of FAST)
-    first_poll = {**FAST["poll"], "initial_s": 2.0}
+    # the worker goes on to poll; CI saw that with the 0.1 s of FAST). Its cap and jitter too: FAST's cap
+    # held it to 0.3 s, and full jitter (the default) to anywhere below that; CI saw the lease kept again.
+    first_poll = {**FAST["poll"], "initial_s": 2.0, "cap_s": 2.0, "jitter": 0.1}
     op_id, provider = crashed_worker(db_url, tmp_path, fake, {"scenario": 2}, "create.after_job_id", poll=first_poll)
     op, _ = ledger(db_url, op_id)
+    with Store.open(db_url) as store:  # (the story's premise: the first poll was put a second or more ahead)
+        (confirmed,) = [e for e in store.history(op_id) if e.cause == "confirmed_create"]
+    assert op.next_action_at_us is not None and op.next_action_at_us - confirmed.at_us > 1_000_000
     # the write that stored the job id left the first poll for later, so it ended the lease too: the next
     # worker polls when the poll is due, not when the dead worker's lease runs out
     assert op.state is S.ACCEPTED and op.lease_owner is None and op.lease_expires_at_us is None
