@@ -327,7 +327,7 @@ class Store:
             if not create and not store.holds_a_ledger():
                 where = shown_url(engine.url)
                 raise UsageError(
-                    f"no jobtrail ledger in {where}: there is nothing to read, and nothing was written there. "
+                    f"no jobtrail ledger in {where}: there is nothing to read, and no table was made there. "
                     "Point --db (or JOBTRAIL_DB) at your ledger"
                 )
             if migrate:
