@@ -402,6 +402,8 @@ def test_large_results_are_files_verified_on_read(
         env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
     )
     assert got.returncode == 0 and json.loads(got.stdout)["stored"] == "file" and out.read_bytes() == data
+    # too large to inline: the answer says how to fetch it, with the command that reaches this ledger
+    assert f"`{ledger.command} result {op_id} --out FILE`" in json.loads(got.stdout)["note"]
     plain = subprocess.run(
         [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id, "--out", str(out), "--force"],
         capture_output=True,

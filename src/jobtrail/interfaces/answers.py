@@ -58,9 +58,10 @@ def result_missing(operation_id: str, why: str) -> ResultJson:
     )
 
 
-def result_found(row: Mapping[str, Any], data: bytes, *, out: str | None = None) -> ResultJson:
+def result_found(row: Mapping[str, Any], data: bytes, jobtrail: str, *, out: str | None = None) -> ResultJson:
     """A stored result's record and its content: JSON parsed, other text as text, other bytes in base64;
-    larger than :data:`RESULT_INLINE_BYTES`, a note says how to fetch it instead."""
+    larger than :data:`RESULT_INLINE_BYTES`, a note says how to fetch it instead (``jobtrail``: how that
+    command reaches the ledger, :attr:`Store.command`)."""
     doc: dict[str, Any] = describe(row) | {
         "why": None,
         "result": None,
@@ -72,7 +73,7 @@ def result_found(row: Mapping[str, Any], data: bytes, *, out: str | None = None)
     if len(data) > RESULT_INLINE_BYTES:
         doc["note"] = (
             f"the result is {len(data)} bytes (sha256 {row['sha256']}), more than the {RESULT_INLINE_BYTES} "
-            f"shown inline; write it to a file with `jobtrail result {row['operation_id']} --out FILE`"
+            f"shown inline; write it to a file with `{jobtrail} result {row['operation_id']} --out FILE`"
         )
         return cast(ResultJson, doc)
     parsed = None

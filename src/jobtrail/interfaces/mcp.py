@@ -458,7 +458,7 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
                 f"the stored result of {operation_id} carries a configured credential and is not handed out; "
                 "tell the operator (check no_credentials)"
             )
-        return result_found(row, data)
+        return result_found(row, data, store.command)
 
     @tool(
         "Your operations that wait for a person (needs_attention, unconfirmed cancels, timed-out "

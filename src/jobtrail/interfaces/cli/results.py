@@ -60,7 +60,7 @@ def result(ctx: click.Context, operation_id: str, out: str | None, force: bool, 
         if not as_json:  # said where it went (stdout stays empty, as a script expects of --out)
             click.echo(f"wrote {len(data)} bytes (sha256 {row['sha256']}) to {target}", err=True)
     if as_json:
-        emit_json(result_found(row, data, out=out))
+        emit_json(result_found(row, data, store.command, out=out))
     elif not out:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
