@@ -27,7 +27,7 @@ from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, Fault
 
-from processes import pipe_capacity, stop_midway_through_a_write
+from processes import cli, pipe_capacity, stop_midway_through_a_write
 
 S = State
 FAST = {
@@ -394,36 +394,23 @@ def test_large_results_are_files_verified_on_read(
     path = data_dir(ledger) / row["path"]
     assert path.name == row["sha256"] and path.read_bytes() == data
     out = tmp_path / "copy.json"
-    got = subprocess.run(
-        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id, "--out", str(out), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
-    )
+
+    def fetch(*extra: str) -> subprocess.CompletedProcess[str]:
+        return cli("--db", db_url, "result", op_id, "--out", str(out), *extra, env=results, timeout=60)
+
+    results = {"JOBTRAIL_DATA_DIR": str(tmp_path / "results")}
+    got = fetch("--json")
     assert got.returncode == 0 and json.loads(got.stdout)["stored"] == "file" and out.read_bytes() == data
     # too large to inline: the answer says how to fetch it, with the command that reaches this ledger
     assert f"`{ledger.command} result {op_id} --out FILE`" in json.loads(got.stdout)["note"]
-    plain = subprocess.run(
-        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id, "--out", str(out), "--force"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
-    )
+    plain = fetch("--force")
     # nothing on stdout (a script's), and a line on stderr that says what went where
     assert plain.returncode == 0 and plain.stdout == "" and out.read_bytes() == data
     assert f"wrote {len(data)} bytes (sha256 {row['sha256']}) to {out}" in plain.stderr
     path.write_bytes(data[:-10] + b"tampered!!")
     with pytest.raises(ResultCorrupted, match="does not match its sha256"):
         read_result(ledger, op_id)
-    bad = subprocess.run(
-        [sys.executable, "-m", "jobtrail", "--db", db_url, "result", op_id, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "JOBTRAIL_DATA_DIR": str(tmp_path / "results")},
-    )
+    bad = fetch()
     assert bad.returncode == 2 and "altered or damaged" in bad.stderr
 
 
