@@ -62,6 +62,11 @@ def holds_ledger_tables(conn: Connection) -> bool:
     return all(inspector.has_table(name) for name in ("alembic_version", "operations", "history"))
 
 
+def _ours(revision: str) -> bool:
+    """Is ``revision`` one this jobtrail made (not a newer one's)?"""
+    return len(revision) == len(HEAD) and revision.isdigit() and revision <= HEAD
+
+
 def refuse_unknown_schema(conn: Connection) -> str | None:
     """The schema revision of ``conn``'s database (None: it has none yet); raises :class:`StorageError`, before
     anything is changed, for a revision jobtrail did not make: another program's (its Alembic version table,
@@ -77,7 +82,7 @@ def refuse_unknown_schema(conn: Connection) -> str | None:
             "the database (on PostgreSQL: the schema) with it, and left it as it is. Point --db (or JOBTRAIL_DB) "
             "at your ledger, or at a new file or an empty database to start one"
         )
-    if not (len(current) == len(HEAD) and current.isdigit() and current <= HEAD):
+    if not _ours(current):
         raise StorageError(
             f"this ledger's schema is at revision {current}, made by a newer jobtrail: this jobtrail knows "
             f"revisions up to {HEAD} and leaves it as it is. Upgrade jobtrail (pip install -U jobtrail), or point "
@@ -109,7 +114,7 @@ def schema_health(store: Store) -> tuple[bool, str]:
             revision = current_revision(conn)
     except StorageError as exc:
         return False, f"database unreachable: {exc}"
-    if revision is not None and revision.isdigit() and len(revision) == len(HEAD) and revision > HEAD:
+    if revision is not None and not _ours(revision):
         return False, (
             f"schema is at revision {revision}, made by a newer jobtrail; this one knows revisions up to {HEAD}: "
             "upgrade this jobtrail (pip install -U jobtrail)"

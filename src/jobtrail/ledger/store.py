@@ -323,18 +323,21 @@ class Store:
                 "Point --db (or JOBTRAIL_DB) at your ledger"
             )
         store = cls(engine, redactor=redactor, clock=clock)
-        try:
-            if not create and not store.holds_a_ledger():
-                where = shown_url(engine.url)
+
+        def vet(conn: Connection) -> None:
+            """What the database is, asked before anything is written to it (see :meth:`_ask`)."""
+            if not create and not holds_ledger_tables(conn):
                 raise UsageError(
-                    f"no jobtrail ledger in {where}: there is nothing to read, and no table was made there. "
-                    "Point --db (or JOBTRAIL_DB) at your ledger"
+                    f"no jobtrail ledger in {shown_url(engine.url)}: there is nothing to read, and no table was "
+                    "made there. Point --db (or JOBTRAIL_DB) at your ledger"
                 )
+            if migrate:  # (the upgrade asks again, under its lock; this one is before the store connects)
+                refuse_unknown_schema(conn)
+
+        try:
+            if not create or (migrate and path and os.path.exists(path)):
+                store._ask(vet)
             if migrate:
-                if path and os.path.exists(path):
-                    # asked first on a connection of its own: the store's would switch another program's
-                    # SQLite file to WAL mode before the upgrade could refuse it
-                    store._ask(refuse_unknown_schema)
                 store.migrate()
             store.check_file()
         except BaseException:
@@ -356,11 +359,6 @@ class Store:
             return "jobtrail"
         return f"jobtrail --db {shlex.quote(shown_url(self.engine.url))}"
 
-    def holds_a_ledger(self) -> bool:
-        """Has this database a jobtrail schema (of any revision)? Its own tables, not only a version table:
-        other programs migrate with Alembic too."""
-        return self._ask(holds_ledger_tables)
-
     def _ask(self, question: Callable[[Connection], _T]) -> _T:
         """``question`` answered without writing: the store's own SQLite connections switch the file to WAL
         mode, a change of its own to another program's database."""
@@ -368,17 +366,10 @@ class Store:
         if self.dialect != "sqlite" or self.in_memory or not path:
             with self._read() as conn:
                 return question(conn)
-        uri = Path(path).absolute().as_uri()
-        try:
-            # read-write, which never creates the file: a database in WAL mode gets its -wal and -shm files from
-            # whoever opens it, and only a connection that may write removes them as it closes
-            return self._probe(f"{uri}?mode=rw", question)
-        except StorageError as exc:
-            if "unable to open" not in str(exc) and "readonly" not in str(exc):
-                raise  # (the question's own answer: an unknown schema)
-            return self._probe(f"{uri}?mode=ro", question)  # a file this user may only read
-
-    def _probe(self, uri: str, question: Callable[[Connection], _T]) -> _T:
+        # read-write, which never creates the file: a database in WAL mode gets its -wal and -shm files from
+        # whoever opens it, and only a connection that may write removes them as it closes; read-only for a
+        # file this user may only read
+        uri = f"{Path(path).absolute().as_uri()}?mode={'rw' if os.access(path, os.W_OK) else 'ro'}"
         # no pool: the connection is closed (and its -wal and -shm files with it) as the question is answered
         probe = sa.create_engine(
             "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=sa.pool.NullPool
