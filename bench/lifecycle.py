@@ -3,6 +3,7 @@
     python bench/lifecycle.py --n 1000
     python bench/lifecycle.py --n 10000 --db postgresql://postgres@127.0.0.1:5432/test
     python bench/lifecycle.py --n 5000 --max-connections 10     # a provider that allows few connections
+    python bench/lifecycle.py --n 5000 --max-connections 10 --rounds 5   # alternately, five times: median ratios
 
 The fake provider runs in its own process on loopback; each job finishes 1 s
 after creation. The same run measures a plain, non-durable asyncio + aiohttp
@@ -310,6 +311,12 @@ def main() -> None:
         default=256,
         help="HTTP connections to the provider, for both the plain loop and jobtrail (default 256, jobtrail's default)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the two phases this many times, alternately, and print the median ratios (default 1)",
+    )
     parser.add_argument("--phase", choices=["plain", "jobtrail"], help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -329,7 +336,41 @@ def main() -> None:
     assert fake.stdout is not None
     base = json.loads(fake.stdout.readline())["base_url"]
     tmp = tempfile.mkdtemp()
-    db = args.db or os.path.join(tmp, "lifecycle.db")
+    try:
+        rounds = [_round(base, fake.pid, args, tmp, i) for i in range(args.rounds)]
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    if args.rounds == 1:
+        _report(args, *rounds[0])
+        return
+    # the machine drifts between minutes: each round's two phases run back to back, and the medians of
+    # the rounds' own ratios say more than any one round
+    print(
+        f"N = {args.n}, {args.rounds} rounds (plain, then jobtrail, alternately), "
+        f"{args.max_connections} HTTP connections, {'postgresql' if args.db.startswith('postgres') else 'sqlite'}"
+    )
+    cpu, speed, p99 = [], [], []
+    for i, (plain, durable, _, _) in enumerate(rounds, 1):
+        cpu.append(durable["cpu_s"] / plain["cpu_s"])
+        speed.append(plain["wall_s"] / durable["wall_s"])
+        p99.append(_pct(durable["latencies"], 0.99) / _pct(plain["latencies"], 0.99))
+        print(
+            f"round {i}: plain {plain['cpu_s'] * 1000 / args.n:.2f}, jobtrail {durable['cpu_s'] * 1000 / args.n:.2f} "
+            f"CPU ms/op (ratio {cpu[-1]:.2f}); throughput ratio {speed[-1]:.2f}; p99 latency ratio {p99[-1]:.2f}"
+        )
+    print(
+        f"medians: CPU ratio {statistics.median(cpu):.2f} (jobtrail's CPU per op over the plain loop's), "
+        f"throughput ratio {statistics.median(speed):.2f}, p99 latency ratio {statistics.median(p99):.2f}"
+    )
+
+
+def _round(
+    base: str, provider_pid: int, args: argparse.Namespace, tmp: str, i: int
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, int], dict[str, int]]:
+    """One plain phase, then one jobtrail phase on a ledger of its own: their results, and the HTTP
+    requests the fake provider saw in each."""
+    db = args.db or os.path.join(tmp, f"lifecycle-{i}.db")
     if db.startswith("postgres"):
         import sqlalchemy as sa
 
@@ -341,21 +382,38 @@ def main() -> None:
     else:
         db_for_run = db
     try:
-        before, cpu_before = _counts(base), _machine_cpu(fake.pid)
+        before, cpu_before = _counts(base), _machine_cpu(provider_pid)
         plain = _child("plain", base, args.n, "", args.max_connections)
-        middle, cpu_middle = _counts(base), _machine_cpu(fake.pid)
+        middle, cpu_middle = _counts(base), _machine_cpu(provider_pid)
         durable = _child("jobtrail", base, args.n, db_for_run, args.max_connections)
-        after, cpu_after = _counts(base), _machine_cpu(fake.pid)
+        after, cpu_after = _counts(base), _machine_cpu(provider_pid)
     finally:
-        fake.terminate()
-        fake.wait(10)
         if db.startswith("postgres"):
             with engine.begin() as conn:
                 conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-    req = {k: middle.get(k, 0) - before.get(k, 0) for k in ("creates_received", "status", "results")}
-    req2 = {k: after.get(k, 0) - middle.get(k, 0) for k in ("creates_received", "status", "results")}
+    plain["machine"] = _spent(cpu_before, cpu_middle)
+    durable["machine"] = _spent(cpu_middle, cpu_after)
+    keys = ("creates_received", "status", "results")
+    return (
+        plain,
+        durable,
+        {k: middle.get(k, 0) - before.get(k, 0) for k in keys},
+        {k: after.get(k, 0) - middle.get(k, 0) for k in keys},
+    )
+
+
+def _spent(start: tuple[float, float] | None, end: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The whole machine's CPU seconds and the fake provider's between two readings (None off Linux)."""
+    if start is None or end is None:
+        return None
+    return end[0] - start[0], end[1] - start[1]
+
+
+def _report(
+    args: argparse.Namespace, plain: dict[str, Any], durable: dict[str, Any], req: dict[str, int], req2: dict[str, int]
+) -> None:
     n = args.n
-    engine_name = "postgresql" if db.startswith("postgres") else "sqlite"
+    engine_name = "postgresql" if args.db.startswith("postgres") else "sqlite"
     from jobtrail.runtime.loop import loop_name
 
     print(
@@ -387,27 +445,27 @@ def main() -> None:
         f"jobtrail HTTP: {req2['creates_received'] / n:.2f} creates, {req2['status'] / n:.2f} polls, "
         f"{req2['results'] / n:.2f} result fetches per op (plain: {req['status'] / n:.2f} polls)"
     )
-    if cpu_before and cpu_middle and cpu_after:
-        for name, phase, start, end in (
-            ("plain", plain, cpu_before, cpu_middle),
-            ("jobtrail", durable, cpu_middle, cpu_after),
-        ):
-            machine, provider = end[0] - start[0], end[1] - start[1]
-            rest = machine - phase["cpu_s"] - provider
-            whose = "PostgreSQL's server, " if name == "jobtrail" and engine_name == "postgresql" else ""
-            own = f"{phase['cpu_s'] * 1000 / n:.2f} its own"
-            if phase.get("writer_cpu_s"):
-                own += f" = {(phase['cpu_s'] - phase['writer_cpu_s']) * 1000 / n:.2f} worker"
-                own += f" + {phase['writer_cpu_s'] * 1000 / n:.2f} writer process"
-            print(
-                f"{name} machine: {machine * 1000 / n:.2f} CPU ms/op on all cores "
-                f"({own}, {provider * 1000 / n:.2f} the fake provider, "
-                f"{rest * 1000 / n:.2f} the rest: {whose}the kernel's own share of the traffic, the phase starting up, "
-                "anything else running)"
-            )
+    for name, phase in (("plain", plain), ("jobtrail", durable)):
+        if phase["machine"] is None:
+            continue
+        machine, provider = phase["machine"]
+        rest = machine - phase["cpu_s"] - provider
+        whose = "PostgreSQL's server, " if name == "jobtrail" and engine_name == "postgresql" else ""
+        own = f"{phase['cpu_s'] * 1000 / n:.2f} its own"
+        if phase.get("writer_cpu_s"):
+            own += f" = {(phase['cpu_s'] - phase['writer_cpu_s']) * 1000 / n:.2f} worker"
+            own += f" + {phase['writer_cpu_s'] * 1000 / n:.2f} writer process"
+        print(
+            f"{name} machine: {machine * 1000 / n:.2f} CPU ms/op on all cores "
+            f"({own}, {provider * 1000 / n:.2f} the fake provider, "
+            f"{rest * 1000 / n:.2f} the rest: {whose}the kernel's own share of the traffic, the phase starting up, "
+            "anything else running)"
+        )
     ratio = (n / durable["wall_s"]) / (n / plain["wall_s"])
     p99_ratio = _pct(durable["latencies"], 0.99) / _pct(plain["latencies"], 0.99)
-    print(f"ratio: {ratio:.2f}   p99 latency ratio: {p99_ratio:.2f}")
+    print(
+        f"ratio: {ratio:.2f}   CPU ratio: {durable['cpu_s'] / plain['cpu_s']:.2f}   p99 latency ratio: {p99_ratio:.2f}"
+    )
 
 
 if __name__ == "__main__":
