@@ -288,6 +288,41 @@ def test_a_person_resolves_what_automation_could_not(tmp_path: Path) -> None:
     assert jobtrail("--db", db, "explain", op.operation_id).returncode == 0
 
 
+def test_a_decision_for_an_operation_that_waits_for_none_is_refused_and_records_nothing(tmp_path: Path) -> None:
+    """resolve is for an operation waiting for a person: on one that ended or that automation carries on it says
+    so (a negative answer, exit 1), and a job id given with any decision but accepted is refused, not dropped."""
+    db = str(tmp_path / "decide.db")
+    store = Store.open(db)
+    ops = [
+        op_in(store, S.SUCCEEDED, operation_key="done-1"),
+        op_in(store, S.ACCEPTED, body={"i": 2}, operation_key="run-1"),
+        op_in(store, S.NEEDS_ATTENTION, body={"i": 3}, operation_key="wait-1"),
+    ]
+    store.close()
+    for key, why in (("done-1", "it has ended"), ("run-1", "automation carries it on")):
+        ran = jobtrail("--db", db, "resolve", key, "--to", "failed", "--by", "bob", "--reason", "x", "--json")
+        assert ran.returncode == 1, ran.stderr
+        assert why in ran.stderr and "nothing was recorded" in ran.stderr and "needs_attention" in ran.stderr
+        assert json.loads(ran.stdout)["error"]["exit_code"] == 1
+    ran = jobtrail("--db", db, "resolve", "wait-1", "--to", "failed", "--job-id", "j1", "--by", "bob", "--reason", "x")
+    assert ran.returncode == 2 and "--job-id goes with --to accepted" in ran.stderr
+    with Store.open(db) as kept:
+        assert [kept.get(op.operation_id).version for op in ops] == [op.version for op in ops]
+
+
+def test_a_command_that_makes_a_new_ledger_says_where(tmp_path: Path) -> None:
+    """A typo in --db makes a new ledger instead of finding the one meant: the command says so on stderr,
+    once (its stdout stays the answer), and not again on a ledger that exists."""
+    db = tmp_path / "jobz.db"
+    provider = str(EXAMPLES / "fake.toml")
+    first = jobtrail("--db", str(db), "submit", "--provider", provider, "--request", "{}", "--no-send")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("op_")
+    assert f"made a new, empty ledger in {db}" in first.stderr and "check --db" in first.stderr
+    again = jobtrail("--db", str(db), "ops", "list")
+    assert again.returncode == 0 and "made a new" not in again.stderr
+
+
 def test_ops_list_fits_80_columns_with_states_and_keys_whole(tmp_path: Path) -> None:
     db = str(tmp_path / "ops.db")
     store = Store.open(db)
@@ -334,6 +369,43 @@ def test_an_in_memory_ledger_is_refused_on_the_command_line(tmp_path: Path) -> N
             assert "a ledger in memory ends with the command" in ran.stderr and "--db" in ran.stderr
             assert "Traceback" not in ran.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_stops_submit_and_wait_with_what_stays_recorded(tmp_path: Path) -> None:
+    """Ctrl-C while submit waits for a provider that is down, or while wait waits: one line saying the
+    operation stays recorded for a worker (JSON too under --json), exit 130, and the operation still there."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    text = (EXAMPLES / "fake.toml").read_text(encoding="utf-8")
+    provider = tmp_path / "down.toml"
+    provider.write_text(text.replace("http://127.0.0.1:8080", f"http://127.0.0.1:{port}"), encoding="utf-8")
+    db = str(tmp_path / "stopped.db")
+    for args in (
+        ("submit", "--provider", str(provider), "--request", "{}", "--key", "k1", "--json"),
+        ("wait", "k1", "--json"),
+    ):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobtrail", "--db", db, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started = time.monotonic()
+        while proc.poll() is None and not (Path(db).exists() and time.monotonic() - started > 3):
+            time.sleep(0.1)  # until the command is well under way (its ledger made, its waiting begun)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert "stopped by Ctrl-C" in err and "jobtrail worker" in err and "Aborted!" not in err
+        assert json.loads(out.strip().splitlines()[-1])["error"]["exit_code"] == 130
+    with Store.open(db) as kept:
+        (op,) = kept.list_operations()
+        assert op.operation_key == "k1" and op.state is S.CREATE_PENDING and op.attempts >= 1
 
 
 def test_submit_says_each_attempt_that_got_no_answer_instead_of_waiting_in_silence(tmp_path: Path) -> None:

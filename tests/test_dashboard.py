@@ -233,6 +233,7 @@ def test_workers_providers_and_audit_pages(store: Store, tmp_path: Path) -> None
         assert "host-a:1" in workers and "running" in workers and "host-b:2" in workers and "stopped" in workers
         providers = call(base, "GET", "/providers").text
         assert "at-most-once creation" in providers and "cancel" in providers  # what `providers check` shows
+        assert "In use in this ledger: fake." in providers  # the names, not the database's rows
         assert "Last run" not in call(base, "GET", "/audit").text  # the whole-ledger check runs when asked
         audit = call(base, "GET", "/audit?run=1").text
         assert "<b>OK</b> 1 operations" in audit and "anchor matches" in audit

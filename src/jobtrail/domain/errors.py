@@ -79,6 +79,10 @@ class OperationNotFound(OperationalError):
     """No operation with that id exists in this database."""
 
 
+class NoDecisionAwaited(OperationalError):
+    """A person's decision was recorded for an operation that waits for none (it runs, or it ended)."""
+
+
 def missing_extra(extra: str, purpose: str, exc: ImportError) -> ConfigError:
     """The error for an optional part whose extra is not installed (raise it ``from exc``).
 

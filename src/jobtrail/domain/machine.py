@@ -221,6 +221,11 @@ def allowed_targets(state: State) -> list[State]:
     return [to for (frm, to) in RULES if frm is state]
 
 
+def decisions_from(state: State) -> list[State]:
+    """Where a person's decision may move an operation in ``state`` (none: it waits for nobody's)."""
+    return [to for (frm, to), rule in RULES.items() if frm is state and HumanDecision in rule.evidence]
+
+
 def check_transition(op: Operation, to: State, evidence: Evidence) -> None:
     """Refuse, with the reason, a transition that is not in the table or lacks evidence."""
     rule = RULES.get((op.state, to))

@@ -7,9 +7,11 @@ state machine refuses a decision its rules do not allow (accepted without the jo
 
 from __future__ import annotations
 
+from jobtrail.domain.errors import NoDecisionAwaited, UsageError
 from jobtrail.domain.evidence import HumanDecision
+from jobtrail.domain.machine import decisions_from
 from jobtrail.domain.record import Changes, Operation
-from jobtrail.domain.states import State
+from jobtrail.domain.states import FINAL_STATES, State
 from jobtrail.ledger.store import Store
 
 #: what a person may decide: accepted (with the job id they confirmed), create_pending (send again with
@@ -22,6 +24,22 @@ def decide(
 ) -> Operation:
     """Record ``decided_by``'s decision on the operation ``ref`` (an id or key) and move it to ``to_state``."""
     op = store.resolve(ref)  # an id, or the operation's key
+    choices = [s.value for s in decisions_from(op.state) if s.value in DECISIONS]
+    if not choices:
+        waiting = sorted({frm.value for frm in State if any(s.value in DECISIONS for s in decisions_from(frm))})
+        where = "it has ended" if op.state in FINAL_STATES else "automation carries it on"
+        raise NoDecisionAwaited(
+            f"{op.operation_id} is {op.state.value}: {where}, and it waits for no person's decision; nothing was "
+            f"recorded. A decision is for an operation in {', '.join(waiting)} "
+            "(`jobtrail ops list --state needs_attention` lists those that wait)"
+        )
+    if to_state not in choices:
+        raise UsageError(
+            f"{op.operation_id} is {op.state.value}: a person's decision may move it to {', '.join(choices)}, "
+            f"not {to_state}; nothing was recorded"
+        )
+    if job_id and to_state != State.ACCEPTED.value:
+        raise UsageError(f"--job-id goes with --to accepted (the job you confirmed), not --to {to_state}")
     changes: Changes = {"state_reason": f"resolved by {decided_by}: {reason}"}
     if job_id:
         changes["remote_job_id"] = job_id

@@ -124,7 +124,8 @@ def providers_in_use(store: Store) -> list[str]:
     ops = t.operations.c
     with store._read() as conn:
         # the unique (provider, operation_key) index serves this without reading the table
-        return [str(p) for p in conn.execute(sa.select(ops.provider).distinct().order_by(ops.provider).limit(200))]
+        names = conn.execute(sa.select(ops.provider).distinct().order_by(ops.provider).limit(200)).scalars()
+        return [str(name) for name in names]
 
 
 def recent_workers(store: Store, *, limit: int = 100) -> list[dict[str, Any]]:

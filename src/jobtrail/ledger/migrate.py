@@ -91,20 +91,22 @@ def refuse_unknown_schema(conn: Connection) -> str | None:
     return current
 
 
-def upgrade(conn: Connection, revision: str = "head") -> None:
-    """Upgrade the schema inside the caller's transaction (serialised between processes)."""
+def upgrade(conn: Connection, revision: str = "head") -> str | None:
+    """Upgrade the schema inside the caller's transaction (serialised between processes); returns the
+    revision it found (None: there was no ledger, and one was made)."""
     if conn.dialect.name == "postgresql":
         # two workers starting at once must not both run the same migration
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(7206151)"))
     target = HEAD if revision == "head" else revision
     current = refuse_unknown_schema(conn)
     if current == target:
-        return
+        return current
     from alembic import command
 
     cfg = _config()
     cfg.attributes["connection"] = conn
     command.upgrade(cfg, revision)
+    return current
 
 
 def schema_health(store: Store) -> tuple[bool, str]:

@@ -283,6 +283,8 @@ class Store:
         self._busy = threading.local()
         self._memory_results: Path | None = None
         self._memory_made = False
+        #: opening this store made its ledger (there was none): a command says so, a typo in --db shows
+        self.made = False
         if self.in_memory:
             event.listen(engine, "do_connect", self._memory_once)
         elif self.dialect == "sqlite":
@@ -385,7 +387,8 @@ class Store:
         from jobtrail.ledger.migrate import upgrade
 
         with self.writing("upgrading the schema") as conn:
-            upgrade(conn, revision)
+            found = upgrade(conn, revision)
+        self.made = self.made or found is None
 
     @property
     def file_identity(self) -> tuple[int, int] | None:
@@ -2004,7 +2007,9 @@ def shown_url(url: sa.engine.URL) -> str:
     if url.get_backend_name() == "sqlite":
         return url.database or "sqlite://"
     query = {k: "***" if is_secret_name(k) or "pass" in k.lower() else v for k, v in url.query.items()}
-    return url.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")  # (escaped in a query)
+    # as a person writes it: postgresql://, not the driver this process chose (postgresql+psycopg://)
+    shown = url.set(drivername=url.get_backend_name(), query=query)
+    return shown.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")  # (escaped in a query)
 
 
 def _explain_db_error(engine: Engine, doing: str, exc: Exception) -> str:

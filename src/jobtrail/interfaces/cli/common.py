@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from rich.console import Console
 
-from jobtrail.domain.errors import ConfigError, JobtrailError, OperationNotFound
+from jobtrail.domain.errors import ConfigError, JobtrailError, NoDecisionAwaited, OperationNotFound
 from jobtrail.domain.redact import Redactor, Secret, install_log_redaction
 from jobtrail.interfaces.argv import hoist_global_options
 
@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # the ledger (SQLAlchemy) is imported by the commands that us
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
 #: waiting ran out while the operation (or a worker's operations) still had automatic work ahead
 EXIT_STILL_RUNNING = 4
+#: stopped by Ctrl-C (SIGINT), as shells count it (128 + 2)
+EXIT_INTERRUPTED = 130
 
 #: every exit code and what it means (the README's table is generated from this)
 EXIT_CODES: tuple[tuple[int, str], ...] = (
@@ -42,6 +44,10 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
         "(explain, wait, submit; a task with such a step or an unresolved one)",
     ),
     (EXIT_STILL_RUNNING, "still running when the time ran out (wait --timeout, worker --until-settled --timeout)"),
+    (
+        EXIT_INTERRUPTED,
+        "stopped by Ctrl-C: what was recorded stays, and an operation left unfinished is a worker's to carry on",
+    ),
 )
 
 console = Console()
@@ -77,12 +83,21 @@ class Group(click.Group):
         except JobtrailError as exc:
             if ctx.find_root().params.get("debug"):
                 raise
-            code = EXIT_NEGATIVE if isinstance(exc, OperationNotFound) else EXIT_USAGE
+            code = EXIT_NEGATIVE if isinstance(exc, OperationNotFound | NoDecisionAwaited) else EXIT_USAGE
             fail(str(exc), code)
         except click.UsageError as exc:  # a bad option or value: the same one line (and JSON) as ours
             if not ctx.find_root().meta.get("jobtrail.json"):
                 raise
             fail(exc.format_message(), EXIT_USAGE)
+        except KeyboardInterrupt:
+            # (click's own answer is "Aborted!" and exit 1, which the table keeps for a negative answer)
+            if ctx.find_root().params.get("debug"):
+                raise
+            fail(
+                "stopped by Ctrl-C. Whatever was recorded stays in the ledger: an operation left unfinished is "
+                "carried on by `jobtrail worker`, and `jobtrail ops list` shows where each one is",
+                EXIT_INTERRUPTED,
+            )
 
 
 def open_store(ctx: click.Context, *, create: bool = True) -> Store:
@@ -100,6 +115,15 @@ def open_store(ctx: click.Context, *, create: bool = True) -> Store:
             )
         obj["store"] = Store.open(obj.get("db"), create=create)
         ctx.call_on_close(obj["store"].close)
+        if obj["store"].made:
+            # a typo in --db makes a new ledger instead of finding the one meant: say so, once, where it is
+            from jobtrail.ledger.store import shown_url
+
+            click.echo(
+                f"jobtrail: made a new, empty ledger in {shown_url(obj['store'].engine.url)} (there was none); "
+                "if you meant another, check --db or JOBTRAIL_DB",
+                err=True,
+            )
     store: Store = obj["store"]
     return store
 
