@@ -251,6 +251,30 @@ def test_cli_verify_exit_codes_and_json(tmp_path) -> None:
     store.close()
 
 
+def test_an_anchor_is_never_replaced_by_accident_and_a_mismatch_names_the_likelier_cause(tmp_path) -> None:
+    """An anchor is the evidence of an earlier state: writing another over it takes --force. A wrong key, or
+    another ledger's anchor, is still TAMPERED (exit 1), but the message names that likelier cause too."""
+    db, other = str(tmp_path / "a.db"), str(tmp_path / "b.db")
+    op_in(Store.open(db), S.SUCCEEDED)
+    op_in(Store.open(other), S.SUCCEEDED, body={"another": "ledger"})
+    anchor = tmp_path / "anchor.json"
+    env = {"ANCHOR_KEY": "k-0123456789abcdef", "WRONG_KEY": "k-fedcba9876543210"}
+    made = run_cli("--db", db, "audit", "anchor", "--out", str(anchor), "--key-env", "ANCHOR_KEY", env=env)
+    assert made.returncode == 0, made.stderr
+    kept = anchor.read_text()
+    again = run_cli("--db", db, "audit", "anchor", "--out", str(anchor), env=env)
+    assert again.returncode == 2 and "an anchor is already there" in again.stderr and "--force" in again.stderr
+    assert anchor.read_text() == kept
+    wrong = run_cli("--db", db, "audit", "verify", "--anchor", str(anchor), "--key-env", "WRONG_KEY", env=env)
+    assert wrong.returncode == 1
+    assert "not the one it was made with (it was made with the key in ANCHOR_KEY)" in wrong.stdout
+    elsewhere = run_cli("--db", other, "audit", "verify", "--anchor", str(anchor), "--key-env", "ANCHOR_KEY", env=env)
+    assert elsewhere.returncode == 1 and "TAMPERED deleted" in elsewhere.stdout
+    assert "if the anchor is another ledger's, point --db at that one" in elsewhere.stdout
+    forced = run_cli("--db", other, "audit", "anchor", "--out", str(anchor), "--force", env=env)
+    assert forced.returncode == 0 and anchor.read_text() != kept
+
+
 def as_written_before_0006(store: Store, op: Operation) -> None:
     """Rewrite an operation's chain as version 1 (no coverage), as a ledger from before 0006 holds it."""
     drop_guards(store)

@@ -44,6 +44,10 @@ def test_ops_list_show_history_json(tmp_path: Path) -> None:
 
     only = jobtrail("ops", "list", "--state", "failed", "--json", env={"JOBTRAIL_DB": db})
     assert [o["operation_id"] for o in json.loads(only.stdout)["items"]] == [done.operation_id]
+    # --provider takes a name here (every other --provider takes a file): an empty list says which names exist
+    by_file = jobtrail("--db", db, "ops", "list", "--provider", "examples/fake.toml", "--json")
+    assert by_file.returncode == 0 and json.loads(by_file.stdout)["count"] == 0
+    assert f"the names in use: {done.provider}" in by_file.stderr and "not its file" in by_file.stderr
 
     shown = json.loads(jobtrail("--db", db, "ops", "show", pending.operation_id, "--json").stdout)
     assert shown["state"] == "create_pending" and shown["operation_key"] == "nightly"

@@ -471,7 +471,16 @@ def _check_anchor(
         if key is None:
             raise ConfigError("the anchor is HMAC-keyed; pass the key's name with --key-env NAME")
         if not hmac.compare_digest(anchor["hmac"], _anchor_mac(anchor, key)):
-            return [Finding("*", 0, "anchor_mismatch", "the anchor's HMAC does not match: the anchor file was altered")]
+            named = f" (it was made with the key in {anchor['hmac_key']})" if anchor.get("hmac_key") else ""
+            return [
+                Finding(
+                    "*",
+                    0,
+                    "anchor_mismatch",
+                    "the anchor's HMAC does not match: the key given is not the one it was made with"
+                    f"{named}, or the anchor file was altered",
+                )
+            ]
     anchored_leaves = [leaf_bytes(h[0], h[1], h[2]) for h in anchor["heads"]]
     if merkle_root(anchored_leaves) != anchor.get("root"):
         findings.append(Finding("*", 0, "anchor_mismatch", "the anchor's heads do not hash to its root"))
@@ -499,6 +508,14 @@ def _check_anchor(
                     f"entry {seq} differs from the anchored head: the history was rewritten",
                 )
             )
+    gone = [f for f in findings if f.kind == "deleted"]
+    if heads and gone and len(gone) == len(anchor["heads"]):
+        # every anchored operation is missing, and the ledger holds others: a wiped and refilled ledger
+        # reads the same (the verdict stands), but so does another ledger's anchor, the likelier mistake
+        gone[0].detail += (
+            f" (none of the anchor's {len(gone)} operations is in this ledger, which holds {len(heads)} others: "
+            "if the anchor is another ledger's, point --db at that one)"
+        )
     return findings
 
 

@@ -74,9 +74,10 @@ def audit_verify(ctx: click.Context, anchor_path: str | None, key_env: str | Non
     help="Where to write the anchor (keep it outside the database's reach); - for stdout.",
 )
 @click.option("--key-env", metavar="NAME", help="Environment variable holding an HMAC key for the anchor.")
+@click.option("--force", is_flag=True, help="Replace an anchor already at --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary object.")
 @click.pass_context
-def audit_anchor(ctx: click.Context, out: str, key_env: str | None, as_json: bool) -> None:
+def audit_anchor(ctx: click.Context, out: str, key_env: str | None, force: bool, as_json: bool) -> None:
     """Export the heads of every chain and their Merkle root.
 
     \b
@@ -87,6 +88,13 @@ def audit_anchor(ctx: click.Context, out: str, key_env: str | None, as_json: boo
 
     if out != "-" and not Path(out).absolute().parent.is_dir():  # said before the ledger is read through
         fail(f"--out {out}: the directory {Path(out).absolute().parent} does not exist; create it first", EXIT_USAGE)
+    if out != "-" and Path(out).exists() and not force:
+        # an anchor is the evidence of what the ledger held then: a new one beside it, never over it by accident
+        fail(
+            f"--out {out}: an anchor is already there (the evidence of an earlier state); write the new one "
+            "beside it (a name per day, say), or give --force to replace it",
+            EXIT_USAGE,
+        )
     store = existing_store(ctx)
     anchor = make_anchor(store, key=secret_from_env(key_env, "--key-env", store.redactor), key_name=key_env)
     text = json.dumps(anchor, indent=1, sort_keys=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,8 @@ def ops_list(
     if total > limit:
         click.echo(f"showing the newest {limit} of {total} operations; raise --limit to see more", err=True)
     _say_when_no_worker_serves(store, operations)
+    if not operations and provider:
+        _say_which_providers(store, provider)
     if as_json:
         emit_json({"count": len(operations), "total": total, "items": [op.to_json() for op in operations]})
         return
@@ -75,6 +78,21 @@ def ops_list(
         console.print("no operations" + (" match these filters" if any(filters.values()) else " in this ledger"))
         return
     _print_operations(operations)
+
+
+def _say_which_providers(store: Store, asked: str) -> None:
+    """An empty list filtered by a provider no operation uses: which names there are (the filter takes a
+    provider's name, where every other --provider takes its file)."""
+    from jobtrail.ledger.browse import providers_in_use
+
+    names = providers_in_use(store)
+    if asked in names:
+        return
+    hint = f"no operation in this ledger uses a provider named {asked!r}"
+    hint += f" (the names in use: {', '.join(names)})" if names else ""
+    if asked.endswith((".toml", ".json")) or os.sep in asked:
+        hint += "; ops list --provider takes a provider's name (its file's `name`), not its file"
+    click.echo(f"jobtrail: {hint}", err=True)
 
 
 @ops.command("show")
