@@ -176,6 +176,10 @@ def test_an_ignored_cancel_becomes_unconfirmed_with_a_complete_bundle(
     )
     assert "## The decision" in markdown and "stop it in provider fake's console" in markdown
     assert "budget (expecting: no further charge)" in markdown
+    # a request that got no answer has no HTTP status: a dash in its row, not Python's None
+    unanswered = {**bundle["requests"][0], "http_status": None, "kind": "status_poll"}
+    rows = bundle_markdown({**bundle, "requests": [unanswered]}).split("## Requests")[1]
+    assert "None" not in rows and "| status_poll | - |" in rows
     shown = subprocess.run(
         [sys.executable, "-m", "jobtrail", "--db", db_url, "ops", "escalation", op_id, "--json"],
         capture_output=True,

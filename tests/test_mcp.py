@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,7 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
                 break
         # an agent that lost its memory still has its key: status and result by the key alone
         by_key = result_of(await session.call_tool("job_status", {"operation_id": "report-1"}))
+        nowhere = result_of(await session.call_tool("job_status", {"operation_id": "report-0"}))
         got = result_of(await session.call_tool("get_result", {"operation_id": "report-1"}))
         return {
             "schemas": schemas,
@@ -154,6 +156,8 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
             "unknown": unknown,
             "status": status,
             "result": got,
+            "nowhere": nowhere,
+            "server": session.initialize_result,
         }
 
     out = asyncio.run(agent_session(db_url, provider, session_test))
@@ -185,6 +189,9 @@ def test_an_agent_submits_waits_collects_and_cannot_duplicate(db_url: str, fake:
     assert out["result"]["operation_id"] == first["operation_id"]
     assert out["result"]["result"]["output"] == {"echo": {"prompt": "summarise"}}
     assert fake.counts["jobs_created"] == 1
+    # what the agent is told of an id it does not have: a tool it can call, not a shell command
+    assert "no operation 'report-0' of yours" in out["nowhere"]["error"] and "list_jobs" in out["nowhere"]["error"]
+    assert out["server"].server_info.version == version("jobtrail")
     with Store.open(db_url) as store:
         assert store.count() == 1
 

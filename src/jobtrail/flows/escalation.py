@@ -181,13 +181,13 @@ def bundle_markdown(bundle: dict[str, Any]) -> str:
     lines += ["", "## Cancel attempts and answers", ""]
     lines += [
         f"- {c['at']} {c['what']} by {c['actor']}"
-        + (f": HTTP {c.get('http_status')}" if c["what"] == "cancel_response" else "")
+        + (f": HTTP {c.get('http_status') or '-'}" if c["what"] == "cancel_response" else "")
         + _intent(c)
         for c in bundle["cancel_attempts"]
     ] or ["- none"]
     lines += ["", "## Requests", "", "| at | kind | HTTP | remote state | request id |", "|---|---|---|---|---|"]
     lines += [
-        f"| {r['at']} | {r['kind']} | {r['http_status']} | {r['raw_state'] or r['remote_state'] or ''} | "
+        f"| {r['at']} | {r['kind']} | {r['http_status'] or '-'} | {r['raw_state'] or r['remote_state'] or ''} | "
         f"{r['provider_request_id'] or ''} |"
         for r in bundle["requests"]
     ]

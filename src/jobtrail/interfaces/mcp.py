@@ -180,8 +180,8 @@ def _explained(tool: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
 def _missing(operation_id: str) -> OperationNotFound:
     """The one answer for an operation that does not exist *or* is another agent's (no existence leak)."""
     return OperationNotFound(
-        f"no operation {operation_id!r} in this database; "
-        "list them with `jobtrail ops list` (and check --db / JOBTRAIL_DB)",
+        f"no operation {operation_id!r} of yours in this ledger: list_jobs lists those you can reach "
+        "(by their ids, or the operation_key you gave)",
         operation_id=operation_id,
     )
 
@@ -303,7 +303,9 @@ def _closed_providers(fn: Callable[..., Any], names: tuple[str, ...], *, require
 
 def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared: bool = False) -> MCPServer:  # noqa: PLR0915 - declares every tool
     """The MCP tools, acting for ``agent`` (only its operations unless ``shared``)."""
-    server = _Server(name="jobtrail", instructions=INSTRUCTIONS)
+    from importlib.metadata import version
+
+    server = _Server(name="jobtrail", version=version("jobtrail"), instructions=INSTRUCTIONS)
     store = jt.store
     redactors = (store.redactor,)
     _register_credentials(jt)

@@ -382,7 +382,7 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
     if not settled:
         if not as_json:
             click.echo(f"still {op.state.value} after {timeout:g} s; next: {next_action(op)}", err=True)
-        missing = no_worker(store, op)
+        missing = None if told else no_worker(store, op)  # (said already while it waited: not twice)
         if missing:
             click.echo(f"jobtrail: {missing}", err=True)
         sys.exit(EXIT_STILL_RUNNING)
