@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from jobtrail import Store
+from jobtrail.ledger import task_steps
 from jobtrail.testing import FakeProvider
 
 from helpers import spec
@@ -49,6 +50,16 @@ def test_an_overdue_operation_without_a_worker_says_so_and_how_to_start_one(
     assert doc["advice"].startswith("no worker is running") and " worker --provider" in doc["advice"]
     listed = jobtrail(db_url, "ops", "list")
     assert "1 listed operation(s) of provider fake are overdue and no worker is running" in listed.stderr
+    # a task whose step is that operation says it too, in its text and in its JSON
+    with Store.open(db_url) as store:
+        op = store.resolve("stranded")
+        task_steps.open_task(store, "nightly", "agent")
+        task_steps.plan_step(store, "nightly", "export", "fake", "stranded", op.request_fingerprint)
+        task_steps.link_step(store, "nightly", "export", op.operation_id)
+    assert "warning: no worker is running for provider fake" in jobtrail(db_url, "explain", "nightly").stdout
+    task = json.loads(jobtrail(db_url, "explain", "nightly", "--json").stdout)
+    (why,) = task["no_worker"]
+    assert why.startswith("no worker is running for provider fake")
     waited = jobtrail(db_url, "wait", "stranded", "--timeout", "3")
     assert waited.returncode == 4 and "no worker is running for provider fake" in waited.stderr
     # said while it waits, as soon as it is known, not only once the time-out has passed

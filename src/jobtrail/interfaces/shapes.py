@@ -203,6 +203,8 @@ class TaskExplainJson(TypedDict):
     #: steps whose operation a worker still carries forward (confirmed or not)
     running: list[str]
     steps: list[StepJson]
+    #: why nothing happens to a step's overdue operation, where no worker serves its provider (one line each)
+    no_worker: list[str]
 
 
 class ProviderJson(TypedDict):

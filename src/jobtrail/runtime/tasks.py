@@ -21,6 +21,7 @@ from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import SETTLED_STATES, State
 from jobtrail.ledger import task_steps
+from jobtrail.runtime.liveness import no_worker
 
 if TYPE_CHECKING:
     from jobtrail.runtime.client import AsyncJobtrail
@@ -175,12 +176,19 @@ class Task:
             action = "nothing: every step is confirmed and ended" + (
                 " (" + ", ".join(f"{s.name} ended {s.operation_state}" for s in ended) + ")" if ended else ""
             )
+        # a step's operation that waits for a worker none runs for: said once per provider
+        stranded = [
+            no_worker(self.store, self.store.get(s.operation_id))
+            for s in steps
+            if s.operation_id is not None and s.running
+        ]
         return {
             "task_id": self.task_id,
             "next_step": step,
             "next_action": action,
             "running": [s.name for s in running],
             "steps": [s.to_json() for s in steps],
+            "no_worker": list(dict.fromkeys(why for why in stranded if why)),
         }
 
     def _row(self, name: str) -> Any:

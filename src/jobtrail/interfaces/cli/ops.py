@@ -241,6 +241,8 @@ def _explain_task(store: Store, task_id: str, as_json: bool) -> bool:
                 f"  {step['name']}: {step['state']}{ending} ({step['operation_id'] or 'no operation yet'}): "
                 f"{step['next_action']}"
             )
+        for why in explained["no_worker"]:
+            click.echo(f"warning: {why}")
     person = any(
         step["state"] == "unresolved" or step["operation_state"] in PERSON_DECIDES for step in explained["steps"]
     )
