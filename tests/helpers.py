@@ -199,6 +199,11 @@ def canary_forms(canary: str) -> dict[str, bytes]:
         "hex": raw.hex().encode(),
         "hex_upper": raw.hex().upper().encode(),
     }
+    # cut short by whoever quoted it (an HTTP library's error showing an answer's first bytes): two thirds of
+    # it or more, from its start or up to its end, is a leak too (the redactor masks that much)
+    most = max(12, 2 * len(raw) // 3)
+    forms["raw_start"], forms["raw_end"] = raw[:most], raw[-most:]
+    forms["utf16"] = "\0".join(canary).encode()  # its UTF-16 bytes, either byte order
     for shift in range(3):
         # whatever precedes it, the middle of its base64 is fixed for each of the three alignments
         for name, encode in (("base64", base64.b64encode), ("base64url", base64.urlsafe_b64encode)):

@@ -260,8 +260,9 @@ def test_cancel_cli_on_an_ended_job(db_url: str, ledger: Store, fake: FakeProvid
         ),
         ({}, {"records": "$.output.echo.rows", "min_records": 1}, "record_count", None),
         ({}, {"max_bytes": 10}, "size", None),
+        ({"fake": {"result": "empty"}}, {}, "json", "an empty body"),  # nothing at all is no JSON document
     ],
-    ids=["checksum", "content-type", "schema", "record-count", "size"],
+    ids=["checksum", "content-type", "schema", "record-count", "size", "empty"],
 )
 def test_each_validation_failure_is_named(
     ledger: Store, fake: FakeProvider, body: dict[str, Any], result_cfg: dict[str, Any], check: str, seen: str | None

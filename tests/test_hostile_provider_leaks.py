@@ -98,6 +98,8 @@ class HostileProvider:
                 "echo": base64.b64encode(f"Bearer {c}".encode()).decode(),
             }
             return web.json_response(problem, status=400, headers={"X-Request-Id": urllib.parse.quote(c, safe="")})
+        if mode == "huge_header":  # a header line past what a client reads, with the credential early in it
+            return web.json_response({"id": "job-x"}, status=202, headers={"X-Big": "a" * 60 + c + "a" * 60_000})
         return web.json_response({"id": f"job-{mode}", "status": "queued"}, status=202)
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
@@ -165,7 +167,7 @@ def _run_hostile(db_url: str, canary: str, tmp_path: Path) -> tuple[dict[str, An
                 assert not running.done(), "the worker ended before its writer process started"
                 await asyncio.sleep(0.01)
             ids = {}
-            for mode in (*REFUSED_MODES, *STORED_MODES, "reject"):
+            for mode in (*REFUSED_MODES, *STORED_MODES, "reject", "huge_header"):
                 ids[mode] = (await jt.submit("hostile", {"mode": mode}, key=mode, caller="agent-a")).operation_id
             while await asyncio.to_thread(store.next_due_us, providers=("hostile",), states=ACTIVE_STATES):
                 assert not running.done(), "the worker ended before the operations settled"
@@ -255,6 +257,11 @@ def test_a_hostile_provider_never_gets_the_credential_stored_shown_or_handed_to_
             with pytest.raises(Exception, match="no result is stored"):
                 read_result(store, op.operation_id)
         assert ops["reject"].state is State.FAILED
+        # an answer that is not readable HTTP: not a job id, and its bytes (quoted by the HTTP library's error,
+        # the credential cut short among them) never kept; the replay that repeats it asks a person
+        assert ops["huge_header"].state is State.NEEDS_ATTENTION, ops["huge_header"].state_reason
+        said = [e.to_json()["evidence"] for e in store.history(ops["huge_header"].operation_id)]
+        assert any("not readable HTTP" in json.dumps(e) for e in said), said
         for mode in STORED_MODES:
             assert ops[mode].state is State.SUCCEEDED, (mode, ops[mode].state_reason)
         # an honest result whose field names sound secret: byte for byte, its sha256 the history's
@@ -343,7 +350,13 @@ def test_the_null_redactor_proves_the_scan_would_see_a_leak(canary: str) -> None
         pytest.param(lambda c: "&#" + ";&#".join(str(ord(ch)) for ch in c) + ";", True, id="html-entities"),
         pytest.param(lambda c: base64.b64encode(_u_escaped(c).encode()).decode(), True, id="nested"),
         pytest.param(lambda c: json.dumps(SYNC_RESULT), False, id="secret-sounding-names"),
-        pytest.param(lambda c: c[:-3], False, id="a-prefix-only"),
+        # cut short by whoever quoted it (an HTTP library's error showing an answer's first bytes): still refused
+        pytest.param(lambda c: f"b'{c[:-3]}...'", True, id="most-of-it-cut-short"),
+        pytest.param(lambda c: c[5:], True, id="most-of-it-without-its-start"),
+        pytest.param(lambda c: c[:9], False, id="a-short-prefix-only"),
+        pytest.param(lambda c: json.dumps({"a": c[:18], "b": c[18:]}), True, id="split-across-values"),
+        pytest.param(lambda c: c.encode("utf-16-le").decode(), True, id="utf-16-le"),
+        pytest.param(lambda c: c.encode("utf-16-be").decode(), True, id="utf-16-be"),
     ],
 )
 def test_contains_secret_sees_through_encodings(text: Any, carries: bool) -> None:

@@ -392,6 +392,9 @@ class Redactor:
         self._looks: dict[str, bool] = {}
         #: how value() treats a field of each name already seen (see _field_rule)
         self._fields: dict[str, tuple[str, int]] = {}
+        #: finds where a registered form's first or last eight characters occur: a credential cut short by
+        #: whoever quoted it (an error message that shows an answer's first bytes) is masked too
+        self._fragment_ends: re.Pattern[str] | None = None
         #: the values registered here, and the redactors that learn each of them too (see forward_to)
         self._values: list[str] = []
         self._forward: weakref.WeakSet[Redactor] = weakref.WeakSet()
@@ -415,7 +418,11 @@ class Redactor:
             self._ordered = sorted(self._exact, key=len, reverse=True)
             forms = {*self._exact, *_b64_cores(value.encode("utf-8"))}
             forms |= {f.lower() for f in forms if f.isascii() and _HEXISH.fullmatch(f)}
+            if value.isascii():  # its UTF-16 bytes, read as text: every character and a NUL (either byte order)
+                forms.add("\0".join(value))
             self._detect = sorted({*self._detect, *forms}, key=len, reverse=True)
+            ends = {end for form in self._ordered if len(form) >= _FRAGMENT_FROM for end in (form[:8], form[-8:])}
+            self._fragment_ends = re.compile("|".join(re.escape(end) for end in sorted(ends))) if ends else None
             # what was clean may carry the new credential
             self._texts, self._looks, self._fields = {}, {}, {}
 
@@ -434,7 +441,7 @@ class Redactor:
         if not detect:
             return False
         text = data.decode("utf-8", errors="replace") if isinstance(data, bytes | bytearray) else str(data)
-        if self._found(text):
+        if self._found(text) or self._fragments(text) != text:
             return True
         return self._split_across_strings(text)
 
@@ -485,9 +492,12 @@ class Redactor:
         _strings(document, pieces)
         if len(pieces) < 2:
             return False
-        joined = "".join(pieces)
-        # short values would match by accident in a long concatenation
-        return any(form in joined for form in self._detect if len(form) >= 8)
+        values: list[str] = []
+        _strings(document, values, keys=False)
+        # short values would match by accident in a long concatenation; a credential may run on from a key
+        # into its value, or from one value into the next (the key between them left out)
+        joined = ("".join(pieces), "".join(values))
+        return any(form in text for text in joined for form in self._detect if len(form) >= 8)
 
     def registered(self) -> tuple[str, ...]:
         """The values registered so far, in order (what another process needs to mask the same)."""
@@ -525,11 +535,27 @@ class Redactor:
                 value = pattern.sub(replacement, value)
         return value
 
+    def _fragments(self, text: str) -> str:
+        """``text`` with every run of a registered form cut short masked: from the form's start, or up to its
+        end, two thirds of it or more (and 12 characters). The third left unseen of a random credential is
+        still far too much to guess; and credentials of one format share a shorter start than that (two
+        keys ``sk-proj-...`` are not taken for each other). A whole form is masked already."""
+        ends = self._fragment_ends
+        if ends is None or ends.search(text) is None:
+            return text
+        for form in self._ordered:  # (longest first)
+            if len(form) < _FRAGMENT_FROM:
+                break
+            for run in sorted(_runs_of(form, text, max(_FRAGMENT_FROM, 2 * len(form) // 3)), key=len, reverse=True):
+                text = text.replace(run, REDACTED)
+        return text
+
     def _strong(self, value: str) -> str:
         """Exact injected values and unmistakable secret formats only."""
         for secret in self._ordered:
             if secret in value:
                 value = value.replace(secret, REDACTED)
+        value = self._fragments(value)
         # the patterns are costly; most stored strings (states, causes, ids, numbers) are too short
         # to hold any of them or contain no hint at all
         if len(value) < _SHORTEST_PATTERN or not _strong_hint(value) or not _pattern_found(value):
@@ -798,19 +824,47 @@ def _decoded_together(runs: list[str]) -> str:
     return binascii.a2b_base64(filled).decode("utf-8", errors="replace")
 
 
-def _strings(value: Any, out: list[str], depth: int = 0) -> None:
-    """Every string (keys too) in a JSON document, in document order."""
+def _strings(value: Any, out: list[str], depth: int = 0, *, keys: bool = True) -> None:
+    """Every string (``keys``: keys too) in a JSON document, in document order."""
     if depth > 200:
         return
     if isinstance(value, str):
         out.append(value)
     elif isinstance(value, dict):
         for key, item in value.items():
-            out.append(str(key))
-            _strings(item, out, depth + 1)
+            if keys:
+                out.append(str(key))
+            _strings(item, out, depth + 1, keys=keys)
     elif isinstance(value, list):
         for item in value:
-            _strings(item, out, depth + 1)
+            _strings(item, out, depth + 1, keys=keys)
+
+
+#: a registered form this long or longer is also masked where it appears cut short (see Redactor._fragments)
+_FRAGMENT_FROM = 12
+
+
+def _runs_of(form: str, text: str, least: int) -> set[str]:
+    """The runs in ``text`` of at least ``least`` characters that begin ``form``, or end it."""
+    runs: set[str] = set()
+    head, tail = form[:8], form[-8:]
+    at = text.find(head)
+    while at >= 0:
+        n = 8
+        while n < len(form) and at + n < len(text) and text[at + n] == form[n]:
+            n += 1
+        if n >= least:
+            runs.add(text[at : at + n])
+        at = text.find(head, at + 1)
+    end = text.find(tail)
+    while end >= 0:
+        start, n = end, 8
+        while n < len(form) and start > 0 and text[start - 1] == form[-n - 1]:
+            start, n = start - 1, n + 1
+        if n >= least:
+            runs.add(text[start : end + 8])
+        end = text.find(tail, end + 1)
+    return runs
 
 
 def _unique(taken: Mapping[str, Any], name: str) -> str:

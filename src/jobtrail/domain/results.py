@@ -189,6 +189,10 @@ def validate(  # noqa: PLR0911 - each check returns at its first failure
             _extra(v, extra_check, view.read())
         return v
     data = view.read()  # a JSON document is parsed whole
+    if not data.strip() and (spec.content_type or seen_type or spec.schema is not None or spec.records_path):
+        # a JSON type named (not only assumed, as for a result with no type at all): nothing is no document
+        v.add("json", False, "a JSON document", "an empty body")
+        return v
     try:
         v.document = parse_json(data) if data.strip() else None
     except ValueError as exc:

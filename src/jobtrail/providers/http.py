@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+import re
 import string
 import tempfile
 import time
@@ -56,6 +57,8 @@ from jobtrail.providers.tracecontext import outgoing_traceparent
 
 _MAX_BODY = 16 * 1024 * 1024
 _USER_AGENT = "jobtrail/0.1"
+#: where an HTTP parser's message starts quoting the bytes it read (aiohttp: "... when reading: b'...'")
+_QUOTED_BYTES = re.compile(r"\s*(?:when\s+)?reading\b|\s*b['\"]")
 #: how long a resolved credential is used before it is read again (sooner when the provider refuses it)
 CREDENTIAL_TTL_S = 60.0
 #: a body larger than this is spooled to a file as it arrives (see read_at_most)
@@ -453,6 +456,12 @@ class HttpProvider:
             return NoAnswer("connection_reset", f"{name}: {exc}")
         if isinstance(exc, aiohttp.ClientPayloadError):
             return NoAnswer("incomplete_response", f"{name}: {exc}")
+        if isinstance(exc, aiohttp.ClientResponseError):
+            # an answer that is not readable HTTP (a header line past the client's limit, say): the error quotes
+            # the answer's first bytes, which may hold anything the provider sent, a credential cut short
+            # included, so only what went wrong is kept. A replay that gets it again asks a person.
+            what = _QUOTED_BYTES.split(str(exc.message), maxsplit=1)[0].strip().rstrip(".:") or "unreadable"
+            return NoAnswer("malformed_response", f"the answer is not readable HTTP ({what}; its bytes are not kept)")
         return NoAnswer("client_error", f"{name}: {exc}")
 
     # -- the contract --------------------------------------------------------------------------

@@ -83,9 +83,10 @@ FAKE_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ),
     (
         "result",
-        "ok, bad_checksum, missing, one_time, batch, large, flaky, schema_bad, binary, csv, large_binary",
+        "ok, bad_checksum, missing, one_time, batch, large, flaky, schema_bad, binary, csv, large_binary, empty",
         "ok",
-        "what a result fetch gets (one_time: a second fetch gets 410; flaky: the first fetches get 503)",
+        "what a result fetch gets (one_time: a second fetch gets 410; flaky: the first fetches get 503; "
+        "empty: no bytes, typed as JSON)",
     ),
     ("items", "count", "10", "a batch result's lines"),
     ("failed_items", "count", "0", "how many of a batch's lines failed"),
@@ -107,7 +108,7 @@ class FakeJob:
     ``result``: ``"ok"``, ``"bad_checksum"``, ``"missing"``, ``"one_time"`` (a second fetch gets 410),
     ``"batch"`` (JSONL with ``items`` lines of which ``failed_items`` failed), ``"large"`` (``size``
     bytes), ``"flaky"`` (the first ``flaky`` fetches get 503), ``"schema_bad"``, ``"binary"`` (PNG
-    bytes), ``"csv"``, ``"large_binary"`` (``size`` bytes);
+    bytes), ``"csv"``, ``"large_binary"`` (``size`` bytes), ``"empty"`` (no bytes, typed as JSON);
     ``effects``: report partial effects (items processed) on every status;
     ``ending``: ``"expired"`` (the job expires instead of finishing);
     ``partial``: a cancelled or expired batch serves the half of its items it finished (``result_url``).
@@ -175,6 +176,8 @@ class FakeJob:
             return b"\x89PNG\r\n\x1a\n" + hashlib.sha256(self.id.encode()).digest() * 64, "image/png"
         if mode == "csv":
             return b'id,value\r\n1,caf\xc3\xa9\r\n2,"a,b"\r\n', "text/csv"
+        if mode == "empty":  # a provider that answers a finished job's result with nothing at all
+            return b"", "application/json"
         doc: dict[str, Any] = self.result()
         if mode == "large":
             doc["padding"] = "x" * int(opts.get("size", 1_000_000))
