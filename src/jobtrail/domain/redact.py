@@ -392,9 +392,10 @@ class Redactor:
         self._looks: dict[str, bool] = {}
         #: how value() treats a field of each name already seen (see _field_rule)
         self._fields: dict[str, tuple[str, int]] = {}
-        #: finds where a registered form's first or last eight characters occur: a credential cut short by
-        #: whoever quoted it (an error message that shows an answer's first bytes) is masked too
-        self._fragment_ends: re.Pattern[str] | None = None
+        #: the registered forms' first and last eight characters, and a search for any of them: a credential
+        #: cut short by whoever quoted it (an error that shows an answer's first bytes) is masked too
+        self._ends: tuple[str, ...] = ()
+        self._ends_search: re.Pattern[str] | None = None
         #: the values registered here, and the redactors that learn each of them too (see forward_to)
         self._values: list[str] = []
         self._forward: weakref.WeakSet[Redactor] = weakref.WeakSet()
@@ -422,7 +423,8 @@ class Redactor:
                 forms.add("\0".join(value))
             self._detect = sorted({*self._detect, *forms}, key=len, reverse=True)
             ends = {end for form in self._ordered if len(form) >= _FRAGMENT_FROM for end in (form[:8], form[-8:])}
-            self._fragment_ends = re.compile("|".join(re.escape(end) for end in sorted(ends))) if ends else None
+            self._ends = tuple(sorted(ends))
+            self._ends_search = re.compile("|".join(re.escape(end) for end in self._ends)) if ends else None
             # what was clean may carry the new credential
             self._texts, self._looks, self._fields = {}, {}, {}
 
@@ -540,8 +542,11 @@ class Redactor:
         end, two thirds of it or more (and 12 characters). The third left unseen of a random credential is
         still far too much to guess; and credentials of one format share a shorter start than that (two
         keys ``sk-proj-...`` are not taken for each other). A whole form is masked already."""
-        ends = self._fragment_ends
-        if ends is None or ends.search(text) is None:
+        search = self._ends_search
+        if search is None:
+            return text
+        # one alternation is quickest through a short text; through a long one (a prompt), a plain search each
+        if not (any(end in text for end in self._ends) if len(text) > 4096 else search.search(text)):
             return text
         for form in self._ordered:  # (longest first)
             if len(form) < _FRAGMENT_FROM:
