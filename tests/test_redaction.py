@@ -433,3 +433,14 @@ def test_many_pem_beginnings_without_an_end_are_not_each_searched_to_the_end(mon
     assert tries == []
     assert redact._pattern_found(hostile + "-----END A-----") is True
     assert len(tries) == 1  # the first BEGIN's block runs on to the END
+
+
+def test_a_credential_cut_short_is_masked_but_a_basic_user_name_is_not_taken_for_one() -> None:
+    """Two thirds of a credential or more, as quoted cut short, is masked; a Basic pair's start (its user name)
+    is no credential, in what is masked or in a result that names the user."""
+    redactor = Redactor()
+    redactor.register_basic("reporting-service@example.com", "Zq8mK2pL9xR4wQ7e")
+    assert redactor.text("cut: Zq8mK2pL9xR4w...") == f"cut: {REDACTED}..."
+    assert redactor.text("by reporting-service@example.com") == "by reporting-service@example.com"
+    owner = {"owner": "reporting-service@example.com"}
+    assert redactor.result_value(owner) == owner and redactor.secret_paths(owner) == []

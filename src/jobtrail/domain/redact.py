@@ -392,8 +392,9 @@ class Redactor:
         self._looks: dict[str, bool] = {}
         #: how value() treats a field of each name already seen (see _field_rule)
         self._fields: dict[str, tuple[str, int]] = {}
-        #: the registered forms' first and last eight characters, and a search for any of them: a credential
-        #: cut short by whoever quoted it (an error that shows an answer's first bytes) is masked too
+        #: the forms also masked where they appear cut short (a credential as sent, and its base64), longest
+        #: first; their first and last eight characters, and a search for any of them (see _fragments)
+        self._cut_forms: list[str] = []
         self._ends: tuple[str, ...] = ()
         self._ends_search: re.Pattern[str] | None = None
         #: the values registered here, and the redactors that learn each of them too (see forward_to)
@@ -422,7 +423,19 @@ class Redactor:
             if value.isascii():  # its UTF-16 bytes, read as text: every character and a NUL (either byte order)
                 forms.add("\0".join(value))
             self._detect = sorted({*self._detect, *forms}, key=len, reverse=True)
-            ends = {end for form in self._ordered if len(form) >= _FRAGMENT_FROM for end in (form[:8], form[-8:])}
+            # a user:password pair registered after its password (register_basic): the password is looked for
+            # cut short on its own; the pair's start, the user name alone, must not be taken for a credential
+            _, colon, tail = value.rpartition(":")
+            if not (colon and tail in self._values[:-1]):
+                raw = value.encode("utf-8")
+                cut = {
+                    value,
+                    *(base64.b64encode(raw).decode().rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("=")),
+                }
+                self._cut_forms = sorted(
+                    {*self._cut_forms, *(f for f in cut if len(f) >= _FRAGMENT_FROM)}, key=len, reverse=True
+                )
+            ends = {end for form in self._cut_forms for end in (form[:8], form[-8:])}
             self._ends = tuple(sorted(ends))
             self._ends_search = re.compile("|".join(re.escape(end) for end in self._ends)) if ends else None
             # what was clean may carry the new credential
@@ -545,12 +558,10 @@ class Redactor:
         search = self._ends_search
         if search is None:
             return text
-        # one alternation is quickest through a short text; through a long one (a prompt), a plain search each
-        if not (any(end in text for end in self._ends) if len(text) > 4096 else search.search(text)):
+        # one alternation is quickest through a short text; past some hundred characters, a plain search each
+        if not (any(end in text for end in self._ends) if len(text) > 128 else search.search(text)):
             return text
-        for form in self._ordered:  # (longest first)
-            if len(form) < _FRAGMENT_FROM:
-                break
+        for form in self._cut_forms:  # (longest first)
             for run in sorted(_runs_of(form, text, max(_FRAGMENT_FROM, 2 * len(form) // 3)), key=len, reverse=True):
                 text = text.replace(run, REDACTED)
         return text

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import hashlib
 import os
-import re
 import string
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import yarl
+from aiohttp.http_exceptions import HttpProcessingError
 
 from jobtrail.domain.backoff import parse_retry_after
 from jobtrail.domain.canonical import canonical_bytes, parse_json
@@ -57,8 +57,6 @@ from jobtrail.providers.tracecontext import outgoing_traceparent
 
 _MAX_BODY = 16 * 1024 * 1024
 _USER_AGENT = "jobtrail/0.1"
-#: where an HTTP parser's message starts quoting the bytes it read (aiohttp: "... when reading: b'...'")
-_QUOTED_BYTES = re.compile(r"\s*(?:when\s+)?reading\b|\s*b['\"]")
 #: how long a resolved credential is used before it is read again (sooner when the provider refuses it)
 CREDENTIAL_TTL_S = 60.0
 #: a body larger than this is spooled to a file as it arrives (see read_at_most)
@@ -417,7 +415,7 @@ class HttpProvider:
             if isinstance(exc.os_error, AddressRefused):  # a download host that resolved to a private address
                 return refusal(UrlRefused(str(exc.os_error), yarl.URL(url).host or ""), url_key="status.result_ref")
             return self._failure(exc)
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, aiohttp.ClientError, HttpProcessingError) as exc:
             return self._failure(exc)
         finally:
             gate.release()
@@ -454,14 +452,15 @@ class HttpProvider:
             return NoAnswer("timeout", f"no answer within {self.config.timeout_s:g} s ({name})")
         if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
             return NoAnswer("connection_reset", f"{name}: {exc}")
+        # a parser's message may quote what the provider sent (aiohttp's: a line's first 100 bytes, or the
+        # whole line), a credential cut short among it: only the kind of error is kept, never its text
         if isinstance(exc, aiohttp.ClientPayloadError):
-            return NoAnswer("incomplete_response", f"{name}: {exc}")
-        if isinstance(exc, aiohttp.ClientResponseError):
-            # an answer that is not readable HTTP (a header line past the client's limit, say): the error quotes
-            # the answer's first bytes, which may hold anything the provider sent, a credential cut short
-            # included, so only what went wrong is kept. A replay that gets it again asks a person.
-            what = _QUOTED_BYTES.split(str(exc.message), maxsplit=1)[0].strip().rstrip(".:") or "unreadable"
-            return NoAnswer("malformed_response", f"the answer is not readable HTTP ({what}; its bytes are not kept)")
+            return NoAnswer("incomplete_response", f"{name}: the body ended early or broke off ({_innermost(exc)})")
+        if isinstance(exc, aiohttp.ClientResponseError | HttpProcessingError):
+            # (with redirects off, no proxy and no raise_for_status, only the response parser raises these)
+            return NoAnswer(
+                "unreadable_response", f"the answer is not readable HTTP ({_innermost(exc)}; its bytes are not kept)"
+            )
         return NoAnswer("client_error", f"{name}: {exc}")
 
     # -- the contract --------------------------------------------------------------------------
@@ -793,3 +792,12 @@ __all__ = [
     "read_at_most",
     "with_token",
 ]
+
+
+def _innermost(exc: BaseException) -> str:
+    """The name of the error at the bottom of ``exc``'s causes (``LineTooLong``, ``BadStatusLine``, ...)."""
+    seen = {id(exc)}
+    while (cause := exc.__cause__ or exc.__context__) is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        exc = cause
+    return type(exc).__name__
