@@ -99,13 +99,12 @@ def upgrade(conn: Connection, revision: str = "head") -> str | None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(7206151)"))
     target = HEAD if revision == "head" else revision
     current = refuse_unknown_schema(conn)
-    if current == target:
-        return current
-    from alembic import command
+    if current != target:
+        from alembic import command
 
-    cfg = _config()
-    cfg.attributes["connection"] = conn
-    command.upgrade(cfg, revision)
+        cfg = _config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
     return current
 
 

@@ -782,6 +782,15 @@ def with_token(body: Any, name: str, token: str, *, provider: str) -> dict[str, 
     return merged
 
 
+def _innermost(exc: BaseException) -> str:
+    """The name of the error at the bottom of ``exc``'s causes (``LineTooLong``, ``BadStatusLine``, ...)."""
+    seen = {id(exc)}
+    while (cause := exc.__cause__ or exc.__context__) is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        exc = cause
+    return type(exc).__name__
+
+
 __all__ = [
     "CREDENTIAL_TTL_S",
     "HttpProvider",
@@ -792,12 +801,3 @@ __all__ = [
     "read_at_most",
     "with_token",
 ]
-
-
-def _innermost(exc: BaseException) -> str:
-    """The name of the error at the bottom of ``exc``'s causes (``LineTooLong``, ``BadStatusLine``, ...)."""
-    seen = {id(exc)}
-    while (cause := exc.__cause__ or exc.__context__) is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        exc = cause
-    return type(exc).__name__

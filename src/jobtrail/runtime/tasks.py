@@ -177,11 +177,7 @@ class Task:
                 " (" + ", ".join(f"{s.name} ended {s.operation_state}" for s in ended) + ")" if ended else ""
             )
         # a step's operation that waits for a worker none runs for: said once per provider
-        stranded = [
-            no_worker(self.store, self.store.get(s.operation_id))
-            for s in steps
-            if s.operation_id is not None and s.running
-        ]
+        stranded = [no_worker(self.store, self.store.get(s.operation_id)) for s in running if s.operation_id]
         return {
             "task_id": self.task_id,
             "next_step": step,
