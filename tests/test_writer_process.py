@@ -18,6 +18,7 @@ import json
 import os
 import pickle
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -535,6 +536,34 @@ def test_a_transaction_of_the_writer_process_takes_at_most_its_share_of_writes(
         long_ago = time.monotonic() - 60
         assert len(_gather(calls, long_ago)) == 2
         assert len(_gather(calls, long_ago)) == 1
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_a_lone_write_is_committed_at_once_and_writes_under_load_wait_for_company(store: Store) -> None:
+    """One operation's steps come one after another: each is committed as it comes, never held back for
+    writes that are not coming. A transaction of many writes is load: the next one waits (up to the pace)
+    for the writes that arrive meanwhile, and takes them together."""
+    ops = [store.create_operation(spec())[0] for _ in range(writer_process._COMPANY + 1)]
+    lone = [([], "apply_group", ([_attempt(0, ops[0])],), {})]
+    crowd = [([], "apply_group", ([_attempt(n, op) for n, op in enumerate(ops)],), {})]
+    assert writer_process._company_until(lone, 100.0) == 0.0
+    assert writer_process._company_until([([], "claim", ("w",), {})], 100.0) == 0.0
+    assert writer_process._company_until(crowd, 100.0) == 100.0 + writer_process._COMMIT_EVERY_S
+
+    first, second = (_message(([], "apply_group", ([_attempt(n, op)],), {}), _ToChild) for n, op in enumerate(ops[:2]))
+    read_end, write_end = os.pipe()
+    try:
+        calls = _Calls(read_end)
+        for until, late_by, taken in ((0.0, 0.5, 1), (time.monotonic() + 1.0, 0.1, 2)):
+            os.write(write_end, first)
+            later = threading.Timer(late_by, os.write, (write_end, second))
+            later.start()
+            assert len(_gather(calls, until)) == taken
+            later.join()
+            while calls.fill(0.05) or calls.take() is not writer_process._NOTHING:
+                pass  # what the lone case left in the pipe: not part of the next case
     finally:
         os.close(read_end)
         os.close(write_end)

@@ -165,10 +165,11 @@ class BatchWriter(Writer):
     the interpreter lock of the event loop's process. There a group goes on the pipe
     once its window closes, without waiting for the commit before it, and the child
     makes the transactions: one at a time, each of the groups that arrived while the
-    last one ran, at most one every 30 ms (a write waits that long at most for others
-    to join it), so the child is not idle while this process prepares the next group
-    and the commit rate still follows the load (two transactions in flight made twice
-    the commits when few connections trickle answers in).
+    last one ran; under load, at most one every 80 ms (a write waits that long at most
+    for others to join it; a write that comes alone waits for nobody), so the child is
+    not idle while this process prepares the next group and the commit rate still
+    follows the load (two transactions in flight made twice the commits when few
+    connections trickle answers in).
     """
 
     def __init__(

@@ -697,26 +697,38 @@ class _Calls:
 _NOTHING = object()
 #: select() polls pipes everywhere but on Windows (sockets only there)
 _POLLABLE = os.name != "nt"
-#: a writer process starts a transaction at most this often (see _gather)
-_COMMIT_EVERY_S = 0.03
+#: under load, a writer process starts a transaction at most this often (see _gather)
+_COMMIT_EVERY_S = 0.08
+#: a transaction of at least this many writes is load: the next one waits for company (see _company_until)
+_COMPANY = 8
 #: most bytes one read of the pipe takes
 _READ_SIZE = 1 << 20
 
 
-def _gather(calls: _Calls, last: float) -> list[Any]:
+def _gather(calls: _Calls, until: float) -> list[Any]:
     """The next message and those that join its transaction: the whole messages that have arrived, and,
-    until ``_COMMIT_EVERY_S`` after the last transaction started (``last``), those that arrive meanwhile
-    (few connections to the provider trickle writes in: a transaction each would be hundreds a second).
-    Not past a claim (the worker waits on it to act), nor past ``GROUP_MAX`` writes (the rest stay read
-    for the next transaction)."""
+    until the monotonic time ``until`` (see :func:`_company_until`), those that arrive meanwhile. Not past
+    a claim (the worker waits on it to act), nor past ``GROUP_MAX`` writes (the rest stay read for the
+    next transaction)."""
     pending = [calls.next()]
     while _waits(pending):
         message = calls.take()
         if message is not _NOTHING:
             pending.append(message)
-        elif not calls.fill(last + _COMMIT_EVERY_S - time.monotonic()):
+        elif not calls.fill(until - time.monotonic()):
             break
     return pending
+
+
+def _company_until(pending: list[Any], started: float) -> float:
+    """Until when the next transaction waits for more writes to join it, given the last one's messages and
+    when it started. Under load (few connections to the provider trickle writes in, a transaction each would
+    be hundreds a second) the next one waits until ``_COMMIT_EVERY_S`` after this one started: fewer,
+    larger commits, each write waiting that long at most. Writes that come alone (one operation's steps, one
+    after another) wait for nobody: a lone job's life cycle is not paced. (PostgreSQL's ``commit_delay``
+    waits only when ``commit_siblings`` transactions are active, for the same reason.)"""
+    writes = sum(len(group) for _, method, (group, *_), _ in pending if method == "apply_group")
+    return started + _COMMIT_EVERY_S if writes >= _COMPANY else 0.0
 
 
 def _waits(calls: list[Any]) -> bool:
@@ -828,13 +840,13 @@ def main() -> None:
     _send(out, ("ready", None))
     gc.freeze()  # what exists now (modules, the engine) lives as long as the process: out of every pass
     gc.set_threshold(50_000, 20, 10)  # as a worker's (see runtime.worker._tune_collector)
-    last = -_COMMIT_EVERY_S
+    until = 0.0  # the first write waits for nobody
     while True:
         try:
-            pending = _gather(calls, last)
+            pending = _gather(calls, until)
         except EOFError:
             break
-        last = time.monotonic()
+        until = _company_until(pending, time.monotonic())
         try:
             for run in _runs(pending):  # each run answered once it is done: a claim waits for no later group
                 _send(out, *_serve(store, run, _HELD))
