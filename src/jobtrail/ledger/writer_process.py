@@ -727,7 +727,7 @@ def _company_until(pending: list[Any], started: float) -> float:
     larger commits, each write waiting that long at most. Writes that come alone (one operation's steps, one
     after another) wait for nobody: a lone job's life cycle is not paced. (PostgreSQL's ``commit_delay``
     waits only when ``commit_siblings`` transactions are active, for the same reason.)"""
-    writes = sum(len(group) for _, method, (group, *_), _ in pending if method == "apply_group")
+    writes = sum(len(args[0]) for _, method, args, _ in pending if method == "apply_group")
     return started + _COMMIT_EVERY_S if writes >= _COMPANY else 0.0
 
 
