@@ -30,6 +30,27 @@ def jobtrail(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+def test_ops_show_into_a_pipe_prints_every_value_whole(tmp_path: Path) -> None:
+    """An operator pipes `ops show` into grep or a file: each value whole on its own line, none cut short
+    with an ellipsis (Rich takes a pipe for 80 columns, COLUMNS or not)."""
+    db = str(tmp_path / "ops.db")
+    store = Store.open(db)
+    key = "quarterly-report-" + "x" * 90
+    op = op_in(store, S.FAILED, body={"i": 1}, operation_key=key)
+    store.close()
+
+    shown = jobtrail("--db", db, "ops", "show", op.operation_id, env={"COLUMNS": "80"})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert [line for line in lines if "request_fingerprint" in line and op.request_fingerprint in line]
+    assert [line for line in lines if "operation_key" in line and key in line]
+    assert "\u2026" not in shown.stdout
+    for command in (("ops", "list"), ("ops", "history", op.operation_id)):
+        out = jobtrail("--db", db, *command, env={"COLUMNS": "80"})
+        assert out.returncode == 0 and "\u2026" not in out.stdout, out.stdout
+        assert key in out.stdout or command[1] == "history"
+
+
 def test_ops_list_show_history_json(tmp_path: Path) -> None:
     db = str(tmp_path / "ops.db")
     store = Store.open(db)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from jobtrail.domain.errors import ConfigError, JobtrailError, NoDecisionAwaited, OperationNotFound
 from jobtrail.domain.redact import Redactor, Secret, install_log_redaction
@@ -51,6 +52,16 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 )
 
 console = Console()
+
+
+def print_whole(table: Table) -> None:
+    """``table`` on the terminal as it fits there; into a pipe or a file as wide as it needs, so that no
+    value is cut short with an ellipsis and each row stays on one line (Rich takes 80 columns there)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = Console(width=1_000_000, highlight=False).measure(table).maximum
+    Console(width=natural, highlight=False).print(table)
 
 
 def emit_json(doc: Any) -> None:

@@ -27,6 +27,7 @@ from jobtrail.interfaces.cli.common import (
     console,
     emit_json,
     existing_store,
+    print_whole,
 )
 
 
@@ -125,10 +126,11 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
             + ", ".join(summary["failed_ids"][:20])
             + (" ..." if summary["failed"] > 20 else "")
         )
-    table = Table(show_header=False)
+    # on a terminal a long value folds onto the next lines; it is never cut (a fingerprint, a reason)
+    table = Table(Column(no_wrap=True), Column(overflow="fold"), show_header=False)
     for key, value in doc.items():
         table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
-    console.print(table)
+    print_whole(table)
 
 
 @ops.command("history")
@@ -168,12 +170,7 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
         )
         for e in entries:
             table.add_row(str(e.seq), (rfc3339(e.at_us) or "")[11:19], e.actor, e.to_state, e.cause)
-    if console.is_terminal:
-        console.print(table)
-    else:
-        from rich.console import Console
-
-        Console(width=200, highlight=False).print(table)
+    print_whole(table)
 
 
 @cli.command()
@@ -284,12 +281,7 @@ def _print_operations(operations: list[Operation]) -> None:
     table = Table(*(Column(h, width=width[h], no_wrap=True, overflow="ellipsis") for h in headers))
     for row in rows:
         table.add_row(*row)
-    if terminal:
-        console.print(table)
-    else:  # as wide as the table is, whatever COLUMNS says: a pipe or a file gets every character
-        from rich.console import Console
-
-        Console(width=borders + sum(width.values()) + 2 * len(headers), highlight=False).print(table)
+    print_whole(table)  # as wide as the table is, whatever COLUMNS says: a pipe or a file gets every character
 
 
 def _when(op: Operation, wide: bool) -> str:
