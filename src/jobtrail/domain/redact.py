@@ -504,11 +504,10 @@ class Redactor:
         except (ValueError, RecursionError):
             return False
         pieces: list[str] = []
-        _strings(document, pieces)
+        values: list[str] = []
+        _strings(document, pieces, values)
         if len(pieces) < 2:
             return False
-        values: list[str] = []
-        _strings(document, values, keys=False)
         # short values would match by accident in a long concatenation; a credential may run on from a key
         # into its value, or from one value into the next (the key between them left out)
         joined = ("".join(pieces), "".join(values))
@@ -840,20 +839,21 @@ def _decoded_together(runs: list[str]) -> str:
     return binascii.a2b_base64(filled).decode("utf-8", errors="replace")
 
 
-def _strings(value: Any, out: list[str], depth: int = 0, *, keys: bool = True) -> None:
-    """Every string (``keys``: keys too) in a JSON document, in document order."""
+def _strings(value: Any, every: list[str], values: list[str], depth: int = 0) -> None:
+    """Every string in a JSON document, in document order, in one walk: into ``every`` keys too, into
+    ``values`` the values only."""
     if depth > 200:
         return
     if isinstance(value, str):
-        out.append(value)
+        every.append(value)
+        values.append(value)
     elif isinstance(value, dict):
         for key, item in value.items():
-            if keys:
-                out.append(str(key))
-            _strings(item, out, depth + 1, keys=keys)
+            every.append(str(key))
+            _strings(item, every, values, depth + 1)
     elif isinstance(value, list):
         for item in value:
-            _strings(item, out, depth + 1, keys=keys)
+            _strings(item, every, values, depth + 1)
 
 
 #: a registered form this long or longer is also masked where it appears cut short (see Redactor._fragments)

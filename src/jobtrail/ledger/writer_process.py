@@ -727,15 +727,19 @@ def _company_until(pending: list[Any], started: float) -> float:
     larger commits, each write waiting that long at most. Writes that come alone (one operation's steps, one
     after another) wait for nobody: a lone job's life cycle is not paced. (PostgreSQL's ``commit_delay``
     waits only when ``commit_siblings`` transactions are active, for the same reason.)"""
-    writes = sum(len(args[0]) for _, method, args, _ in pending if method == "apply_group")
-    return started + _COMMIT_EVERY_S if writes >= _COMPANY else 0.0
+    return started + _COMMIT_EVERY_S if _writes(pending) >= _COMPANY else 0.0
 
 
 def _waits(calls: list[Any]) -> bool:
     """May more messages join these in one transaction?"""
     if any(method != "apply_group" for _, method, _, _ in calls):
         return False
-    return sum(len(group) for _, _, (group,), _ in calls) < GROUP_MAX
+    return _writes(calls) < GROUP_MAX
+
+
+def _writes(calls: list[Any]) -> int:
+    """How many writes the groups among ``calls`` hold."""
+    return sum(len(args[0]) for _, method, args, _ in calls if method == "apply_group")
 
 
 def _runs(calls: list[Any]) -> list[list[Any]]:
