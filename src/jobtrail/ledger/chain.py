@@ -131,9 +131,11 @@ def field_digest(value: Any) -> str:
     """128 bits of sha256 over one stored column value: enough to name the field, never its content."""
     kind = type(value)
     # counts, and an operation's times (its deadlines, its creation) repeat on every write of it, and
-    # so do states and reasons; long values (a provider's partial effects) are not kept. (An integer's
-    # canonical form is its digits; an exact int or str only: True == 1 must not find 1's digest.)
-    if kind is int or (kind is str and len(value) <= _CACHED_LEN):
+    # so do states and reasons; long values (a provider's partial effects) are not kept. (An exact int or
+    # str only: True == 1 must not find 1's digest.)
+    if kind is int:
+        return _int_digest(value)
+    if kind is str and len(value) <= _CACHED_LEN:
         return _scalar_digest(value)
     if value is None:
         return _NULL_DIGEST
@@ -149,6 +151,13 @@ def _digest(value: Any) -> str:
 
 _CACHED_LEN = 200
 _scalar_digest = functools.lru_cache(maxsize=4096)(_digest)
+
+
+@functools.lru_cache(maxsize=4096)
+def _int_digest(value: int) -> str:
+    # an integer's canonical form is its digits: hashed without the encoder's checks (an entry's times
+    # are new on each write, so most are not found in the cache)
+    return hashlib.sha256(_FIELD_PREFIX + str(value).encode("ascii")).hexdigest()[:32]
 _NULL_DIGEST = _digest(None)
 
 

@@ -123,6 +123,9 @@ def _values_of(cls: type) -> Callable[[Any], tuple[Any, ...]]:
     return _VALUES[cls]
 
 
+#: classes found not to be records (functions, classes, exceptions...): pickle's own way, without asking again
+_PICKLED_AS_USUAL: set[type] = set()
+
 #: per record class, a function that makes one from its fields' values (see _maker)
 _MAKERS: dict[type, Callable[[tuple[Any, ...]], Any]] = {}
 
@@ -149,9 +152,12 @@ class _Pickler(pickle.Pickler):
         cls = type(obj)
         values = _VALUES.get(cls)
         if values is None:
+            if cls in _PICKLED_AS_USUAL:
+                return NotImplemented
             if isinstance(obj, enum.Enum):  # by name, found with getattr: not the enum's call by value
                 return getattr, (cls, obj.name)
             if not (dataclasses.is_dataclass(cls) and hasattr(cls, "__slots__")) or isinstance(obj, type):
+                _PICKLED_AS_USUAL.add(cls)  # (the answer depends on the class alone)
                 return NotImplemented
             values = _values_of(cls)
         return _rebuild, (cls, values(obj))

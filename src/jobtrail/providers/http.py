@@ -344,7 +344,9 @@ class HttpProvider:
         request_id: str | None = None
         retry: dict[str, str] = {}
         for raw_name, raw_value in raw_headers.items():
-            name, value = raw_name, raw_value
+            # a plain str, not aiohttp's case-insensitive istr: each record carries these names through the
+            # writer process's pipe, where an istr is pickled by a call of its own and rebuilt by another
+            name, value = str(raw_name), raw_value
             if not (name.isascii() and value.isascii()):
                 # header bytes that are not UTF-8 arrive as lone surrogates, which no database can store
                 name, value = _text(name), _text(value)
