@@ -158,6 +158,8 @@ def _int_digest(value: int) -> str:
     # an integer's canonical form is its digits: hashed without the encoder's checks (an entry's times
     # are new on each write, so most are not found in the cache)
     return hashlib.sha256(_FIELD_PREFIX + str(value).encode("ascii")).hexdigest()[:32]
+
+
 _NULL_DIGEST = _digest(None)
 
 
