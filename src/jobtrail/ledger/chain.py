@@ -37,6 +37,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from jobtrail.domain.canonical import canonical_bytes, floatless_json, rfc3339
 
 HASH_VERSION = 2
@@ -135,8 +137,8 @@ def field_digest(value: Any) -> str:
     # str only: True == 1 must not find 1's digest.)
     if kind is int:
         return _int_digest(value)
-    if kind is str and len(value) <= _CACHED_LEN:
-        return _scalar_digest(value)
+    if kind is str:
+        return _short_str_digest(value) if len(value) <= _CACHED_LEN else _str_digest(value)
     if value is None:
         return _NULL_DIGEST
     return _digest(value)
@@ -150,14 +152,25 @@ def _digest(value: Any) -> str:
 
 
 _CACHED_LEN = 200
-_scalar_digest = functools.lru_cache(maxsize=4096)(_digest)
 
 
+# An integer's and a string's canonical forms are written here directly, without the encoder's look at
+# what the value holds: an entry's times, ids and tokens are new on each write, so most are not found in
+# the caches either, and each entry digests a dozen fields.
 @functools.lru_cache(maxsize=4096)
 def _int_digest(value: int) -> str:
-    # an integer's canonical form is its digits: hashed without the encoder's checks (an entry's times
-    # are new on each write, so most are not found in the cache)
     return hashlib.sha256(_FIELD_PREFIX + str(value).encode("ascii")).hexdigest()[:32]
+
+
+def _str_digest(value: str) -> str:
+    try:
+        data = orjson.dumps(value)  # a string's canonical form (json.dumps(ensure_ascii=False)'s escapes)
+    except TypeError:  # a lone surrogate, which has no UTF-8 form: the encoder says so, as for any value
+        return _digest(value)
+    return hashlib.sha256(_FIELD_PREFIX + data).hexdigest()[:32]
+
+
+_short_str_digest = functools.lru_cache(maxsize=4096)(_str_digest)
 
 
 _NULL_DIGEST = _digest(None)
