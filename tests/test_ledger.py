@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -62,6 +63,37 @@ def test_operation_ids_sort_by_creation(store: Store) -> None:
     ids = [store.create_operation(spec(body={"i": i}))[0].operation_id for i in range(5)]
     listed = [op.operation_id for op in store.list_operations()]
     assert listed == sorted(ids, reverse=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks a child process")
+def test_tokens_never_repeat_across_threads_or_in_a_forked_child() -> None:
+    # the OS's random bytes are read some hundred tokens at a time: each must still go out once, whoever
+    # draws it, and a child forked with bytes left in its parent's buffer must not hand those out too
+    from jobtrail.domain.ids import new_idempotency_token
+
+    new_idempotency_token()  # bytes left over in this process's buffer
+    drawn: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: drawn.extend(new_idempotency_token() for _ in range(2000))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first tokens, to the parent
+        os.write(write, "".join(new_idempotency_token() for _ in range(50)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        text = pipe.read()
+    child = [text[i : i + 32] for i in range(0, len(text), 32)]
+    parent = [new_idempotency_token() for _ in range(50)]
+    tokens = drawn + child + parent
+    assert len(child) == 50 and all(re.fullmatch(r"[0-9a-f]{32}", t) for t in tokens)
+    assert len(set(tokens)) == len(tokens)
 
 
 def test_same_key_same_request_returns_the_existing_operation(store: Store) -> None:
