@@ -331,6 +331,17 @@ def test_a_decision_for_an_operation_that_waits_for_none_is_refused_and_records_
         assert json.loads(ran.stdout)["error"]["exit_code"] == 1
     ran = jobtrail("--db", db, "resolve", "wait-1", "--to", "failed", "--job-id", "j1", "--by", "bob", "--reason", "x")
     assert ran.returncode == 2 and "--job-id goes with --to accepted" in ran.stderr
+    # a person's job id goes into the same URLs a provider's does, and is held to the same checks
+    for job_id, why in (
+        ("../../admin", "a . or .. path segment"),
+        ("job\n1", "control characters"),
+        ("Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJlLXZhbHVl", "it carries a credential"),
+    ):
+        ran = jobtrail(
+            "--db", db, "resolve", "wait-1", "--to", "accepted", "--job-id", job_id, "--by", "b", "--reason", "x"
+        )
+        assert ran.returncode == 2 and why in ran.stderr and "nothing was recorded" in ran.stderr, (job_id, ran.stderr)
+        assert "eyJzdWIiOiIxIn0" not in ran.stderr + ran.stdout
     with Store.open(db) as kept:
         assert [kept.get(op.operation_id).version for op in ops] == [op.version for op in ops]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from jobtrail.domain.errors import NoDecisionAwaited, UsageError
 from jobtrail.domain.evidence import HumanDecision
+from jobtrail.domain.jsonpath import unusable_id
 from jobtrail.domain.machine import decisions_from
 from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.states import FINAL_STATES, State
@@ -40,6 +41,14 @@ def decide(
         )
     if job_id and to_state != State.ACCEPTED.value:
         raise UsageError(f"--job-id goes with --to accepted (the job you confirmed), not --to {to_state}")
+    # the job id goes into the URLs of every poll, cancel and result fetch: a person's is held to what a
+    # provider's is (a ".." segment would move those requests to another path, a credential would be stored)
+    why = unusable_id(job_id, store.redactor) if job_id else None
+    if why is not None:
+        raise UsageError(
+            f"{op.operation_id}: that job id cannot be used ({why}); nothing was recorded. Give the id exactly "
+            "as the provider's console or API shows it"
+        )
     changes: Changes = {"state_reason": f"resolved by {decided_by}: {reason}"}
     if job_id:
         changes["remote_job_id"] = job_id
