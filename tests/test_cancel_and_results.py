@@ -261,8 +261,10 @@ def test_cancel_cli_on_an_ended_job(db_url: str, ledger: Store, fake: FakeProvid
         ({}, {"records": "$.output.echo.rows", "min_records": 1}, "record_count", None),
         ({}, {"max_bytes": 10}, "size", None),
         ({"fake": {"result": "empty"}}, {}, "json", "an empty body"),  # nothing at all is no JSON document
+        # {"items": 3, ..., "items": 0}: a check here would read one count, the agent's parser maybe the other
+        ({"fake": {"result": "key_twice"}}, {}, "json", "names the same key twice"),
     ],
-    ids=["checksum", "content-type", "schema", "record-count", "size", "empty"],
+    ids=["checksum", "content-type", "schema", "record-count", "size", "empty", "key-twice"],
 )
 def test_each_validation_failure_is_named(
     ledger: Store, fake: FakeProvider, body: dict[str, Any], result_cfg: dict[str, Any], check: str, seen: str | None
@@ -278,6 +280,25 @@ def test_each_validation_failure_is_named(
         assert seen in evidence["reason"]
     assert "the remote job finished" in (op.state_reason or "")
     assert stored_result(ledger, op_id) is None and fake.counts["results"] == 1
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [b'{"custom_id": "a", "error": null}', b'{"custom_id": "b", "error": null, "custom_id": "c"}'],
+        [b'{"custom_id": "a", "error": null}', b'{"custom_id": "b", "error": null, "response": {"n": 1, "n": 2}}'],
+    ],
+    ids=["top-level", "nested"],
+)
+def test_a_batch_line_that_names_a_key_twice_fails_at_that_line(lines: list[bytes]) -> None:
+    """Which id is line 2's, b or c? A batch's per-item outcomes must not rest on a parser's choice."""
+    from jobtrail.domain.results import BatchFormat, ResultSpec, validate
+
+    spec = ResultSpec(batch=BatchFormat())
+    assert validate(lines[0] + b"\n", "application/x-ndjson", {}, spec).failed is None
+    failed = validate(b"\n".join(lines) + b"\n", "application/x-ndjson", {}, spec).failed
+    assert failed is not None and failed["check"] == "jsonl"
+    assert failed["seen"].startswith("line 2: an object names the same key twice")
 
 
 def test_the_callers_own_check_decides_too(ledger: Store, fake: FakeProvider) -> None:

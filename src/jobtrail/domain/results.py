@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from jobtrail.domain.canonical import parse_json
+from jobtrail.domain.canonical import names_a_key_twice, parse_json
 from jobtrail.domain.errors import ConfigError, OperationalError
 from jobtrail.domain.jsonpath import extract, extract_any
 
@@ -198,6 +198,9 @@ def validate(  # noqa: PLR0911 - each check returns at its first failure
     except ValueError as exc:
         v.add("json", False, "valid JSON", f"{exc}")
         return v
+    if names_a_key_twice(data):
+        v.add("json", False, "JSON whose objects name each key once", _KEY_TWICE)
+        return v
     if spec.schema is not None and not _schema(v, spec.schema):
         return v
     if spec.records_path:
@@ -209,6 +212,9 @@ def validate(  # noqa: PLR0911 - each check returns at its first failure
     _extra(v, extra_check, v.document)
     return v
 
+
+#: why a document that names a key twice in one object fails (its values are not shown: the name may be anything)
+_KEY_TWICE = "an object names the same key twice, and readers disagree on which of its values counts"
 
 #: media types whose bytes are JSON (and so parsed, schema- and record-checked)
 _JSON_TYPES = frozenset({"application/json", "text/json"})
@@ -250,6 +256,9 @@ def _batch(view: ResultBytes, spec: ResultSpec, v: Validation, extra_check: Chec
             item = parse_json(line)
         except ValueError:
             v.add("jsonl", False, "one JSON object per line", f"line {number} is not JSON")
+            return v
+        if names_a_key_twice(line):
+            v.add("jsonl", False, "one JSON object per line, each key once", f"line {number}: {_KEY_TWICE}")
             return v
         count += 1
         outcome = batch.outcome(item)

@@ -83,10 +83,11 @@ FAKE_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ),
     (
         "result",
-        "ok, bad_checksum, missing, one_time, batch, large, flaky, schema_bad, binary, csv, large_binary, empty",
+        "ok, bad_checksum, missing, one_time, batch, large, flaky, schema_bad, binary, csv, large_binary, empty, "
+        "key_twice",
         "ok",
         "what a result fetch gets (one_time: a second fetch gets 410; flaky: the first fetches get 503; "
-        "empty: no bytes, typed as JSON)",
+        "empty: no bytes, typed as JSON; key_twice: a JSON object that names `items` twice)",
     ),
     ("items", "count", "10", "a batch result's lines"),
     ("failed_items", "count", "0", "how many of a batch's lines failed"),
@@ -108,7 +109,8 @@ class FakeJob:
     ``result``: ``"ok"``, ``"bad_checksum"``, ``"missing"``, ``"one_time"`` (a second fetch gets 410),
     ``"batch"`` (JSONL with ``items`` lines of which ``failed_items`` failed), ``"large"`` (``size``
     bytes), ``"flaky"`` (the first ``flaky`` fetches get 503), ``"schema_bad"``, ``"binary"`` (PNG
-    bytes), ``"csv"``, ``"large_binary"`` (``size`` bytes), ``"empty"`` (no bytes, typed as JSON);
+    bytes), ``"csv"``, ``"large_binary"`` (``size`` bytes), ``"empty"`` (no bytes, typed as JSON),
+    ``"key_twice"`` (an object that names ``items`` twice, with two values);
     ``effects``: report partial effects (items processed) on every status;
     ``ending``: ``"expired"`` (the job expires instead of finishing);
     ``partial``: a cancelled or expired batch serves the half of its items it finished (``result_url``).
@@ -183,6 +185,8 @@ class FakeJob:
             doc["padding"] = "x" * int(opts.get("size", 1_000_000))
         if mode == "schema_bad":
             doc.pop("items")
+        if mode == "key_twice":  # which count is it? this parser reads the last, others the first
+            return json.dumps(doc).removesuffix("}").encode() + b', "items": 0}', "application/json"
         return json.dumps(doc).encode(), "application/json"
 
 
