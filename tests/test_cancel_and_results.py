@@ -301,6 +301,23 @@ def test_a_batch_line_that_names_a_key_twice_fails_at_that_line(lines: list[byte
     assert failed["seen"].startswith("line 2: an object names the same key twice")
 
 
+@pytest.mark.parametrize("depth", [900, 1010, 1100])
+def test_a_result_nested_too_deep_to_read_whole_fails_and_hides_no_key_named_twice(depth: int) -> None:
+    """Nesting a value a thousand levels deep must not carry a key named twice past the check (orjson reads
+    deeper than Python's parser can check), nor crash the validation instead of failing it."""
+    from jobtrail.domain.results import BatchFormat, ResultSpec, validate
+
+    pad = b"[" * depth + b"]" * depth
+    document = b'{"items": 3, "pad": ' + pad + b', "items": 0}'
+    failed = validate(document, "application/json", {}, ResultSpec()).failed
+    assert failed is not None and failed["check"] == "json"
+    assert "names the same key twice" in failed["seen"] or "nested too deep" in failed["seen"]
+    line = b'{"custom_id": "a", "error": null, "pad": ' + pad + b', "custom_id": "b"}\n'
+    failed = validate(line, "application/x-ndjson", {}, ResultSpec(batch=BatchFormat())).failed
+    assert failed is not None and failed["check"] == "jsonl" and failed["seen"].startswith("line 1")
+    assert "names the same key twice" in failed["seen"] or "nested too deep" in failed["seen"]
+
+
 def test_the_callers_own_check_decides_too(ledger: Store, fake: FakeProvider) -> None:
     cfg = config(fake)
     op_id = submit(ledger, cfg, {"want": 4})

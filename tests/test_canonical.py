@@ -149,6 +149,16 @@ def test_a_value_that_contains_itself_is_refused_not_walked_forever() -> None:
     assert compact_json(deep) == _json_module(deep)  # past orjson's depth, json writes it as before
 
 
+def test_an_answer_nested_past_every_parsers_depth_is_an_error_not_a_crash() -> None:
+    # orjson stops at 1,024 levels and json then runs out of stack: a provider's answer is data, and
+    # each caller handles a ValueError (an unparsed body, a failed check), where a RecursionError escaped
+    deep = b"[" * 5000 + b"]" * 5000
+    with pytest.raises(ValueError, match="nested too deep"):
+        parse_json(deep)
+    with pytest.raises(ValueError, match="nested too deep"):
+        parse_json(deep.decode())
+
+
 @pytest.mark.parametrize("value", [{"t": datetime.now(UTC)}, {"d": ValidatedResult(sha256="0" * 64, size=1)}])
 def test_what_json_refuses_stays_refused(value: object) -> None:
     """orjson would write datetimes and dataclasses; the ledger's encoder refuses them as json does."""

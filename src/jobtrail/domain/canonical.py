@@ -87,11 +87,17 @@ def parse_json(text: str | bytes) -> Any:
             return orjson.loads(text)
         except (ValueError, TypeError):
             pass
-    return json.loads(text, parse_constant=_no_constant)
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:  # a provider's answer is data: an error any caller handles, not a crash
+        raise ValueError(_TOO_DEEP) from None
 
 
 class _KeyTwice(ValueError):
     pass
+
+
+_TOO_DEEP = "nested too deep to read whole (some thousand levels or more)"
 
 
 def _each_key_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -106,7 +112,8 @@ def names_a_key_twice(text: str | bytes) -> bool:
 
     RFC 8259 leaves such an object's meaning open: this parser keeps the last value, others the first or
     refuse it, so a check made here could pass a value that the reader of the result never sees. One more
-    parse, with the pairs in order (about twice :func:`parse_json`'s time).
+    parse, with the pairs in order (about twice :func:`parse_json`'s time). A text nested too deep for
+    that parse (orjson reads deeper) raises ValueError: it cannot be told free of them.
     """
     quotes = text.count('"') if isinstance(text, str) else text.count(b'"')
     if quotes < 4:  # two keys need four quotes at least
@@ -115,7 +122,9 @@ def names_a_key_twice(text: str | bytes) -> bool:
         json.loads(text, object_pairs_hook=_each_key_once)
     except _KeyTwice:
         return True
-    except (ValueError, RecursionError):  # what json cannot read, parse_json judged already
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+    except ValueError:  # what json cannot read, parse_json judged already
         return False
     return False
 

@@ -195,10 +195,11 @@ def validate(  # noqa: PLR0911 - each check returns at its first failure
         return v
     try:
         v.document = parse_json(data) if data.strip() else None
+        twice = names_a_key_twice(data)
     except ValueError as exc:
         v.add("json", False, "valid JSON", f"{exc}")
         return v
-    if names_a_key_twice(data):
+    if twice:
         v.add("json", False, "JSON whose objects name each key once", _KEY_TWICE)
         return v
     if spec.schema is not None and not _schema(v, spec.schema):
@@ -254,10 +255,11 @@ def _batch(view: ResultBytes, spec: ResultSpec, v: Validation, extra_check: Chec
             continue
         try:
             item = parse_json(line)
-        except ValueError:
-            v.add("jsonl", False, "one JSON object per line", f"line {number} is not JSON")
+            twice = names_a_key_twice(line)
+        except ValueError as exc:
+            v.add("jsonl", False, "one JSON object per line", f"line {number} is not JSON ({exc})")
             return v
-        if names_a_key_twice(line):
+        if twice:
             v.add("jsonl", False, "one JSON object per line, each key once", f"line {number}: {_KEY_TWICE}")
             return v
         count += 1
