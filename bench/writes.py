@@ -41,7 +41,7 @@ from typing import Any
 
 from lifecycle import _free_port, provider_config
 
-from jobtrail.ledger.chain import _scalar_digest
+from jobtrail.ledger.chain import _int_digest, _short_str_digest
 from jobtrail.ledger.store import Create, Moved, Store
 
 
@@ -131,7 +131,8 @@ def replay(events: list[tuple[str, int, Any]], snapshot: str, folder: str) -> tu
     shutil.copy(snapshot, path)
     # each replay starts as a worker does: what an earlier replay of the same writes left in the process's
     # caches (digests of the very same integers) would make every replay after the first look cheaper
-    _scalar_digest.cache_clear()
+    _int_digest.cache_clear()
+    _short_str_digest.cache_clear()
     store = Store.open(path)
     cpu = 0.0
     writes = moved = 0
