@@ -263,8 +263,10 @@ def test_cancel_cli_on_an_ended_job(db_url: str, ledger: Store, fake: FakeProvid
         ({"fake": {"result": "empty"}}, {}, "json", "an empty body"),  # nothing at all is no JSON document
         # {"items": 3, ..., "items": 0}: a check here would read one count, the agent's parser maybe the other
         ({"fake": {"result": "key_twice"}}, {}, "json", "names the same key twice"),
+        # {"score": 1e999}: infinity to one reader, an error to another, the decimal to a third
+        ({"fake": {"result": "past_float"}}, {}, "json", "the number 1e999 is past a 64-bit float's range"),
     ],
-    ids=["checksum", "content-type", "schema", "record-count", "size", "empty", "key-twice"],
+    ids=["checksum", "content-type", "schema", "record-count", "size", "empty", "key-twice", "past-float"],
 )
 def test_each_validation_failure_is_named(
     ledger: Store, fake: FakeProvider, body: dict[str, Any], result_cfg: dict[str, Any], check: str, seen: str | None

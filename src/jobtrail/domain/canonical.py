@@ -71,8 +71,21 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        # Python reads it as infinity, orjson and Go refuse it, JavaScript reads Infinity, a decimal reader
+        # keeps it: no reading of it is shared, and an infinity can be neither stored nor fingerprinted
+        raise ValueError(
+            f"the number {literal[:40]} is past a 64-bit float's range: JSON readers disagree on its value "
+            "(infinity, an error, the decimal itself)"
+        )
+    return value
+
+
 def parse_json(text: str | bytes) -> Any:
-    """Parse JSON from outside (providers, webhooks, results) strictly: ``NaN``/``Infinity`` are refused.
+    """Parse JSON from outside (providers, webhooks, results) strictly: ``NaN``/``Infinity`` are refused,
+    and so is a number past a 64-bit float's range (``1e999``), which Python reads as infinity.
 
     Python's parser accepts them, but nothing that holds them can be stored or fingerprinted.
 
@@ -88,7 +101,7 @@ def parse_json(text: str | bytes) -> Any:
         except (ValueError, TypeError):
             pass
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:  # a provider's answer is data: an error any caller handles, not a crash
         raise ValueError(_TOO_DEEP) from None
 

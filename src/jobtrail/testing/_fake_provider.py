@@ -84,10 +84,11 @@ FAKE_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     (
         "result",
         "ok, bad_checksum, missing, one_time, batch, large, flaky, schema_bad, binary, csv, large_binary, empty, "
-        "key_twice",
+        "key_twice, past_float",
         "ok",
         "what a result fetch gets (one_time: a second fetch gets 410; flaky: the first fetches get 503; "
-        "empty: no bytes, typed as JSON; key_twice: a JSON object that names `items` twice)",
+        "empty: no bytes, typed as JSON; key_twice: a JSON object that names `items` twice; past_float: a "
+        "JSON object with a number past a 64-bit float's range, `1e999`)",
     ),
     ("items", "count", "10", "a batch result's lines"),
     ("failed_items", "count", "0", "how many of a batch's lines failed"),
@@ -110,7 +111,8 @@ class FakeJob:
     ``"batch"`` (JSONL with ``items`` lines of which ``failed_items`` failed), ``"large"`` (``size``
     bytes), ``"flaky"`` (the first ``flaky`` fetches get 503), ``"schema_bad"``, ``"binary"`` (PNG
     bytes), ``"csv"``, ``"large_binary"`` (``size`` bytes), ``"empty"`` (no bytes, typed as JSON),
-    ``"key_twice"`` (an object that names ``items`` twice, with two values);
+    ``"key_twice"`` (an object that names ``items`` twice, with two values), ``"past_float"`` (an object
+    with the number ``1e999``, past a 64-bit float's range);
     ``effects``: report partial effects (items processed) on every status;
     ``ending``: ``"expired"`` (the job expires instead of finishing);
     ``partial``: a cancelled or expired batch serves the half of its items it finished (``result_url``).
@@ -187,6 +189,8 @@ class FakeJob:
             doc.pop("items")
         if mode == "key_twice":  # which count is it? this parser reads the last, others the first
             return json.dumps(doc).removesuffix("}").encode() + b', "items": 0}', "application/json"
+        if mode == "past_float":  # Python reads infinity, orjson and Go refuse it, JavaScript reads Infinity
+            return json.dumps(doc).removesuffix("}").encode() + b', "score": 1e999}', "application/json"
         return json.dumps(doc).encode(), "application/json"
 
 
