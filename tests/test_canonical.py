@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 
 from jobtrail import UsageError, ValidatedResult
 from jobtrail.domain.canonical import (
+    MAX_ANSWER_DEPTH,
     _write,
     canonical_json,
     compact_json,
     es_number,
     floatless_json,
+    nesting,
+    parse_answer,
     parse_json,
     request_fingerprint,
 )
@@ -231,3 +234,27 @@ def test_a_number_past_a_64_bit_floats_range_is_refused_not_read_as_infinity(tex
     with pytest.raises(ValueError, match="past a 64-bit float's range"):
         parse_json(text)
     assert parse_json("[1.7976931348623157e308, 1e-400]") == [1.7976931348623157e308, 0.0]  # the edges still read
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (b'{"status": "running", "status": "succeeded"}', "names the same key twice"),
+        (b'{"a": {"id": 1, "id": 2}}', "names the same key twice"),
+        (b'{"id": "a\\ud800b"}', "lone surrogate"),
+        (b'["\\udc00"]', "lone surrogate"),
+        ('{"id": "a\ud800b"}', "lone surrogate"),  # a str holding one, not as an escape
+        (b"[" * (MAX_ANSWER_DEPTH + 1) + b"]" * (MAX_ANSWER_DEPTH + 1), "nested deeper than"),
+        (b'{"a": 1e999}', "past a 64-bit float's range"),
+    ],
+)
+def test_an_answer_that_parsers_read_differently_or_no_ledger_can_hold_is_refused(text: str | bytes, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        parse_answer(text)
+
+
+def test_an_answer_as_deep_as_allowed_with_surrogate_pairs_and_repeated_names_in_strings_is_read() -> None:
+    deep = b'{"a": ' * MAX_ANSWER_DEPTH + b"1" + b"}" * MAX_ANSWER_DEPTH
+    assert nesting(deep) == MAX_ANSWER_DEPTH and parse_answer(deep)
+    text = b'{"note": "\\"id\\": 1, \\"id\\": 2 [[[[", "smile": "\\ud83d\\ude00", "id": "job-1"}'
+    assert parse_answer(text) == {"note": '"id": 1, "id": 2 [[[[', "smile": "\U0001f600", "id": "job-1"}

@@ -379,3 +379,101 @@ def test_a_provider_file_that_is_not_toml_is_refused_clearly(
     with pytest.raises(ConfigError) as refused:
         load_provider(path)
     assert "broken.toml" in str(refused.value)
+
+
+# -- answers other parsers would read differently ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'{"id": "job-a", "id": "job-b"}', "names the same key twice"),  # job-a to one parser, job-b to this
+        (b'{"id": "job-1", "note": "\\ud800"}', "lone surrogate"),  # no UTF-8 text holds it: nothing was stored
+        (b'{"id": "job-1", "x": ' + b"[" * 400 + b"]" * 400 + b"}", "nested deeper than"),
+        (b'{"id": 1e20}', None),  # read back as 1e+20: not the id the provider wrote
+        (b'{"id": 1.50}', None),
+        (b'{"id": true}', None),
+        (b'{"id": "   "}', None),
+    ],
+    ids=["key-twice", "lone-surrogate", "deep", "exponent", "fraction", "boolean", "blank"],
+)
+def test_a_create_answer_whose_job_id_another_parser_reads_otherwise_names_no_job(
+    world: tuple[Store, Any], raw: RawServer, body: bytes, why: str | None
+) -> None:
+    store, provider = world
+    op = fresh(store, provider)
+    after = answered(world, raw, http(201, [], body), op, lambda s, w, actor: CreateFlow(s, writer=w, actor=actor))
+    assert after.state is not S.ACCEPTED and after.remote_job_id is None and after.state_reason
+    seen = store.observations(op.operation_id)[-1]
+    assert seen["kind"] == "create_response"  # the answer is kept, as it came
+    if why:
+        assert why in seen["raw"]["body"]["_jobtrail_why"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"status": "running", "status": "succeeded"}',  # running to a parser that keeps the first
+        b'{"status": "succeeded", "note": "\\udc00"}',
+        b'{"status": "succeeded", "x": ' + b"[" * 400 + b"]" * 400 + b"}",
+    ],
+    ids=["key-twice", "lone-surrogate", "deep"],
+)
+def test_a_status_answer_another_parser_reads_otherwise_ends_nothing_and_is_kept(
+    world: tuple[Store, Any], raw: RawServer, body: bytes
+) -> None:
+    store, provider = world
+    op = drive(store, fresh(store, provider), S.ACCEPTED)
+    after = answered(world, raw, http(200, [], body), op, ObserveFlow)
+    assert after.state in (S.ACCEPTED, S.OBSERVING) and after.remote_state in (None, "unknown")
+    assert after.next_action_at_us is not None  # polled again later
+    (poll,) = [o for o in store.observations(op.operation_id) if o["kind"] == "status_poll"]
+    assert "_jobtrail_why" in poll["raw"]["body"]
+
+
+@pytest.mark.parametrize("progress", [b'"NaN"', b'"-inf"', b'"1e400"', str(10**400).encode()])
+def test_a_progress_that_no_float_holds_is_no_progress_and_the_poll_is_kept(
+    world: tuple[Store, Any], raw: RawServer, progress: bytes
+) -> None:
+    store, provider = world
+    op = drive(store, fresh(store, provider), S.ACCEPTED)
+    after = answered(
+        world, raw, http(200, [], b'{"status": "running", "progress": ' + progress + b"}"), op, ObserveFlow
+    )
+    assert after.state is S.OBSERVING and after.remote_state == "running"
+    (poll,) = [o for o in store.observations(op.operation_id) if o["kind"] == "status_poll"]
+    assert poll["progress"] is None
+
+
+@pytest.mark.parametrize("ref", [b'""', b'"  "', b"5", b"true"])
+def test_a_result_reference_that_is_blank_or_no_string_is_no_reference(
+    world: tuple[Store, Any], raw: RawServer, ref: bytes
+) -> None:
+    """``""`` resolved to the provider's base URL itself (its home page was stored as the result), ``5`` to
+    ``/5``: the declared result path is fetched instead."""
+    store, provider = world
+    op = drive(store, fresh(store, provider), S.ACCEPTED)
+    after = answered(world, raw, http(200, [], b'{"status": "succeeded", "result_url": ' + ref + b"}"), op, ObserveFlow)
+    assert after.state is S.RESULT_COLLECTING
+    (poll,) = [o for o in store.observations(op.operation_id) if o["kind"] == "status_poll"]
+    assert poll["raw"]["result_ref"] is None
+
+
+def test_a_finished_job_with_no_usable_result_reference_and_no_result_path_is_unavailable_at_once(
+    raw: RawServer, db_url: str
+) -> None:
+    """It was retried without end, its reason a ConfigError: asking again cannot bring a reference."""
+    config = FakeProvider(port=raw.port).provider_config()
+    config["base_url"] = f"http://127.0.0.1:{raw.port}"
+    del config["result"]  # the result is only ever where the status says
+    store = Store.open(db_url)
+    provider = load_provider(config)
+    try:
+        op = drive(store, fresh(store, provider), S.RESULT_COLLECTING)
+        before = raw.requests
+        after = answered((store, provider), raw, http(200, [], b"{}"), op, CollectFlow)
+        assert after.state is S.RESULT_UNAVAILABLE
+        assert "no usable result reference" in (after.state_reason or "")
+        assert raw.requests == before  # nothing was fetched
+    finally:
+        store.close()

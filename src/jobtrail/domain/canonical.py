@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -104,6 +105,66 @@ def parse_json(text: str | bytes) -> Any:
         return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:  # a provider's answer is data: an error any caller handles, not a crash
         raise ValueError(_TOO_DEEP) from None
+
+
+#: the deepest a provider's answer or a webhook may nest: far past any API's answers, and far short of the
+#: depth at which what follows the parse (canonical JSON, redaction, the pipe to the writer process) recurses
+#: past Python's limit (arrays some 950 deep failed every write of an answer that parse_json had read)
+MAX_ANSWER_DEPTH = 128
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def nesting(text: str | bytes) -> int:
+    """How deep a JSON text nests, without parsing it (no recursion, linear time)."""
+    data = text.encode("utf-8", errors="surrogatepass") if isinstance(text, str) else bytes(text)
+    depth = deepest = 0
+    for b in _STRING.sub(b"", data).translate(None, _NOT_BRACKETS):
+        if b in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def parse_answer(text: str | bytes) -> Any:
+    """:func:`parse_json` for what a provider answers (and a webhook carries): what the flows act on and
+    the ledger stores. Refused besides (``ValueError``, saying why; the answer is then unreadable):
+
+    - an object that names a key twice: this parser keeps the last value, others the first or refuse
+      it, so a job could be declared succeeded, or given another job's id, on a reading that another
+      parser would not share;
+    - a lone surrogate (``"\\ud800"``): no UTF-8 text holds it, so no ledger could store the answer;
+    - nesting past :data:`MAX_ANSWER_DEPTH`.
+    """
+    data = text.encode("utf-8", errors="surrogatepass") if isinstance(text, str) else bytes(text)
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    if len(brackets) > MAX_ANSWER_DEPTH and nesting(brackets) > MAX_ANSWER_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_ANSWER_DEPTH} levels")
+    value = parse_json(data)
+    if names_a_key_twice(data):
+        raise ValueError("an object names the same key twice (parsers disagree on which value counts)")
+    # orjson reads no lone surrogate: only what json read may hold one (as an escape, or raw in a str)
+    if (b"\\u" in data or isinstance(text, str)) and _holds_lone_surrogate(value):
+        raise ValueError("a lone surrogate (\\ud800-\\udfff), which no UTF-8 text can hold")
+    return value
+
+
+def _holds_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            if _LONE_SURROGATE.search(item):
+                return True
+        elif type(item) is dict:
+            stack.extend(item)
+            stack.extend(item.values())
+        elif type(item) is list:
+            stack.extend(item)
+    return False
 
 
 class _KeyTwice(ValueError):

@@ -52,11 +52,23 @@ def why_unusable(
     path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None
 ) -> str | None:
     """Why the job id at ``path`` was not usable, when one is there (for a reason text; never the value)."""
+    found = _found(path, body, headers)
+    if isinstance(found, float | bool):
+        return _NOT_AN_ID
     text = _extract(path, body, headers)
     return None if text is None else unusable_id(text, redactor)
 
 
 def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
+    found = _found(path, body, headers)
+    if found is None or isinstance(found, dict | list):
+        return None
+    if isinstance(found, bool):
+        return str(found).lower()
+    return str(found)
+
+
+def _found(path: str | None, body: Any, headers: Mapping[str, str]) -> Any:
     if not path:
         return None
     if path.startswith("header:"):
@@ -65,12 +77,17 @@ def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | N
             if key.lower() == name:
                 return value
         return None
-    found = extract_any(path, body)
-    if found is None or isinstance(found, dict | list):
+    return extract_any(path, body)
+
+
+def reference(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
+    """A result reference (a URL or an id) at ``path``: a string, as :func:`extract` reads it; None when
+    absent, empty or only white space (``""`` would resolve to the provider's base URL itself), not a
+    string (``5`` would be fetched as ``/5``), or unusable."""
+    found = _found(path, body, headers)
+    if not isinstance(found, str) or not found.strip() or unusable(found, redactor):
         return None
-    if isinstance(found, bool):
-        return str(found).lower()
-    return str(found)
+    return found
 
 
 def unusable_id(text: str, redactor: Redactor | None = None) -> str | None:
@@ -78,11 +95,21 @@ def unusable_id(text: str, redactor: Redactor | None = None) -> str | None:
     would move the requests it is put into to another path (URL normalisation removes dot segments)."""
     if any(segment in (".", "..") for segment in text.split("/")):
         return "a . or .. path segment"
+    if not text.strip():
+        return "empty, or only white space"
     return unusable(text, redactor)
 
 
+#: a job id must be a string or an integer: ``1e20``, ``1.50`` or ``-0.0`` read back as ``1e+20``, ``1.5``
+#: or ``-0.0``, not as the provider spelled them, and ``true`` names no job
+_NOT_AN_ID = "a number with a fraction or an exponent, or true or false: parsing loses how the provider spelled it"
+
+
 def job_id(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
-    """The job id at ``path`` (see :func:`extract`), None when absent or unusable (:func:`unusable_id`)."""
+    """The job id at ``path`` (see :func:`extract`), None when absent or unusable (:func:`unusable_id`), or
+    when it is a number with a fraction or an exponent, or a boolean (see :data:`_NOT_AN_ID`)."""
+    if isinstance(_found(path, body, headers), float | bool):
+        return None
     text = _extract(path, body, headers)
     return None if text is None or unusable_id(text, redactor) else text
 

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from datetime import timedelta
 from typing import Annotated, Any, Literal, cast
 
+from jobtrail.domain.canonical import nesting
 from jobtrail.domain.errors import JobtrailError, OperationNotFound, UsageError, missing_extra
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.runtime.client import AsyncJobtrail
@@ -522,21 +523,6 @@ def _provider_json(jt: AsyncJobtrail, name: str) -> ProviderJson:
 
 # -- the stdio transport, guarded --------------------------------------------------------------------
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
-def _nesting(line: bytes) -> int:
-    """How deep a JSON text nests, without parsing it (no recursion, linear time)."""
-    depth = deepest = 0
-    for b in _STRING.sub(b"", line).translate(None, _NOT_BRACKETS):
-        if b in b"[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
 
 def _error_reply(code: int, message: str, request_id: Any = None) -> str:
     if isinstance(request_id, bool) or not isinstance(request_id, str | int):
@@ -551,7 +537,7 @@ def check_line(line: bytes) -> str | None:
 
     if len(line) > MAX_LINE_BYTES:
         return _error_reply(-32600, f"Invalid Request: a message is at most {MAX_LINE_BYTES} bytes")
-    if _nesting(line) > MAX_LINE_DEPTH:
+    if nesting(line) > MAX_LINE_DEPTH:
         return _error_reply(-32600, f"Invalid Request: a message nests at most {MAX_LINE_DEPTH} levels")
     try:
         doc = json.loads(line)

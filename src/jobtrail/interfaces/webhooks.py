@@ -22,7 +22,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from jobtrail.domain.canonical import compact_json, parse_json, rfc3339
+from jobtrail.domain.canonical import compact_json, parse_answer, rfc3339
 from jobtrail.domain.errors import ConfigError, StorageError, require_extra
 from jobtrail.domain.jsonpath import extract
 from jobtrail.domain.record import Operation
@@ -88,9 +88,9 @@ class Receiver:
                 body, request.headers, self._secrets[name], config.tolerance_s, self.store.clock() / _US
             )
             try:
-                event = parse_json(body)
-            except ValueError:
-                raise Refused(400, "malformed JSON", "the body is not valid JSON") from None
+                event = parse_answer(body)
+            except ValueError as exc:
+                raise Refused(400, "malformed JSON", f"the body is not JSON that can be kept ({exc})") from None
             return await self.io(self._record, name, config, event_id, timestamp, event)
         except Refused as no:
             try:

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import functools
 import hashlib
+import math
 import os
 import string
 import tempfile
@@ -26,9 +27,9 @@ import yarl
 from aiohttp.http_exceptions import HttpProcessingError
 
 from jobtrail.domain.backoff import parse_retry_after
-from jobtrail.domain.canonical import canonical_bytes, parse_json
+from jobtrail.domain.canonical import canonical_bytes, parse_answer
 from jobtrail.domain.errors import ConfigError
-from jobtrail.domain.jsonpath import extract, extract_any, job_id, unusable_id, why_unusable
+from jobtrail.domain.jsonpath import extract, extract_any, job_id, reference, unusable_id, why_unusable
 from jobtrail.domain.machine import AMBIGUOUS_HTTP_STATUSES
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
@@ -375,9 +376,9 @@ class HttpProvider:
         else:
             text = raw.decode("utf-8", errors="replace")
             try:
-                body_value = parse_json(text) if text.strip() else None
-            except ValueError:
-                body_value = {"_jobtrail_unparsed": text[:2000]}
+                body_value = parse_answer(text) if text.strip() else None
+            except ValueError as exc:  # kept as it came, with why it could not be read
+                body_value = {"_jobtrail_unparsed": text[:2000], "_jobtrail_why": str(exc)}
         return Response(
             http_status=status,
             headers=resp_headers,
@@ -647,14 +648,16 @@ class HttpProvider:
         progress_raw = extract(cfg.progress_path, sent.body, sent.headers, self.redactor)
         try:
             progress = float(progress_raw) if progress_raw is not None else None
-        except ValueError:
+        except (ValueError, OverflowError):
+            progress = None
+        if progress is not None and not math.isfinite(progress):  # "NaN", "inf", 10**400: no share of anything
             progress = None
         return StatusOutcome(
             remote_state=remote if sent.http_status == 200 else RemoteState.UNKNOWN,
             raw_state=raw,
             response=sent,
             progress=progress,
-            result_ref=extract(cfg.result_ref_path, sent.body, sent.headers, self.redactor),
+            result_ref=reference(cfg.result_ref_path, sent.body, sent.headers, self.redactor),
             provider_time=extract(cfg.time_path, sent.body, sent.headers, self.redactor),
             effects=extract_any(cfg.effects_path, sent.body),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
@@ -706,8 +709,12 @@ class HttpProvider:
                 extra_headers=cfg.result.headers,
             )
         elif result_ref is None:
-            if cfg.result is None:
-                raise ConfigError(f"provider {self.name} declares no [result] endpoint and gave no result reference")
+            if cfg.result is None:  # asking again cannot change it: the result is unavailable, and says why
+                return NoAnswer(
+                    "refused",
+                    "the status gave no usable result reference, and the provider file declares no [result] "
+                    "path to fetch the result from",
+                )
             sent = await self._send(
                 "GET",
                 self._url(cfg.result.path, op),

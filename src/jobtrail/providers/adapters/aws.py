@@ -34,7 +34,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from jobtrail.domain.canonical import compact_json, parse_json
+from jobtrail.domain.canonical import compact_json, parse_answer, parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Secret
@@ -597,7 +597,7 @@ def _credential_refused(raw: bytes | Spooled) -> bool:
     if isinstance(raw, Spooled):  # a credential error is a small body; a large one is something else
         return False
     try:
-        body = parse_json(raw) if raw.strip() else None
+        body = parse_answer(raw) if raw.strip() else None
     except ValueError:
         return False
     kind = body.get("__type") if isinstance(body, dict) else None

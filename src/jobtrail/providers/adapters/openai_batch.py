@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 
-from jobtrail.domain.canonical import parse_json
+from jobtrail.domain.canonical import parse_answer
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import unusable
 from jobtrail.domain.record import Operation
@@ -627,7 +627,7 @@ def _error_response(sent: Response, what: str) -> Response:
     """A failed file read, its error body parsed for the observation (never the raw bytes)."""
     raw = sent.content() or b""
     try:
-        body: Any = parse_json(raw[:65536].decode("utf-8", errors="replace")) if raw.strip() else None
+        body: Any = parse_answer(raw[:65536].decode("utf-8", errors="replace")) if raw.strip() else None
     except ValueError:
         body = {"_jobtrail_unparsed": raw[:2000].decode("utf-8", errors="replace")}
     return Response(
