@@ -132,6 +132,8 @@ bodies = st.one_of(
 retry_afters = st.one_of(
     st.integers(-10, 10**30).map(lambda n: str(n).encode()),
     st.sampled_from([b"Wed, 21 Oct 2099 07:28:00 GMT", b"Wed, 21 Oct 1999 07:28:00 GMT", b"soon", b"", b"1e9", b"NaN"]),
+    # digits no float holds, more digits than int() reads, a digit that is no ASCII digit
+    st.sampled_from([b"9" * 400, b"9" * 5000, "\u00b2".encode(), "\u0663".encode()]),
     st.binary(max_size=12).filter(lambda b: b"\r" not in b and b"\n" not in b),
 )
 header_lists = st.lists(
@@ -194,7 +196,10 @@ def answered(world: tuple[Store, Any], raw: RawServer, answer: bytes, op: Operat
 @given(answer=responses)
 @example(answer=http(201, [], b'{"id": "\\u0000"}'))  # found by fuzzing: a NUL job id was taken
 @example(answer=http(201, [(b"X-Request-Id", b"\xe7\xe4")], '{"id": "j\u00e9"}'.encode("latin-1")))
-@example(answer=http(201, [], b'{"id": "job-1", "n": 1e999}'))  # past a float: its write failed, the answer lost
+@example(answer=http(201, [], b'{"id": "job-1", "n": 1e999}'))
+@example(
+    answer=http(201, [(b"Retry-After", b"9" * 400)], b'{"id": "job-1"}')
+)  # raised: the answer was lost  # past a float: its write failed, the answer lost
 def test_any_create_answer_is_recorded_and_never_taken_for_a_job_it_does_not_name(
     world: tuple[Store, Any], raw: RawServer, answer: bytes
 ) -> None:
@@ -475,5 +480,27 @@ def test_a_finished_job_with_no_usable_result_reference_and_no_result_path_is_un
         assert after.state is S.RESULT_UNAVAILABLE
         assert "no usable result reference" in (after.state_reason or "")
         assert raw.requests == before  # nothing was fetched
+    finally:
+        store.close()
+
+
+def test_a_provider_that_says_retry_at_once_to_every_poll_is_polled_at_the_back_offs_pace(
+    raw: RawServer, db_url: str
+) -> None:
+    """``Retry-After: 0`` on every answer was taken at its word: some hundred polls a second, each one
+    written to the ledger, until the result deadline. It is a floor, not a pace."""
+    from jobtrail.runtime.worker import Worker
+
+    config = FakeProvider(port=raw.port).provider_config()  # polls: 0.1 s, then x1.5, at most 0.5 s
+    config["base_url"] = f"http://127.0.0.1:{raw.port}"
+    store = Store.open(db_url)
+    provider = load_provider(config)
+    try:
+        drive(store, fresh(store, provider), S.ACCEPTED)
+        raw.answer = http(503, [(b"Retry-After", b"0")], b"")
+        before = raw.requests
+        asyncio.run(Worker(store, {"fake": provider}, worker_id="w", writer_process=False).run(timeout=2))
+        polls = raw.requests - before
+        assert 2 <= polls <= 30, f"{polls} polls in 2 s"
     finally:
         store.close()

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from datetime import UTC
 from email.utils import parsedate_to_datetime
+
+_DELAY_SECONDS = re.compile("[0-9]+")
+_CENTURIES = 1e10
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +30,14 @@ class Backoff:
         return ceiling * (1 - self.jitter * (rng or random).random())
 
     def after(self, retry_after_s: float | None, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before attempt ``attempt + 1``: no sooner than the provider's ``Retry-After``
+        (capped), nor than this back-off's own delay. A provider that answers every try with
+        ``Retry-After: 0`` (or a date gone by) was asked again at once: hundreds of requests a second,
+        each written to the ledger, until a deadline."""
+        delay = self.delay(attempt, rng)
         if retry_after_s is not None:
-            return min(retry_after_s, self.max_retry_after_s)
-        return self.delay(attempt, rng)
+            return max(min(retry_after_s, self.max_retry_after_s), delay)
+        return delay
 
 
 def parse_retry_after(value: str | None, now_s: float) -> float | None:
@@ -39,8 +48,10 @@ def parse_retry_after(value: str | None, now_s: float) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(int(value))
+    if _DELAY_SECONDS.fullmatch(value):  # ASCII digits only: "²".isdigit() holds, and int("²") raises
+        # past ten digits (three centuries) the figure is moot, the cap decides; and int() of a few
+        # thousand digits raises, a float() of a few hundred overflows
+        return float(int(value)) if len(value) <= 10 else _CENTURIES
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):
