@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import socket
 import threading
+import zlib
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -504,3 +506,45 @@ def test_a_provider_that_says_retry_at_once_to_every_poll_is_polled_at_the_back_
         assert 2 <= polls <= 30, f"{polls} polls in 2 s"
     finally:
         store.close()
+
+
+_CSV = b"".join(b"row,%d\n" % i for i in range(5000))
+
+
+def _coded(wbits: int, data: bytes = _CSV) -> bytes:
+    squeeze = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return squeeze.compress(data) + squeeze.flush()
+
+
+@pytest.mark.parametrize(
+    ("coding", "body", "whole"),
+    [
+        (b"gzip", _coded(31), True),
+        (b"x-gzip", _coded(31), True),
+        (b"deflate", _coded(15), True),  # zlib-wrapped, as RFC 9110 says
+        (b"deflate", _coded(-15), True),  # raw, as many servers send it
+        (b"gzip", _coded(31)[: len(_coded(31)) // 2], False),  # cut short, its length intact: was stored
+        (b"gzip", _coded(31) + b"trailing", False),
+        (b"gzip", b"not gzip at all", False),
+        (b"br", b"\x0b\x02\x80hello\x03", False),  # a coding not asked for, not read
+    ],
+    ids=["gzip", "x-gzip", "deflate-zlib", "deflate-raw", "cut-short", "trailing-bytes", "not-gzip", "brotli"],
+)
+def test_a_compressed_result_is_stored_only_when_its_stream_is_whole(
+    world: tuple[Store, Any], raw: RawServer, coding: bytes, body: bytes, whole: bool
+) -> None:
+    store, provider = world
+    op = drive(store, fresh(store, provider), S.RESULT_COLLECTING)
+    checksum = hashlib.sha256(_CSV).hexdigest().encode()  # of what the body decompresses to
+    headers = [(b"Content-Type", b"text/csv"), (b"Content-Encoding", coding), (b"X-Result-SHA256", checksum)]
+    after = answered(world, raw, http(200, headers, body), op, CollectFlow)
+    if whole:
+        assert after.state is S.SUCCEEDED
+        assert read_result(store, op.operation_id)[1] == _CSV
+    else:
+        assert after.state in (S.RESULT_COLLECTING, S.RESULT_UNAVAILABLE)  # fetched again later, or given up
+        (fetch,) = [o for o in store.observations(op.operation_id) if o["kind"] == "result_fetch"]
+        assert (
+            fetch["raw"]["error"]["error"] == "incomplete_response"
+            and coding.decode() in fetch["raw"]["error"]["detail"]
+        )

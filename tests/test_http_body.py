@@ -58,7 +58,9 @@ async def _serve_and_read(path: str, limit: int) -> bytes:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}{path}") as resp:
+        # as the provider's sessions are made: read_at_most decompresses, and proves the stream whole
+        plain = aiohttp.ClientSession(auto_decompress=False)
+        async with plain as session, session.get(f"http://127.0.0.1:{port}{path}") as resp:
             body = await read_at_most(resp, limit)
     finally:
         await runner.cleanup()

@@ -18,7 +18,8 @@ import string
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +83,77 @@ def _placeholders(path: str) -> frozenset[str]:
     return frozenset(name for _, name, _, _ in string.Formatter().parse(path) if name)
 
 
+class BodyCodingError(aiohttp.ClientPayloadError):
+    """A compressed body that cannot be read whole: its stream ended early (cut short), bytes follow its end,
+    or its content coding is not one we read. Its message is ours; it quotes nothing the provider sent."""
+
+
+#: the content codings asked for and read (RFC 9110 §8.4.1); the session decompresses nothing itself
+ACCEPT_ENCODING = "gzip, deflate"
+_PIECE_BYTES = 256 * 1024
+
+
+class _Inflater:
+    """A ``gzip`` or ``deflate`` body, decompressed as it arrives, and proven whole at its end: aiohttp's
+    own decompression took a gzip stream cut short (its length or chunks intact) for the whole body, and
+    half a CSV result was stored as valid."""
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self._inflate: Any = None
+        self.fed = False
+
+    def pieces(self, data: bytes, most: int) -> Iterator[bytes]:
+        """What ``data`` decompresses to, at most ``most`` bytes in all, in pieces of at most 256 KiB (64 KiB
+        of zeros inflate to 64 MB: no piece of a bomb is ever held whole)."""
+        if self._inflate is None:
+            if self.coding == "deflate" and data[:1] and data[0] & 0x0F != 8:
+                wbits = -zlib.MAX_WBITS  # a raw deflate stream, as many servers send for "deflate"
+            else:
+                wbits = zlib.MAX_WBITS | (16 if self.coding != "deflate" else 0)
+            self._inflate = zlib.decompressobj(wbits)
+        self.fed = self.fed or bool(data)
+        while data and most > 0:
+            try:
+                out = self._inflate.decompress(data, min(most, _PIECE_BYTES))
+            except zlib.error:
+                raise BodyCodingError(f"the {self.coding} body is not a valid {self.coding} stream") from None
+            most -= len(out)
+            data = self._inflate.unconsumed_tail
+            if out:
+                yield out
+
+    def finish(self) -> None:
+        if not self.fed:  # no body at all (a 204, say): nothing to prove
+            return
+        if not self._inflate.eof:
+            raise BodyCodingError(f"the {self.coding} stream ended early: the body was cut short")
+        if self._inflate.unused_data:
+            raise BodyCodingError(f"bytes follow the end of the {self.coding} stream")
+
+
+def _inflater(headers: Mapping[str, str]) -> _Inflater | None:
+    coding = headers.get("Content-Encoding", "identity").strip().lower()
+    if coding in ("", "identity"):
+        return None
+    if coding in ("gzip", "x-gzip", "deflate"):
+        return _Inflater("deflate" if coding == "deflate" else "gzip")
+    raise BodyCodingError(
+        f"the body is in a content coding jobtrail does not read ({coding[:40]!r}; it asks for {ACCEPT_ENCODING})"
+    )
+
+
 async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | Spooled:
     """The body, or its first ``limit`` bytes: a huge answer is never read whole.
 
     A body past :data:`SPOOL_OVER_BYTES` goes to a file as it arrives (written off the event
-    loop, its sha256 counted on the way), so a large result is never held in memory.
+    loop, its sha256 counted on the way), so a large result is never held in memory. A compressed
+    body is decompressed here (``limit`` counts what it decompresses to) and must end where its
+    stream ends (:class:`BodyCodingError`): ``resp`` comes from a session made with
+    ``auto_decompress=False``, as the provider's are.
     """
     headers = resp.headers
+    inflater = _inflater(headers)
     length = resp.content_length
     if (
         length is not None
@@ -104,23 +169,29 @@ async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | Spoo
     spool: Any = None
     digest = hashlib.sha256()
     try:
-        async for received in resp.content.iter_chunked(64 * 1024):
-            chunk = received[: limit - total]
-            total += len(chunk)
-            if spool is None and total > SPOOL_OVER_BYTES:
-                # made here, not on a thread: a cancelled await would leave a file nobody knows of
-                spool = tempfile.NamedTemporaryFile(prefix="jobtrail-fetch-", delete=False)  # noqa: SIM115
-                chunks.append(chunk)
-                held, chunks = b"".join(chunks), []
-                digest.update(held)
-                await asyncio.to_thread(spool.write, held)
-            elif spool is not None:
-                digest.update(chunk)
-                await asyncio.to_thread(spool.write, chunk)
-            else:
-                chunks.append(chunk)
+        async for arrived in resp.content.iter_chunked(64 * 1024):
+            for received in (arrived,) if inflater is None else inflater.pieces(arrived, limit - total + 1):
+                chunk = received[: limit - total]
+                total += len(chunk)
+                if spool is None and total > SPOOL_OVER_BYTES:
+                    # made here, not on a thread: a cancelled await would leave a file nobody knows of
+                    spool = tempfile.NamedTemporaryFile(prefix="jobtrail-fetch-", delete=False)  # noqa: SIM115
+                    chunks.append(chunk)
+                    held, chunks = b"".join(chunks), []
+                    digest.update(held)
+                    await asyncio.to_thread(spool.write, held)
+                elif spool is not None:
+                    digest.update(chunk)
+                    await asyncio.to_thread(spool.write, chunk)
+                else:
+                    chunks.append(chunk)
+                if total >= limit:
+                    break
             if total >= limit:
                 break
+        else:  # the whole body arrived (one past the limit is refused for its size anyway)
+            if inflater is not None:
+                inflater.finish()
     except BaseException:
         if spool is not None:
             spool.close()
@@ -221,7 +292,8 @@ class HttpProvider:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.config.max_connections, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
-                headers={"User-Agent": _USER_AGENT},
+                headers={"User-Agent": _USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
+                auto_decompress=False,  # read_at_most decompresses, and proves the stream whole
             )
             self._gate = self._new_gate()
             self._loop = loop
@@ -234,7 +306,8 @@ class HttpProvider:
             self._foreign = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.config.max_connections, resolver=PublicOnlyResolver()),
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
-                headers={"User-Agent": _USER_AGENT},
+                headers={"User-Agent": _USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
+                auto_decompress=False,
             )
             self._foreign_gate = self._new_gate()
             self._foreign_loop = loop
@@ -457,6 +530,8 @@ class HttpProvider:
             return NoAnswer("connection_reset", f"{name}: {exc}")
         # a parser's message may quote what the provider sent (aiohttp's: a line's first 100 bytes, or the
         # whole line), a credential cut short among it: only the kind of error is kept, never its text
+        if isinstance(exc, BodyCodingError):  # (its message is ours)
+            return NoAnswer("incomplete_response", f"{exc}; nothing of it is kept")
         if isinstance(exc, aiohttp.ClientPayloadError):
             return NoAnswer("incomplete_response", f"{name}: the body ended early or broke off ({_innermost(exc)})")
         if isinstance(exc, aiohttp.ClientResponseError | HttpProcessingError):
