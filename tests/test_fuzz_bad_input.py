@@ -543,6 +543,7 @@ def test_a_compressed_result_is_stored_only_when_its_stream_is_whole(
         assert read_result(store, op.operation_id)[1] == _CSV
     else:
         assert after.state in (S.RESULT_COLLECTING, S.RESULT_UNAVAILABLE)  # fetched again later, or given up
+        assert "incomplete_response" in (after.state_reason or "")  # the reason names what went wrong
         (fetch,) = [o for o in store.observations(op.operation_id) if o["kind"] == "result_fetch"]
         assert (
             fetch["raw"]["error"]["error"] == "incomplete_response"

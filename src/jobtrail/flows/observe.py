@@ -453,7 +453,11 @@ class CollectFlow:
                 },
             )
         status = resp.http_status if isinstance(resp, Response) else None
-        why = f"result fetch {attempts} failed (HTTP {status or 'no answer'})"
+        # an answer by its status; no answer by why (a time-out, a body cut short), not "HTTP no answer"
+        got = f"HTTP {status}" if status else "no answer"
+        if isinstance(resp, NoAnswer):
+            got = f"{resp.error_class}: {resp.detail}"
+        why = f"result fetch {attempts} failed ({got})"
         # an error answer, or a connection that was never made, handed nothing over; silence or 410 may have
         maybe_consumed = status == 410 or (isinstance(resp, NoAnswer) and not resp.not_sent)
         if (one_time and maybe_consumed) or attempts >= MAX_RESULT_ATTEMPTS:
