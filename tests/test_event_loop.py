@@ -300,3 +300,42 @@ def test_the_next_request_waits_for_retry_after_counted_from_the_answer(tmp_path
     gaps = [b - a for times in arrivals.values() for a, b in itertools.pairwise(times)]
     # each answer took 0.3 s; the provider asked for 1 s after it: no request sooner than 1.3 s after the last
     assert min(gaps) >= 1.3 - 0.01, sorted(gaps)[:5]
+
+
+_SWALLOWS_ONE_CANCEL = """
+import asyncio, sys
+from jobtrail.runtime.loop import run
+
+async def main():
+    print("waiting", flush=True)
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        pass  # as a library may: the cancellation turned into a time-out, which is retried
+    await asyncio.sleep(3600)
+
+try:
+    run(main())
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_stops_a_command_even_when_a_library_swallowed_its_cancellation() -> None:
+    """asyncio's runner cancels once per Ctrl-C: a cancellation lost in a library left `jobtrail submit`
+    waiting until its create deadline. The cancellation is repeated until the command ends."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _SWALLOWS_ONE_CANCEL], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+        assert time.monotonic() - started < 10
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ from jobtrail.interfaces.cli.common import (
     existing_store,
     open_store,
 )
+from jobtrail.runtime.loop import run as run_loop
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -173,7 +173,7 @@ def submit(
             for adapter in jt.providers.values():
                 await adapter.aclose()
 
-    op, created = asyncio.run(run())
+    op, created = run_loop(run())  # (a Ctrl-C that a library swallowed still stops it)
     if as_json:
         click.echo(json.dumps({"event": "create_finished", **op.to_json(), "created": created}, sort_keys=True))
     elif not no_send:
