@@ -258,3 +258,43 @@ def test_an_answer_as_deep_as_allowed_with_surrogate_pairs_and_repeated_names_in
     assert nesting(deep) == MAX_ANSWER_DEPTH and parse_answer(deep)
     text = b'{"note": "\\"id\\": 1, \\"id\\": 2 [[[[", "smile": "\\ud83d\\ude00", "id": "job-1"}'
     assert parse_answer(text) == {"note": '"id": 1, "id": 2 [[[[', "smile": "\U0001f600", "id": "job-1"}
+
+
+_pieces = st.text(alphabet='ab":\\{}[], \u00e9', max_size=4)
+_spaces = st.sampled_from(["", " ", "\n\t ", "\r\n"])
+_trees = st.recursive(
+    st.one_of(_pieces, st.integers(-5, 5), st.booleans(), st.none()),
+    lambda inner: (
+        st.lists(inner, max_size=3).map(lambda xs: ("list", xs))
+        | st.lists(st.tuples(st.sampled_from(["a", "b", 'a"', "a:", "\\", ""]) | _pieces, inner), max_size=4).map(
+            lambda pairs: ("object", pairs)
+        )
+    ),
+    max_leaves=10,
+)
+
+
+def _render(tree: object, space: str) -> str:
+    """JSON text by hand: an object may name a key twice, and the spacing is the generator's."""
+    if isinstance(tree, tuple) and tree[0] == "list":
+        return "[" + f",{space}".join(_render(x, space) for x in tree[1]) + "]"
+    if isinstance(tree, tuple) and tree[0] == "object":
+        return "{" + f",{space}".join(f"{json.dumps(k)}{space}:{space}{_render(v, space)}" for k, v in tree[1]) + "}"
+    return json.dumps(tree)
+
+
+@settings(max_examples=300)
+@given(tree=_trees, space=_spaces)
+def test_an_answer_is_refused_for_a_key_named_twice_exactly_when_the_pairs_show_one(tree: object, space: str) -> None:
+    """parse_answer counts the keys its text names against the entries it read (a fast check); the pairs,
+    read in order, are the truth it must agree with, whatever the strings hold (quotes, colons, escapes)."""
+    from jobtrail.domain.canonical import names_a_key_twice
+
+    text = _render(tree, space)
+    twice = names_a_key_twice(text)
+    try:
+        parse_answer(text.encode())
+    except ValueError as exc:
+        assert twice and "same key twice" in str(exc), text
+    else:
+        assert not twice, text
