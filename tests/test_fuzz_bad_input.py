@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from datetime import timedelta
@@ -549,3 +550,17 @@ def test_a_compressed_result_is_stored_only_when_its_stream_is_whole(
             fetch["raw"]["error"]["error"] == "incomplete_response"
             and coding.decode() in fetch["raw"]["error"]["detail"]
         )
+
+
+def test_a_status_answer_that_cannot_be_read_says_why_in_the_operations_reason(
+    world: tuple[Store, Any], raw: RawServer
+) -> None:
+    """ "unknown state, still polling" alone left an operator guessing, poll after poll."""
+    store, provider = world
+    op = drive(store, fresh(store, provider), S.ACCEPTED)
+    twice = http(200, [], b'{"status": "running", "status": "succeeded"}')
+    op = answered(world, raw, twice, op, ObserveFlow)
+    time.sleep(max(0, (op.next_action_at_us or 0) - store.clock()) / 1e6)  # the next poll is due
+    after = answered(world, raw, twice, store.get(op.operation_id), ObserveFlow)
+    assert after.state is S.OBSERVING
+    assert "names the same key twice" in (after.state_reason or ""), after.state_reason

@@ -236,6 +236,8 @@ class ObserveFlow:
     ) -> Operation:
         unknown = status.remote_state is RemoteState.UNKNOWN
         waiting: str = "unknown state, still polling" if unknown else status.remote_state.value
+        if unknown and status.response is not None and status.response.unreadable:
+            waiting = f"unknown state, still polling (the last answer's body is {status.response.unreadable})"
         if op.state is State.RESULT_TIMED_OUT:
             waiting = f"result deadline passed; the remote job is NOT assumed stopped and is still {waiting}"
         elif op.state is State.CANCELLATION_UNCONFIRMED:

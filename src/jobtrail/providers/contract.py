@@ -157,6 +157,8 @@ class Response:
     raw: bytes | None = None
     #: the undecoded body of a large result fetch, in a file instead of ``raw``
     spooled: Spooled | None = None
+    #: why the body could not be read (not JSON that can be kept, too large): ours, never the provider's words
+    unreadable: str | None = None
 
     @property
     def fetched(self) -> bytes | Spooled | None:

@@ -442,15 +442,18 @@ class HttpProvider:
                 received.discard()
                 size = len(raw) if keep_raw else size
         body_value: Any
+        unreadable = None
         if keep_raw:
             body_value = None
         elif size > max_bytes:
-            body_value = {"_jobtrail": f"body larger than {max_bytes} bytes, not kept"}
+            unreadable = f"larger than {max_bytes} bytes, not kept"
+            body_value = {"_jobtrail": f"body {unreadable}"}
         else:
             text = raw.decode("utf-8", errors="replace")
             try:
                 body_value = parse_answer(text) if text.strip() else None
             except ValueError as exc:  # kept as it came, with why it could not be read
+                unreadable = f"not JSON that can be kept: {exc}"
                 body_value = {"_jobtrail_unparsed": text[:2000], "_jobtrail_why": str(exc)}
         return Response(
             http_status=status,
@@ -460,6 +463,7 @@ class HttpProvider:
             retry_after_s=_retry_after(retry) if retry else None,
             raw=raw if keep_raw and spooled is None else None,
             spooled=spooled,
+            unreadable=unreadable,
         )
 
     async def _transport(
