@@ -262,6 +262,15 @@ def tiered(values: Iterable[Any], fast: int) -> list[Any]:
     return [v if i % step == 0 else pytest.param(v, marks=pytest.mark.long) for i, v in enumerate(values)]
 
 
+def ctrl_c_as_from_a_terminal() -> None:
+    """A ``preexec_fn``: SIGINT's default disposition, as a command started from a terminal has it. Tests
+    run in the background (``nohup``, ``&`` in a script) ignore SIGINT, and their children inherit that:
+    Python then installs no KeyboardInterrupt handler, and the Ctrl-C a test sends does nothing."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from jobtrail import Store
 
-from helpers import S, op_in
+from helpers import S, ctrl_c_as_from_a_terminal, op_in
 
 
 def jobtrail(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -430,6 +430,7 @@ def test_ctrl_c_stops_submit_and_wait_with_what_stays_recorded(tmp_path: Path) -
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=ctrl_c_as_from_a_terminal,
         )
         started = time.monotonic()
         while proc.poll() is None and not (Path(db).exists() and time.monotonic() - started > 3):

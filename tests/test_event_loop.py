@@ -24,6 +24,7 @@ from jobtrail import AsyncJobtrail, State, Store, Worker
 from jobtrail.providers.http import load_provider
 from jobtrail.testing import signed_headers
 
+from helpers import ctrl_c_as_from_a_terminal
 from processes import write_lock_held_elsewhere
 
 #: the loop's largest tolerated stall while another process holds the write lock (the issue's figure)
@@ -329,7 +330,12 @@ def test_ctrl_c_stops_a_command_even_when_a_library_swallowed_its_cancellation()
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-c", _SWALLOWS_ONE_CANCEL], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SWALLOWS_ONE_CANCEL],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_as_from_a_terminal,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
         started = time.monotonic()

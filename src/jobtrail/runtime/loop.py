@@ -8,9 +8,9 @@ about a tenth, while the plain aiohttp loop it is compared with runs the same on
 Ctrl-C: asyncio's runner cancels the main task once, and only a second Ctrl-C interrupts. A
 library may swallow that one cancellation (a time-out that fires in the same turn can turn it
 into a ``TimeoutError``, which the flows take for a provider that did not answer and try again):
-a command went on waiting, until its create deadline, for a person who had already said stop.
-Here the cancellation is repeated until the task ends, and after :data:`_INSIST_S` the loop is
-interrupted as a second Ctrl-C would.
+a command would go on waiting, until its create deadline, for a person who had already said
+stop. Here the cancellation is repeated until the task ends, and after :data:`_INSIST_S` the
+loop is interrupted as a second Ctrl-C would.
 """
 
 from __future__ import annotations
