@@ -42,7 +42,7 @@ S = State
 #: examples per property in this tier (tests/conftest.py: 20 in the fast tier, the rest of
 #: JOBTRAIL_FUZZ_EXAMPLES, default 120, with --long)
 EXAMPLES = settings().max_examples
-pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(120 + EXAMPLES)]
+pytestmark = [pytest.mark.timeout(120 + EXAMPLES)]
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -195,6 +195,7 @@ def answered(world: tuple[Store, Any], raw: RawServer, answer: bytes, op: Operat
     return after
 
 
+@pytest.mark.fuzz  # (the generated cases: both tiers, on budgets of their own)
 @FUZZ
 @given(answer=responses)
 @example(answer=http(201, [], b'{"id": "\\u0000"}'))  # found by fuzzing: a NUL job id was taken
@@ -222,6 +223,7 @@ def test_any_create_answer_is_recorded_and_never_taken_for_a_job_it_does_not_nam
     assert [o["kind"] for o in store.observations(op.operation_id)][-1:] == ["create_response"]
 
 
+@pytest.mark.fuzz  # (the generated cases: both tiers, on budgets of their own)
 @FUZZ
 @given(answer=responses)
 @example(answer=http(200, [], b'{"status": "running", "result_url": "/r\\u0000", "updated_at": "\\u0000"}'))
@@ -247,6 +249,7 @@ def test_any_status_answer_is_an_observation_and_only_a_mapped_state_ends_the_jo
         )
 
 
+@pytest.mark.fuzz  # (the generated cases: both tiers, on budgets of their own)
 @FUZZ
 @given(answer=responses)
 @example(answer=http(200, [(b"Content-Type", b"application/json")], b'{"score": 1e999}'))
@@ -297,6 +300,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> int:
 header_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
 
 
+@pytest.mark.fuzz  # (the generated cases: both tiers, on budgets of their own)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=st.one_of(bodies.filter(lambda b: len(b) < 200_000), json_values.map(lambda v: json.dumps(v).encode())),
@@ -342,6 +346,7 @@ BASE["base_url"] = "http://127.0.0.1:9"
 KEYS = [(None, k) for k in BASE] + [(t, k) for t, v in BASE.items() if isinstance(v, dict) for k in v]
 
 
+@pytest.mark.fuzz  # (the generated cases: both tiers, on budgets of their own)
 @settings(max_examples=EXAMPLES * 2, deadline=None)
 @given(
     where=st.sampled_from(KEYS),
@@ -377,6 +382,7 @@ def test_a_wrong_provider_file_is_refused_with_the_key_that_is_wrong(
         pytest.fail(f"not a ConfigError: {type(exc).__name__}: {exc}")
 
 
+@pytest.mark.fuzz  # (the generated cases: both tiers, on budgets of their own)
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(text=st.text(max_size=300))
 def test_a_provider_file_that_is_not_toml_is_refused_clearly(
