@@ -534,3 +534,25 @@ def test_a_fetch_whose_ending_did_not_land_is_still_recorded(db_url: str, monkey
         store.close()
     finally:
         fake.stop()
+
+
+@pytest.mark.parametrize(
+    ("data", "content_type", "check"),
+    [
+        (b'{"text": "caf\\ud800"}', "application/json", "json"),
+        (
+            b'{"custom_id": "a", "error": null}\n{"custom_id": "b", "error": null, "t": "\\udc00"}\n',
+            "x-ndjson",
+            "jsonl",
+        ),
+    ],
+    ids=["json", "jsonl"],
+)
+def test_a_result_holding_a_lone_surrogate_fails_its_check(data: bytes, content_type: str, check: str) -> None:
+    """Python keeps "\\ud800", Go reads U+FFFD, a strict reader refuses it, and no UTF-8 text can hold it."""
+    from jobtrail.domain.results import BatchFormat, ResultSpec, validate
+
+    spec = ResultSpec(batch=BatchFormat()) if check == "jsonl" else ResultSpec()
+    failed = validate(data, f"application/{content_type.removeprefix('application/')}", {}, spec).failed
+    assert failed is not None and failed["check"] == check and "lone surrogate" in failed["seen"]
+    assert validate(b'{"text": "\\ud83d\\ude00"}', "application/json", {}, ResultSpec()).failed is None  # a pair

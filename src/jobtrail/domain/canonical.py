@@ -153,7 +153,7 @@ def parse_answer(text: str | bytes) -> Any:
     if len(names) - names.count(b"") != _entries(value):
         raise ValueError("an object names the same key twice (parsers disagree on which value counts)")
     # orjson reads no lone surrogate: only what json read may hold one (as an escape, or raw in a str)
-    if (b"\\u" in data or isinstance(text, str)) and _holds_lone_surrogate(value):
+    if (b"\\u" in data or isinstance(text, str)) and holds_lone_surrogate(value):
         raise ValueError("a lone surrogate (\\ud800-\\udfff), which no UTF-8 text can hold")
     return value
 
@@ -177,7 +177,9 @@ def _entries(value: Any) -> int:
     return count
 
 
-def _holds_lone_surrogate(value: Any) -> bool:
+def holds_lone_surrogate(value: Any) -> bool:
+    """Does a string of ``value`` (a key or a value) hold a lone surrogate (``"\\ud800"`` read by json)?
+    No UTF-8 text can, and readers disagree on what one is (kept, replaced by U+FFFD, refused)."""
     stack = [value]
     while stack:
         item = stack.pop()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from jobtrail.domain.canonical import names_a_key_twice, parse_json
+from jobtrail.domain.canonical import holds_lone_surrogate, names_a_key_twice, parse_json
 from jobtrail.domain.errors import ConfigError, OperationalError
 from jobtrail.domain.jsonpath import extract, extract_any
 
@@ -202,6 +202,9 @@ def validate(  # noqa: PLR0911 - each check returns at its first failure
     if twice:
         v.add("json", False, "JSON whose objects name each key once", _KEY_TWICE)
         return v
+    if b"\\u" in data and holds_lone_surrogate(v.document):
+        v.add("json", False, "JSON whose strings are Unicode text", _LONE_SURROGATE)
+        return v
     if spec.schema is not None and not _schema(v, spec.schema):
         return v
     if spec.records_path:
@@ -216,6 +219,10 @@ def validate(  # noqa: PLR0911 - each check returns at its first failure
 
 #: why a document that names a key twice in one object fails (its values are not shown: the name may be anything)
 _KEY_TWICE = "an object names the same key twice, and readers disagree on which of its values counts"
+_LONE_SURROGATE = (
+    "a lone surrogate (an escape \\ud800-\\udfff with no partner): no UTF-8 text holds it, and readers "
+    "disagree on what it is (kept, replaced, refused)"
+)
 
 #: media types whose bytes are JSON (and so parsed, schema- and record-checked)
 _JSON_TYPES = frozenset({"application/json", "text/json"})
@@ -261,6 +268,14 @@ def _batch(view: ResultBytes, spec: ResultSpec, v: Validation, extra_check: Chec
             return v
         if twice:
             v.add("jsonl", False, "one JSON object per line, each key once", f"line {number}: {_KEY_TWICE}")
+            return v
+        if b"\\u" in line and holds_lone_surrogate(item):
+            v.add(
+                "jsonl",
+                False,
+                "one JSON object per line, its strings Unicode text",
+                f"line {number}: {_LONE_SURROGATE}",
+            )
             return v
         count += 1
         outcome = batch.outcome(item)
