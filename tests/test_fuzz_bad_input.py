@@ -570,3 +570,17 @@ def test_a_status_answer_that_cannot_be_read_says_why_in_the_operations_reason(
     after = answered(world, raw, twice, store.get(op.operation_id), ObserveFlow)
     assert after.state is S.OBSERVING
     assert "names the same key twice" in (after.state_reason or ""), after.state_reason
+
+
+def test_a_status_answer_that_redirects_says_where_in_the_operations_reason(
+    world: tuple[Store, Any], raw: RawServer
+) -> None:
+    """ "status poll failed (http_302)", poll after poll, left an operator to find the moved path alone."""
+    store, provider = world
+    op = drive(store, fresh(store, provider), S.ACCEPTED)
+    moved = http(302, [(b"Location", b"/v2/jobs/job-1?sig=abc123")], b"")
+    after = answered(world, raw, moved, op, ObserveFlow)
+    assert after.state is S.ACCEPTED
+    reason = after.state_reason or ""
+    assert "http_302" in reason and "a redirect to /v2/jobs/job-1" in reason and "not followed" in reason
+    assert "abc123" not in reason  # a signature in the Location is masked, as everywhere

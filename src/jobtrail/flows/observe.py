@@ -170,7 +170,10 @@ class ObserveFlow:
                     "polls": polls,
                     "next_action_at_us": next_at,
                     **effects,
-                    "state_reason": f"status poll failed ({status.error_class}); next poll at {rfc3339(next_at)}",
+                    "state_reason": (
+                        f"status poll failed ({status.error_class}{': ' + status.detail if status.detail else ''}); "
+                        f"next poll at {rfc3339(next_at)}"
+                    ),
                 },
                 observed=observed,
             )

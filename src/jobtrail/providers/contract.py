@@ -269,6 +269,8 @@ class StatusOutcome:
     #: what the provider says is already done (files written, items processed): the damage bound
     effects: Any = None
     error_class: str = ""
+    #: what ``error_class`` leaves out (where a redirect pointed), for a person; never the provider's bytes unmasked
+    detail: str = ""
 
 
 class Provider(Protocol):

@@ -740,7 +740,13 @@ class HttpProvider:
             provider_time=extract(cfg.time_path, sent.body, sent.headers, self.redactor),
             effects=extract_any(cfg.effects_path, sent.body),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
+            detail=self._redirect(sent) if 300 <= (sent.http_status or 0) < 400 else "",
         )
+
+    def _redirect(self, sent: Response) -> str:
+        location = next((v for k, v in sent.headers.items() if k.lower() == "location"), None)
+        where = self.redactor.url(location) if location else "no Location header"
+        return f"a redirect to {where}, not followed: is the status path, or base_url, out of date?"
 
     def _state(self, sent: Response) -> RemoteState:
         """The job's state in an answer: the first ``[[status.rules]]`` that holds, else the state field."""
