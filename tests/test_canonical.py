@@ -253,6 +253,15 @@ def test_an_answer_that_parsers_read_differently_or_no_ledger_can_hold_is_refuse
         parse_answer(text)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32-be"])
+def test_an_answer_in_utf_16_or_32_is_checked_as_its_text_not_its_bytes(encoding: str) -> None:
+    """json reads these encodings; counted as bytes, an honest answer looked like a key named twice, and in
+    UTF-16 the character U+3A22 (the bytes '":') made up for a key that was."""
+    assert parse_answer('{"id": "job_1"}'.encode(encoding)) == {"id": "job_1"}
+    with pytest.raises(ValueError, match="same key twice"):
+        parse_answer('{"status": "failed", "status": "succeeded", "x": "\u3a22\u3a22"}'.encode(encoding))
+
+
 def test_an_answer_as_deep_as_allowed_with_surrogate_pairs_and_repeated_names_in_strings_is_read() -> None:
     deep = b'{"a": ' * MAX_ANSWER_DEPTH + b"1" + b"}" * MAX_ANSWER_DEPTH
     assert nesting(deep) == MAX_ANSWER_DEPTH and parse_answer(deep)

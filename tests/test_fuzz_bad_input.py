@@ -524,30 +524,35 @@ def _coded(wbits: int, data: bytes = _CSV) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("coding", "body", "whole"),
+    ("coding", "body", "plain"),
     [
-        (b"gzip", _coded(31), True),
-        (b"x-gzip", _coded(31), True),
-        (b"deflate", _coded(15), True),  # zlib-wrapped, as RFC 9110 says
-        (b"deflate", _coded(-15), True),  # raw, as many servers send it
-        (b"gzip", _coded(31)[: len(_coded(31)) // 2], False),  # cut short, its length intact: was stored
-        (b"gzip", _coded(31) + b"trailing", False),
-        (b"gzip", b"not gzip at all", False),
-        (b"br", b"\x0b\x02\x80hello\x03", False),  # a coding not asked for, not read
+        (b"gzip", _coded(31), _CSV),
+        (b"x-gzip", _coded(31), _CSV),
+        (b"deflate", _coded(15), _CSV),  # zlib-wrapped, as RFC 9110 says
+        (b"deflate", _coded(-15), _CSV),  # raw, as many servers send it
+        (b"deflate", _coded(-15, _CSV * 12), _CSV * 12),  # raw: its last 256 KiB come only once no input is left
+        (b"gzip", _coded(31, _CSV[:1000]) + _coded(31, _CSV[1000:]), _CSV),  # two members (RFC 1952 2.2)
+        (b"gzip", _coded(31)[: len(_coded(31)) // 2], None),  # cut short, its length intact: was stored
+        (b"gzip", _coded(31) + b"trailing", None),
+        (b"gzip", b"not gzip at all", None),
+        (b"br", b"\x0b\x02\x80hello\x03", None),  # a coding not asked for, not read
     ],
-    ids=["gzip", "x-gzip", "deflate-zlib", "deflate-raw", "cut-short", "trailing-bytes", "not-gzip", "brotli"],
+    ids=[
+        *("gzip", "x-gzip", "deflate-zlib", "deflate-raw", "deflate-raw-large", "gzip-two-members"),
+        *("cut-short", "trailing-bytes", "not-gzip", "brotli"),
+    ],
 )
 def test_a_compressed_result_is_stored_only_when_its_stream_is_whole(
-    world: tuple[Store, Any], raw: RawServer, coding: bytes, body: bytes, whole: bool
+    world: tuple[Store, Any], raw: RawServer, coding: bytes, body: bytes, plain: bytes | None
 ) -> None:
     store, provider = world
     op = drive(store, fresh(store, provider), S.RESULT_COLLECTING)
-    checksum = hashlib.sha256(_CSV).hexdigest().encode()  # of what the body decompresses to
+    checksum = hashlib.sha256(plain or _CSV).hexdigest().encode()  # of what the body decompresses to
     headers = [(b"Content-Type", b"text/csv"), (b"Content-Encoding", coding), (b"X-Result-SHA256", checksum)]
     after = answered(world, raw, http(200, headers, body), op, CollectFlow)
-    if whole:
+    if plain is not None:
         assert after.state is S.SUCCEEDED
-        assert read_result(store, op.operation_id)[1] == _CSV
+        assert read_result(store, op.operation_id)[1] == plain
     else:
         assert after.state in (S.RESULT_COLLECTING, S.RESULT_UNAVAILABLE)  # fetched again later, or given up
         assert "incomplete_response" in (after.state_reason or "")  # the reason names what went wrong

@@ -117,6 +117,7 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _STRING_OR_KEY = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"[ \t\n\r]*(:?)', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_RAW_SURROGATE = re.compile(b"\xed[\xa0-\xbf]")
 
 
 def nesting(text: str | bytes) -> int:
@@ -142,6 +143,9 @@ def parse_answer(text: str | bytes) -> Any:
     - a lone surrogate (``"\\ud800"``): no UTF-8 text holds it, so no ledger could store the answer;
     - nesting past :data:`MAX_ANSWER_DEPTH`.
     """
+    if not isinstance(text, str) and json.detect_encoding(text) not in ("utf-8", "utf-8-sig"):
+        # UTF-16 or -32, which json reads: the checks below read UTF-8 (in UTF-16, U+3A22 is the bytes '":')
+        text = bytes(text).decode(json.detect_encoding(text), errors="surrogatepass")
     data = text.encode("utf-8", errors="surrogatepass") if isinstance(text, str) else bytes(text)
     # (as many brackets as that, strings included, cannot nest deeper: most answers are not looked at twice)
     if data.count(b"[") + data.count(b"{") > MAX_ANSWER_DEPTH and nesting(data) > MAX_ANSWER_DEPTH:
@@ -152,8 +156,9 @@ def parse_answer(text: str | bytes) -> Any:
     names = _STRING_OR_KEY.findall(data)
     if len(names) - names.count(b"") != _entries(value):
         raise ValueError("an object names the same key twice (parsers disagree on which value counts)")
-    # orjson reads no lone surrogate: only what json read may hold one (as an escape, or raw in a str)
-    if (b"\\u" in data or isinstance(text, str)) and holds_lone_surrogate(value):
+    # orjson reads no lone surrogate: only what json read may hold one, as an escape or as a str's own
+    # character (which surrogatepass wrote as the bytes ED A0-BF, never found in UTF-8)
+    if (b"\\u" in data or _RAW_SURROGATE.search(data)) and holds_lone_surrogate(value):
         raise ValueError("a lone surrogate (\\ud800-\\udfff), which no UTF-8 text can hold")
     return value
 

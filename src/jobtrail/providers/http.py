@@ -113,7 +113,10 @@ class _Inflater:
                 wbits = zlib.MAX_WBITS | (16 if self.coding != "deflate" else 0)
             self._inflate = zlib.decompressobj(wbits)
         self.fed = self.fed or bool(data)
-        while data and most > 0:
+        while most > 0:
+            if self._inflate.eof and self._inflate.unused_data and self.coding == "gzip":
+                # another member: a gzip body may be several streams one after the other (RFC 1952 §2.2)
+                data, self._inflate = self._inflate.unused_data + data, zlib.decompressobj(zlib.MAX_WBITS | 16)
             try:
                 out = self._inflate.decompress(data, min(most, _PIECE_BYTES))
             except zlib.error:
@@ -122,6 +125,10 @@ class _Inflater:
             data = self._inflate.unconsumed_tail
             if out:
                 yield out
+            elif not data and not (self._inflate.eof and self._inflate.unused_data and self.coding == "gzip"):
+                # (all input taken and nothing more to give: a raw deflate stream's last output comes only
+                # once asked for with no input left, so the loop asks until none comes)
+                return
 
     def finish(self) -> None:
         if not self.fed:  # no body at all (a 204, say): nothing to prove

@@ -10,7 +10,8 @@ library may swallow that one cancellation (a time-out that fires in the same tur
 into a ``TimeoutError``, which the flows take for a provider that did not answer and try again):
 a command would go on waiting, until its create deadline, for a person who had already said
 stop. Here the cancellation is repeated until the task ends, and after :data:`_INSIST_S` the
-loop is interrupted as a second Ctrl-C would.
+loop is interrupted as a second Ctrl-C would. (A task that swallows every cancellation still holds
+up the runner's close, which waits for it, as asyncio's own does: a second Ctrl-C ends that.)
 """
 
 from __future__ import annotations
