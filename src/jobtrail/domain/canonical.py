@@ -143,9 +143,9 @@ def parse_answer(text: str | bytes) -> Any:
     - a lone surrogate (``"\\ud800"``): no UTF-8 text holds it, so no ledger could store the answer;
     - nesting past :data:`MAX_ANSWER_DEPTH`.
     """
-    if not isinstance(text, str) and json.detect_encoding(text) not in ("utf-8", "utf-8-sig"):
+    if not isinstance(text, str) and (encoding := json.detect_encoding(text)) not in ("utf-8", "utf-8-sig"):
         # UTF-16 or -32, which json reads: the checks below read UTF-8 (in UTF-16, U+3A22 is the bytes '":')
-        text = bytes(text).decode(json.detect_encoding(text), errors="surrogatepass")
+        text = bytes(text).decode(encoding, errors="surrogatepass")
     data = text.encode("utf-8", errors="surrogatepass") if isinstance(text, str) else bytes(text)
     # (as many brackets as that, strings included, cannot nest deeper: most answers are not looked at twice)
     if data.count(b"[") + data.count(b"{") > MAX_ANSWER_DEPTH and nesting(data) > MAX_ANSWER_DEPTH:

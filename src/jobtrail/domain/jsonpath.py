@@ -55,12 +55,16 @@ def why_unusable(
     found = _found(path, body, headers)
     if isinstance(found, float | bool):
         return _NOT_AN_ID
-    text = _extract(path, body, headers)
+    text = _text(found)
     return None if text is None else unusable_id(text, redactor)
 
 
 def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
-    found = _found(path, body, headers)
+    return _text(_found(path, body, headers))
+
+
+def _text(found: Any) -> str | None:
+    """A found value as text: a string as it is, a number or boolean as JSON writes it, else None."""
     if found is None or isinstance(found, dict | list):
         return None
     if isinstance(found, bool):
@@ -108,9 +112,10 @@ _NOT_AN_ID = "a number with a fraction or an exponent, or true or false: parsing
 def job_id(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
     """The job id at ``path`` (see :func:`extract`), None when absent or unusable (:func:`unusable_id`), or
     when it is a number with a fraction or an exponent, or a boolean (see :data:`_NOT_AN_ID`)."""
-    if isinstance(_found(path, body, headers), float | bool):
+    found = _found(path, body, headers)
+    if isinstance(found, float | bool):
         return None
-    text = _extract(path, body, headers)
+    text = _text(found)
     return None if text is None or unusable_id(text, redactor) else text
 
 

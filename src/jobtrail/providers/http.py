@@ -114,8 +114,7 @@ class _Inflater:
             self._inflate = zlib.decompressobj(wbits)
         self.fed = self.fed or bool(data)
         while most > 0:
-            if self._inflate.eof and self._inflate.unused_data and self.coding == "gzip":
-                # another member: a gzip body may be several streams one after the other (RFC 1952 §2.2)
+            if self._another_member():
                 data, self._inflate = self._inflate.unused_data + data, zlib.decompressobj(zlib.MAX_WBITS | 16)
             try:
                 out = self._inflate.decompress(data, min(most, _PIECE_BYTES))
@@ -125,10 +124,14 @@ class _Inflater:
             data = self._inflate.unconsumed_tail
             if out:
                 yield out
-            elif not data and not (self._inflate.eof and self._inflate.unused_data and self.coding == "gzip"):
+            elif not data and not self._another_member():
                 # (all input taken and nothing more to give: a raw deflate stream's last output comes only
                 # once asked for with no input left, so the loop asks until none comes)
                 return
+
+    def _another_member(self) -> bool:
+        """A gzip body may be several streams one after the other (RFC 1952 §2.2): has the next begun?"""
+        return bool(self.coding == "gzip" and self._inflate.eof and self._inflate.unused_data)
 
     def finish(self) -> None:
         if not self.fed:  # no body at all (a 204, say): nothing to prove
@@ -166,7 +169,7 @@ async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | Spoo
         length is not None
         and length <= min(limit, _READ_WHOLE_BYTES)
         and "Transfer-Encoding" not in headers
-        and headers.get("Content-Encoding", "identity").lower() == "identity"
+        and inflater is None
     ):
         # a small body of declared length, not compressed: exactly that many bytes arrive (the parser
         # reads no further), so it is read in one go; a compressed body may inflate past its length
