@@ -19,6 +19,11 @@ database server's work above all, which shares the same cores). Neither phase's 
 imports of its own process; jobtrail's counts its writer process's whole life, its start included
 (some 0.25-0.3 s of imports, once per worker, shared by the N life cycles).
 
+The CPU figures are absolute, and a shared machine's speed drifts: the same fixed Python loop (the
+reference loop) took 110 ms in one minute and 209 in the next on one machine, and machines differ by
+three times and more. Each run prints that loop's time before, between and after its phases: compare
+CPU figures from two runs only beside it.
+
     BENCH_BODY_KIB=64 python bench/lifecycle.py --n 2000      # request bodies of 64 KiB (a long prompt)
     BENCH_CONCURRENCY=5000 python bench/lifecycle.py --n 10000  # the worker's --concurrency (default 2000)
     BENCH_WRITES_IN_PROCESS=1 python bench/lifecycle.py --n 5000   # the worker's --writes-in-process
@@ -124,6 +129,19 @@ def _machine_cpu(provider_pid: int) -> tuple[float, float] | None:
     tick = os.sysconf("SC_CLK_TCK")
     busy = sum(int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4))  # all but idle and iowait
     return busy / tick, (int(provider[11]) + int(provider[12])) / tick  # utime, stime
+
+
+def _reference_ms() -> float:
+    """CPU milliseconds of a fixed pure-Python loop: how fast this machine runs Python just now.
+
+    The CPU figures per operation are absolute, and this shared machine's speed drifts by half from one hour
+    to the next (and differs from machine to machine): this reading beside them says which kind of hour it was.
+    """
+    started = time.process_time()
+    total = 0
+    for i in range(3_000_000):
+        total += i
+    return (time.process_time() - started) * 1000
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -357,7 +375,8 @@ def main() -> None:
         p99.append(_pct(durable["latencies"], 0.99) / _pct(plain["latencies"], 0.99))
         print(
             f"round {i}: plain {plain['cpu_s'] * 1000 / args.n:.2f}, jobtrail {durable['cpu_s'] * 1000 / args.n:.2f} "
-            f"CPU ms/op (ratio {cpu[-1]:.2f}); throughput ratio {speed[-1]:.2f}; p99 latency ratio {p99[-1]:.2f}"
+            f"CPU ms/op (ratio {cpu[-1]:.2f}); throughput ratio {speed[-1]:.2f}; p99 latency ratio {p99[-1]:.2f}; "
+            f"reference loop {_span(plain['reference_ms'] + durable['reference_ms'])} ms"
         )
     print(
         f"medians: CPU ratio {statistics.median(cpu):.2f} (jobtrail's CPU per op over the plain loop's), "
@@ -382,17 +401,21 @@ def _round(
     else:
         db_for_run = db
     try:
+        speed = [_reference_ms()]
         before, cpu_before = _counts(base), _machine_cpu(provider_pid)
         plain = _child("plain", base, args.n, "", args.max_connections)
         middle, cpu_middle = _counts(base), _machine_cpu(provider_pid)
+        speed.append(_reference_ms())
         durable = _child("jobtrail", base, args.n, db_for_run, args.max_connections)
         after, cpu_after = _counts(base), _machine_cpu(provider_pid)
+        speed.append(_reference_ms())
     finally:
         if db.startswith("postgres"):
             with engine.begin() as conn:
                 conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
     plain["machine"] = _spent(cpu_before, cpu_middle)
     durable["machine"] = _spent(cpu_middle, cpu_after)
+    plain["reference_ms"], durable["reference_ms"] = speed[:2], speed[1:]
     keys = ("creates_received", "status", "results")
     return (
         plain,
@@ -466,6 +489,18 @@ def _report(
     print(
         f"ratio: {ratio:.2f}   CPU ratio: {durable['cpu_s'] / plain['cpu_s']:.2f}   p99 latency ratio: {p99_ratio:.2f}"
     )
+    print(f"machine speed: {_speed(plain['reference_ms'] + durable['reference_ms'])}")
+
+
+def _speed(readings: list[float]) -> str:
+    return (
+        f"a fixed Python loop (the reference loop) took {_span(readings)} ms before, between and after the phases "
+        "(the CPU figures scale with it: compare runs by it)"
+    )
+
+
+def _span(readings: list[float]) -> str:
+    return f"{min(readings):.0f}-{max(readings):.0f}"
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ def test_the_lifecycle_bench_finishes_every_life_cycle_and_prints_its_ratios() -
     assert re.search(r"^plain .*\(60/60 succeeded", out, re.M), out
     assert re.search(r"^jobtrail .*\(60/60 succeeded", out, re.M), out
     assert re.search(r"^ratio: \d+\.\d+ +CPU ratio: \d+\.\d+ +p99 latency ratio: \d+\.\d+$", out, re.M), out
+    # the machine's speed beside the absolute CPU figures, read three times (before, between and after)
+    speed = re.search(r"^machine speed: a fixed Python loop \(the reference loop\) took (\d+)-(\d+) ms", out, re.M)
+    assert speed and 0 < int(speed[1]) <= int(speed[2]), out
 
 
 def test_the_write_replay_replays_every_write_as_recorded() -> None:
