@@ -36,7 +36,9 @@ POLL = {"initial_s": 0.1, "factor": 1, "cap_s": 0.2}
 
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
-    provider = FakeProvider(job_duration_s=30).start()
+    # no job of the story ends by itself (one is cancelled, the other finishes as its cancel arrives): long
+    # enough that a dozen CLI calls on a slow, busy machine (2-4 s each, seen here) still find both running
+    provider = FakeProvider(job_duration_s=300).start()
     yield provider
     provider.stop()
 
