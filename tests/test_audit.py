@@ -345,3 +345,92 @@ def test_an_anchor_for_a_directory_that_does_not_exist_is_one_clear_line(tmp_pat
         if extra:
             assert json.loads(made.stdout)["error"]["exit_code"] == 2
     assert not (tmp_path / "somewhere").exists()
+
+
+def test_a_key_given_refuses_an_unkeyed_anchor_in_place_of_a_keyed_one(tmp_path) -> None:
+    """Someone who rewrote the ledger can write an unkeyed anchor of it over the keyed one, never a keyed one:
+    with --key-env, an anchor without an HMAC is a finding (exit 1) saying what to do, never "anchor matches"."""
+    db = str(tmp_path / "cli.db")
+    store = Store.open(db)
+    op = op_in(store, S.SUCCEEDED)
+    env = {"ANCHOR_KEY": "k-0123456789abcdef"}
+    keyed = tmp_path / "anchor.json"
+    assert (
+        run_cli("--db", db, "audit", "anchor", "--out", str(keyed), "--key-env", "ANCHOR_KEY", env=env).returncode == 0
+    )
+    entries = rows(store, op)
+    drop_guards(store)  # a consistent truncation, the rewrite an anchor exists to catch
+    sql(store, "DELETE FROM history WHERE operation_id = :i AND seq = :s", i=op.operation_id, s=entries[-1]["seq"])
+    sql(store, "DELETE FROM results WHERE operation_id = :i", i=op.operation_id)
+    sql(
+        store,
+        "UPDATE operations SET version = :v, history_head = :h, state = :s, result_ref = NULL WHERE operation_id = :i",
+        v=entries[-2]["seq"],
+        h=entries[-2]["entry_hash"],
+        s=entries[-2]["to_state"],
+        i=op.operation_id,
+    )
+    verify_keyed = ("--db", db, "audit", "verify", "--anchor", str(keyed), "--key-env", "ANCHOR_KEY", "--json")
+    assert run_cli(*verify_keyed, env=env).returncode == 1
+    assert run_cli("--db", db, "audit", "anchor", "--out", str(keyed), "--force").returncode == 0  # unkeyed, over it
+
+    swapped = run_cli(*verify_keyed, env=env)
+    assert swapped.returncode == 1, swapped.stdout + swapped.stderr
+    doc = json.loads(swapped.stdout)
+    assert doc["ok"] is False and [f["kind"] for f in doc["findings"]] == ["anchor_mismatch"]
+    assert "carries no HMAC" in doc["first_bad"]["detail"] and "verify it without one" in doc["first_bad"]["detail"]
+    text = run_cli(*verify_keyed[:-1], env=env)
+    assert text.returncode == 1 and "anchor matches" not in text.stdout
+    store.close()
+
+
+#: one cell of a bystander stored with a type the ledger never writes there (SQLite keeps any type anywhere)
+ODD_CELLS = {
+    "operations.state_reason": ("UPDATE operations SET state_reason = X'00' WHERE operation_id = ?", "state_reason"),
+    "operations.caller": ("UPDATE operations SET caller = X'41' WHERE operation_id = ?", "caller"),
+    "operations.version": ("UPDATE operations SET version = 'x' WHERE operation_id = ?", "version"),
+    "history.actor": ("UPDATE history SET actor = X'41' WHERE operation_id = ? AND seq = 2", "history.actor"),
+    "history.at_us": ("UPDATE history SET at_us = 'x' WHERE operation_id = ? AND seq = 2", "history.at_us"),
+    "history.hash_version": (
+        "UPDATE history SET hash_version = 'x' WHERE operation_id = ? AND seq = 2",
+        "history.hash_version",
+    ),
+    "history.entry_hash": (
+        "UPDATE history SET entry_hash = X'41' WHERE operation_id = ? AND seq = 2",
+        "history.entry_hash",
+    ),
+    "observations.raw": ("UPDATE observations SET raw = X'41' WHERE operation_id = ?", "observation"),
+    "observations.progress": ("UPDATE observations SET progress = 9e999 WHERE operation_id = ?", "observation"),
+}
+
+
+@pytest.mark.parametrize("cell", sorted(ODD_CELLS))
+def test_a_value_of_an_unexpected_type_is_a_finding_not_the_end_of_the_audit(tmp_path, cell: str) -> None:
+    """A BLOB, an infinite number or text where an integer goes is named as an edit, and the real tamper
+    elsewhere is still reported: exit 1 with JSON, no traceback, no usage error."""
+    import sqlite3
+
+    from jobtrail.ledger.store import Observe
+
+    db = str(tmp_path / "cli.db")
+    store = Store.open(db)
+    victim = op_in(store, S.SUCCEEDED)
+    bystander = op_in(store, S.FAILED)
+    store.apply([Observe(operation_id=bystander.operation_id, kind="status", raw={"x": 1}, progress=0.5)])
+    assert verify(store).ok
+    drop_guards(store)
+    store.close()
+    statement, field = ODD_CELLS[cell]
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE operations SET state = 'failed' WHERE operation_id = ?", (victim.operation_id,))
+        raw.execute(statement, (bystander.operation_id,))
+    raw.close()
+
+    done = run_cli("--db", db, "audit", "verify", "--json")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    found = {(f["operation_id"], f["field"], f["kind"]) for f in doc["findings"]}
+    assert (victim.operation_id, "state", "edited") in found
+    assert any(op_id == bystander.operation_id and name.startswith(field) for op_id, name, _ in found), found
+    odd = [f for f in doc["findings"] if f["operation_id"] == bystander.operation_id]
+    assert any("a type the ledger never writes there" in f["detail"] for f in odd), odd

@@ -8,7 +8,10 @@ or ``result``):
 ``edited``
     an entry's stored fields no longer hash to its stored hash; or a column of
     the operation row, an observation or a stored result differs from the
-    digest its history recorded;
+    digest its history recorded; or an entry starts where the previous one did
+    not end (its state, or a job id only a few causes may set: the row was
+    changed between two transitions); or a stored value has a type the ledger
+    never writes (a BLOB, an infinite number, text in an integer column);
 ``gap``
     a sequence number is missing: an entry was deleted from the middle;
 ``reordered``
@@ -24,7 +27,8 @@ or ``result``):
     covered observation or a recorded result that is gone;
 ``anchor_mismatch``
     the chain is internally consistent but differs from what the anchor
-    recorded (a re-chained history), or the anchor's own HMAC does not match.
+    recorded (a re-chained history), or the anchor's own HMAC does not match,
+    or a key was given and the anchor carries no HMAC to check it against.
 
 What each entry covers is described in :mod:`jobtrail.ledger.chain`. An anchor holds
 every chain head and their Merkle root, optionally HMAC-keyed. Changes made
@@ -38,7 +42,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +51,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobtrail.domain.canonical import canonical_bytes, request_fingerprint, rfc3339
-from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.errors import ConfigError, JobtrailError
+from jobtrail.domain.evidence import ConfirmedCreate, HumanDecision, SynchronousResult
 from jobtrail.domain.redact import Secret
 from jobtrail.domain.states import AUTOMATIC_STATES
 from jobtrail.ledger import schema as t
@@ -70,6 +76,10 @@ ANCHOR_FORMAT = "jobtrail-anchor/v1"
 #: rows per fetch while streaming; results carry their bytes, so fewer of them at once
 _BATCH = 2000
 _RESULT_BATCH = 16
+#: the causes whose evidence names a job: only their entries may set or change an operation's job id
+JOB_ID_CAUSES = frozenset({ConfirmedCreate.kind, SynchronousResult.kind, HumanDecision.kind})
+#: what a value the ledger never wrote makes the checks raise: one more edit to report, not the end of the audit
+_UNREADABLE = (TypeError, ValueError, KeyError, IndexError, AttributeError, JobtrailError)
 
 
 @dataclass(slots=True)
@@ -142,6 +152,11 @@ def _stream(conn: Any, query: Any, batch: int) -> Iterator[dict[str, Any]]:
         yield dict(row)
 
 
+def _order_key(op_id: Any) -> tuple[int, Any]:
+    """The order SQLite sorts a key in: a BLOB put where an id goes comes after every text."""
+    return (1, bytes(op_id)) if isinstance(op_id, (bytes, memoryview)) else (0, op_id)
+
+
 def _gather(store: Store) -> Iterator[tuple[str, _Operation]]:
     """Each operation id with its row, history, observations and result, streamed in id order."""
     obs = t.observations.c
@@ -163,7 +178,7 @@ def _gather(store: Store) -> Iterator[tuple[str, _Operation]]:
             pending = [h["operation_id"] for h in heads.values() if h is not None]
             if not pending:
                 return
-            op_id = min(pending)
+            op_id = min(pending, key=_order_key)
             gathered = _Operation(row=None)
             for name, source in sources.items():
                 while heads[name] is not None and heads[name]["operation_id"] == op_id:  # type: ignore[index]
@@ -175,7 +190,8 @@ def _gather(store: Store) -> Iterator[tuple[str, _Operation]]:
                     else:
                         getattr(gathered, name).append(item)
                     heads[name] = next(source, None)
-            yield op_id, gathered
+            # an id stored as a BLOB is named as such (the findings are JSON)
+            yield (op_id if isinstance(op_id, str) else repr(op_id)), gathered
 
 
 def _check_chain(op_id: str, op: dict[str, Any] | None, entries: list[dict[str, Any]]) -> Finding | None:  # noqa: PLR0911, PLR0912 - one finding per way a chain breaks
@@ -191,10 +207,12 @@ def _check_chain(op_id: str, op: dict[str, Any] | None, entries: list[dict[str, 
         seq = entry["seq"]
         if seq != position:
             return Finding(op_id, position, "gap", f"entry {position} is missing (next found: {seq})")
-        if entry["hash_version"] < newest_version:
-            # versions only ever rise: an older one after a newer one was rewritten to shed what it covered
-            return Finding(op_id, seq, "edited", f"entry {seq} was downgraded to hash version {entry['hash_version']}")
-        newest_version = max(newest_version, entry["hash_version"])
+        version = entry["hash_version"]
+        if type(version) is int:  # anything else hashes as no version (below)
+            if version < newest_version:
+                # versions only ever rise: an older one after a newer one was rewritten to shed what it covered
+                return Finding(op_id, seq, "edited", f"entry {seq} was downgraded to hash version {version}")
+            newest_version = max(newest_version, version)
         if _hash(entry) != entry["entry_hash"]:
             for other in range(1, len(entries) + 2):
                 if other != seq and _hash({**entry, "seq": other}) == entry["entry_hash"]:
@@ -246,8 +264,61 @@ def _check_chain(op_id: str, op: dict[str, Any] | None, entries: list[dict[str, 
 def _hash(entry: dict[str, Any]) -> str:
     try:
         return entry_hash(entry)
-    except ValueError:  # an unknown hash version is an edit, not a crash of the verifier
+    except _UNREADABLE:  # an unknown hash version, or a value of a type never written, is an edit
         return ""
+
+
+def _field_digest(value: Any) -> str | None:
+    """A column's digest; None (matching no recorded digest) for a value of a type the ledger never writes."""
+    try:
+        return field_digest(value)
+    except _UNREADABLE:
+        return None
+
+
+def _observation_digest(obs: dict[str, Any]) -> str | None:
+    try:
+        return observation_digest(obs)
+    except _UNREADABLE:
+        return None
+
+
+def _check_seams(op_id: str, entries: list[dict[str, Any]]) -> list[Finding]:
+    """Each entry starts where the one before it ended: its state, and its job id unless its cause sets one.
+
+    A writer builds each entry from the row as it reads it, so a column edited between two transitions is
+    recorded by the next one as if it had been there all along; the seam it leaves is this.
+    """
+    findings: list[Finding] = []
+    state, job = None, None  # the creation entry starts from no state and no job
+    for entry in entries:
+        seq = entry["seq"]
+        if entry["from_state"] != state:
+            before = f"entry {seq - 1} ended in {state}" if seq > 1 else "a creation entry starts from no state"
+            findings.append(
+                Finding(
+                    op_id,
+                    seq,
+                    "edited",
+                    f"state: entry {seq} starts from {entry['from_state']}, but {before}: the row's state was "
+                    f"changed outside any transition before entry {seq} was written",
+                    "state",
+                )
+            )
+        if entry["remote_job_id"] != job and entry["cause"] not in JOB_ID_CAUSES:
+            findings.append(
+                Finding(
+                    op_id,
+                    seq,
+                    "edited",
+                    f"remote_job_id: entry {seq} ({entry['cause']}) changed the job id, which only a confirmed "
+                    "create, a synchronous result or a person's decision does: the row's job id was changed "
+                    f"outside any transition before entry {seq} was written",
+                    "remote_job_id",
+                )
+            )
+        state, job = entry["to_state"], entry["remote_job_id"]
+    return findings
 
 
 def _covers(entry: dict[str, Any]) -> dict[str, Any] | None:
@@ -263,7 +334,7 @@ def _check_row(op_id: str, op: dict[str, Any], entries: list[dict[str, Any]]) ->
     first = _covers(entries[0])
     if first is not None:
         for name in FIXED_FIELDS:
-            if field_digest(op[name]) != first["fixed"][name]:
+            if _field_digest(op[name]) != first["fixed"][name]:
                 findings.append(
                     Finding(op_id, 1, "edited", f"{name}: differs from what the creation entry covers", name)
                 )
@@ -288,13 +359,13 @@ def _check_row(op_id: str, op: dict[str, Any], entries: list[dict[str, Any]]) ->
     if not resting:
         try:
             sealed = json.loads(op["row_seal"]) if op["row_seal"] is not None else None
-        except ValueError:
+        except (TypeError, ValueError):
             sealed = None
         if not isinstance(sealed, dict):
             findings.append(Finding(op_id, last["seq"], "edited", "row_seal: missing or unreadable", "row_seal"))
             sealed = {}
     for name in ENTRY_FIELDS:
-        seen = field_digest(op[name])
+        seen = _field_digest(op[name])
         if sealed is not None and name in SEALED_FIELDS:
             # a reschedule may have written it since the last entry: the row's seal holds it
             if seen != sealed.get(name):
@@ -320,7 +391,7 @@ def _check_observations(op_id: str, entries: list[dict[str, Any]], observations:
     for obs in observations:
         if obs["digest"] is None:
             continue
-        if observation_digest(obs) != obs["digest"]:
+        if _observation_digest(obs) != obs["digest"]:
             findings.append(
                 Finding(
                     op_id,
@@ -401,8 +472,12 @@ def _check_result(
     seq, digest = recorded
     if stored is None:
         return [Finding(op_id, seq, "deleted", f"result: entry {seq} recorded a result; its row is gone", "result")]
-    if stored["body"] is not None:
+    if isinstance(stored["body"], (bytes, memoryview)):
         data = bytes(stored["body"])
+    elif stored["body"] is not None:  # text or a number where the bytes go
+        return [
+            Finding(op_id, seq, "edited", f"result: the stored body is {_kind(stored['body'])}, not bytes", "result")
+        ]
     else:
         try:
             data = (results_dir / str(stored["path"])).read_bytes()
@@ -428,28 +503,136 @@ def _check_result(
     return findings
 
 
+def _python_types(table: sa.Table) -> dict[str, tuple[type, ...]]:
+    """The Python types each column's values are read back as, whichever database holds them."""
+    out: dict[str, tuple[type, ...]] = {}
+    for column in table.columns:
+        kind = column.type
+        if isinstance(kind, sa.Boolean):
+            out[column.name] = (bool, int)
+        elif isinstance(kind, sa.Integer):
+            out[column.name] = (int,)
+        elif isinstance(kind, sa.Float):
+            out[column.name] = (float, int)
+        elif isinstance(kind, sa.LargeBinary):
+            out[column.name] = (bytes, memoryview)
+        elif isinstance(kind, sa.String):  # Text too
+            out[column.name] = (str,)
+    return out
+
+
+_TYPES = {
+    name: _python_types(table)
+    for name, table in (
+        ("operations", t.operations),
+        ("history", t.history),
+        ("observations", t.observations),
+        ("results", t.results),
+    )
+}
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (bytes, memoryview)):
+        return "a BLOB"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a real number" if math.isfinite(value) else f"{value} (a number JSON has no form for)"
+    return type(value).__name__
+
+
+def _odd(value: Any, types: tuple[type, ...]) -> bool:
+    """True for a value of a type the ledger never writes in this column (SQLite stores any type anywhere)."""
+    if value is None:
+        return False
+    if isinstance(value, bool) and bool not in types:
+        return True
+    if isinstance(value, float):
+        return float not in types or not math.isfinite(value)
+    return not isinstance(value, types)
+
+
+def _odd_cells(op_id: str, op: _Operation) -> list[Finding]:
+    """An ``edited`` finding for each stored value of a type the ledger never writes, naming where it is."""
+    findings: list[Finding] = []
+
+    def scan(table: str, row: dict[str, Any], seq: int, where: str, field: str) -> None:
+        # field: the finding's field, or (empty, or ending in ".") its prefix before the column's name
+        for name, types in _TYPES[table].items():
+            if name in row and _odd(row[name], types):
+                detail = f"{where}{name}: holds {_kind(row[name])}, a type the ledger never writes there"
+                findings.append(
+                    Finding(op_id, seq, "edited", detail, field + name if not field or field.endswith(".") else field)
+                )
+
+    if op.row is not None:
+        scan("operations", op.row, 0, "", "")
+    for entry in op.entries:
+        scan("history", entry, entry["seq"] if type(entry["seq"]) is int else 0, f"entry {entry['seq']}: ", "history.")
+    for obs in op.observations:
+        scan("observations", obs, 0, f"observation {obs['observation_id']}: ", f"observation {obs['observation_id']}")
+    if op.result is not None:
+        scan("results", op.result, 0, "result.", "result.")
+    return findings
+
+
+def _checked(op_id: str, odd: list[Finding], check: Callable[..., list[Finding]], *args: Any) -> list[Finding]:
+    """Run one check; a value it cannot read is an edit (named by ``odd`` when it could be), never the end."""
+    try:
+        return check(*args)
+    except _UNREADABLE:
+        if odd:
+            return []
+        return [
+            Finding(op_id, 0, "edited", "a stored value has a form the ledger never writes; it was put there by hand")
+        ]
+
+
+def _chain_findings(op_id: str, row: dict[str, Any] | None, entries: list[dict[str, Any]]) -> list[Finding]:
+    finding = _check_chain(op_id, row, entries)
+    return [] if finding is None else [finding]
+
+
+def _check_operation(op_id: str, op: _Operation, results_dir: Path) -> list[Finding]:
+    """Every check of one operation; the rest of its checks, and of the ledger, go on past a value never written."""
+    odd = _odd_cells(op_id, op)
+    chain = _checked(op_id, odd, _chain_findings, op_id, op.row, op.entries)
+    for finding in chain:
+        finding.field = finding.field or "history"
+    findings = [*odd, *chain]
+    if not chain and op.row is not None:
+        findings += _checked(op_id, odd, _check_seams, op_id, op.entries)
+        findings += _checked(op_id, odd, _check_row, op_id, op.row, op.entries)
+        findings += _checked(op_id, odd, _check_observations, op_id, op.entries, op.observations)
+        findings += _checked(op_id, odd, _check_result, op_id, op.entries, op.result, results_dir)
+    return findings
+
+
 def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | None = None) -> VerifyReport:
     """Check every chain, every row, observation and result against its chain, and (optionally) an anchor."""
     results_dir = data_dir(store)
     report = VerifyReport()
-    heads: dict[str, tuple[int, str, list[dict[str, Any]]]] = {}
+    heads: dict[str, tuple[int, str, list[dict[str, Any]]] | None] = {}
     leaves: list[bytes] = []
     for op_id, op in _gather(store):
         report.operations += 0 if op.row is None else 1
         report.entries += len(op.entries)
         report.observations += len(op.observations)
         report.results += 0 if op.result is None else 1
-        finding = _check_chain(op_id, op.row, op.entries)
-        if finding:
-            finding.field = finding.field or "history"
-            report.findings.append(finding)
-        elif op.row is not None:
-            report.findings.extend(_check_row(op_id, op.row, op.entries))
-            report.findings.extend(_check_observations(op_id, op.entries, op.observations))
-            report.findings.extend(_check_result(op_id, op.entries, op.result, results_dir))
+        report.findings.extend(_check_operation(op_id, op, results_dir))
         if op.entries and op.row is not None:
-            heads[op_id] = (op.entries[-1]["seq"], op.entries[-1]["entry_hash"], op.entries)
-            leaves.append(leaf_bytes(op_id, op.entries[-1]["seq"], op.entries[-1]["entry_hash"]))
+            last = op.entries[-1]
+            try:
+                leaves.append(leaf_bytes(op_id, last["seq"], last["entry_hash"]))
+            except _UNREADABLE:  # named above; the anchor cannot be compared with what is not a head
+                heads[op_id] = None
+                continue
+            heads[op_id] = (last["seq"], last["entry_hash"], op.entries)
     report.root = merkle_root(leaves)
     if anchor is not None:
         report.anchor_checked = True
@@ -459,18 +642,45 @@ def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | 
     return report
 
 
+def _is_head(item: Any) -> bool:
+    return (
+        isinstance(item, list)
+        and len(item) == 3  # [operation id, seq, head]
+        and isinstance(item[0], str)
+        and type(item[1]) is int
+        and item[1] >= 1
+        and isinstance(item[2], str)
+    )
+
+
 def _check_anchor(
     anchor: dict[str, Any],
-    heads: dict[str, tuple[int, str, list[dict[str, Any]]]],
+    heads: dict[str, tuple[int, str, list[dict[str, Any]]] | None],
     key: Secret | None,
 ) -> list[Finding]:
-    if anchor.get("format") != ANCHOR_FORMAT or not isinstance(anchor.get("heads"), list):
+    if (
+        anchor.get("format") != ANCHOR_FORMAT
+        or not isinstance(anchor.get("heads"), list)
+        or not all(_is_head(h) for h in anchor["heads"])
+    ):
         raise ConfigError(f"not a jobtrail anchor (expected format {ANCHOR_FORMAT!r})")
     findings: list[Finding] = []
+    if anchor.get("hmac") is None and key is not None:
+        # fail closed: someone who rewrote the ledger can write a fresh unkeyed anchor of it, not a keyed one
+        return [
+            Finding(
+                "*",
+                0,
+                "anchor_mismatch",
+                "a key was given, but this anchor carries no HMAC, so nothing proves it was not rewritten along "
+                "with the ledger; it was checked against nothing. If you made it without a key, verify it "
+                "without one; if you made it with a key, this file was replaced: use your own copy of the keyed one",
+            )
+        ]
     if anchor.get("hmac") is not None:
         if key is None:
             raise ConfigError("the anchor is HMAC-keyed; pass the key's name with --key-env NAME")
-        if not hmac.compare_digest(anchor["hmac"], _anchor_mac(anchor, key)):
+        if not isinstance(anchor["hmac"], str) or not hmac.compare_digest(anchor["hmac"], _anchor_mac(anchor, key)):
             named = f" (it was made with the key in {anchor['hmac_key']})" if anchor.get("hmac_key") else ""
             return [
                 Finding(
@@ -485,9 +695,11 @@ def _check_anchor(
     if merkle_root(anchored_leaves) != anchor.get("root"):
         findings.append(Finding("*", 0, "anchor_mismatch", "the anchor's heads do not hash to its root"))
     for op_id, seq, head in anchor["heads"]:
-        current = heads.get(op_id)
-        if current is None:
+        if op_id not in heads:
             findings.append(Finding(op_id, seq, "deleted", "the anchor knows this operation; the database does not"))
+            continue
+        current = heads[op_id]
+        if current is None:  # its head is not one (a value of another type): already named
             continue
         cur_seq, _cur_head, entries = current
         if cur_seq < seq:
