@@ -23,6 +23,7 @@ from jobtrail.providers.kinds import load_provider
 from jobtrail.testing import Fault, provider_toml
 from jobtrail.testing.fakes.replicate import JSON_FILE, PNG_BYTES, ReplicateFake
 
+from helpers import canary_hits, ledger_bytes
 from processes import finish, start_worker
 
 # an adapter speaks HTTP; the ledger behind it is proven on both engines by the ledger's own tests:
@@ -182,6 +183,22 @@ def test_a_png_output_is_fetched_from_the_delivery_origin_without_the_credential
     assert fake.counts["jobs_created"] == 1
     with Store.open(db_url) as store:
         assert store.get(op_id).state in (State.SUCCEEDED, State.RESULT_VALIDATION_FAILED)
+
+
+def test_an_output_url_that_carries_the_token_is_neither_fetched_nor_stored(
+    db_url: str, tmp_path: Path, fake: ReplicateFake
+) -> None:
+    """A model's output may be anything, an URL that echoes the API token included: such a reference never
+    goes into a request line to the delivery host, and the token is nowhere in the ledger."""
+    provider = provider_file(tmp_path, fake)
+    op_id = submit(db_url, provider, fake_output="png_echoing_token")
+    run_worker(db_url, provider)
+    assert fake.counts["downloads"] == 0
+    with Store.open(db_url) as store:
+        op = store.get(op_id)
+        assert op.state is not State.SUCCEEDED, op.state_reason
+        assert fake.token not in (op.result_ref or "")
+        assert canary_hits(fake.token, ledger_bytes(store)) == []
 
 
 def test_a_png_output_is_stored_byte_for_byte(db_url: str, tmp_path: Path, fake: ReplicateFake) -> None:

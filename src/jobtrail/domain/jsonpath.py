@@ -20,14 +20,16 @@ MAX_TEXT = 2048
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-def extract(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
+def extract(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None) -> str | None:
     """Read a value by ``$.a.b[0]`` (JSON) or ``header:Name``; None when absent or unusable.
 
     Unusable: control characters (no id, state or reference has them, and PostgreSQL text cannot
     hold NUL), U+FFFD (the answer was not UTF-8, so the value is not what the provider meant),
     more than :data:`MAX_TEXT` characters, or a credential in it (a provider that echoes the
     credential as a job id or state must not get it stored, shown or put into a URL): by its form,
-    and, given the provider's ``redactor``, the values it resolved.
+    and, given the provider's ``redactor``, the values it resolved. Every caller passes one, or None
+    where no credential can be known (the checks of a stored result, say): a value read with a forgotten
+    redactor was a credential sent to another host and stored in clear.
     """
     text = _extract(path, body, headers)
     if text is None or unusable(text, redactor):
@@ -35,7 +37,7 @@ def extract(path: str | None, body: Any, headers: Mapping[str, str], redactor: R
     return text
 
 
-def unusable(text: str, redactor: Redactor | None = None) -> str | None:
+def unusable(text: str, redactor: Redactor | None) -> str | None:
     """Why a provider-supplied id, state or reference cannot be used (None: it can); ``redactor`` knows
     the provider's own credential values."""
     if len(text) > MAX_TEXT:
@@ -48,9 +50,7 @@ def unusable(text: str, redactor: Redactor | None = None) -> str | None:
     return None
 
 
-def why_unusable(
-    path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None
-) -> str | None:
+def why_unusable(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None) -> str | None:
     """Why the job id at ``path`` was not usable, when one is there (for a reason text; never the value)."""
     found = _found(path, body, headers)
     if isinstance(found, float | bool):
@@ -84,7 +84,7 @@ def _found(path: str | None, body: Any, headers: Mapping[str, str]) -> Any:
     return extract_any(path, body)
 
 
-def reference(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
+def reference(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None) -> str | None:
     """A result reference (a URL or an id) at ``path``: a string, as :func:`extract` reads it; None when
     absent, empty or only white space (``""`` would resolve to the provider's base URL itself), not a
     string (``5`` would be fetched as ``/5``), or unusable."""
@@ -94,7 +94,7 @@ def reference(path: str | None, body: Any, headers: Mapping[str, str], redactor:
     return found
 
 
-def unusable_id(text: str, redactor: Redactor | None = None) -> str | None:
+def unusable_id(text: str, redactor: Redactor | None) -> str | None:
     """Why a provider's job id cannot be used: as :func:`unusable`, or a ``.`` or ``..`` segment, which
     would move the requests it is put into to another path (URL normalisation removes dot segments)."""
     if any(segment in (".", "..") for segment in text.split("/")):
@@ -109,7 +109,7 @@ def unusable_id(text: str, redactor: Redactor | None = None) -> str | None:
 _NOT_AN_ID = "a number with a fraction or an exponent, or true or false: parsing loses how the provider spelled it"
 
 
-def job_id(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None = None) -> str | None:
+def job_id(path: str | None, body: Any, headers: Mapping[str, str], redactor: Redactor | None) -> str | None:
     """The job id at ``path`` (see :func:`extract`), None when absent or unusable (:func:`unusable_id`), or
     when it is a number with a fraction or an exponent, or a boolean (see :data:`_NOT_AN_ID`)."""
     found = _found(path, body, headers)

@@ -60,7 +60,9 @@ class BatchFormat:
     def outcome(self, item: Any) -> str:
         """``succeeded``, ``failed``, or the item's own outcome word where ``outcome_path`` gives one."""
         if self.outcome_path is not None:
-            said = extract(self.outcome_path, item, {})
+            # (no redactor: a result's own words, kept only with the result, which is refused whole if it
+            # carries a credential: ledger.results.carries_secret)
+            said = extract(self.outcome_path, item, {}, None)
             if said is not None and said not in self.succeeded:
                 return str(said)
             if said is None:
@@ -176,7 +178,7 @@ def validate(  # noqa: PLR0911 - each check returns at its first failure
         return v
     if spec.checksum_header:
         digest = view.sha256
-        declared = extract(f"header:{spec.checksum_header}", None, headers)
+        declared = extract(f"header:{spec.checksum_header}", None, headers, None)  # (compared, never kept)
         declared = (declared or "").removeprefix("sha256=").strip().lower() or None
         if not v.add("checksum", declared == digest, declared or "a sha256 header", digest):
             return v
@@ -283,7 +285,7 @@ def _batch(view: ResultBytes, spec: ResultSpec, v: Validation, extra_check: Chec
         if outcome != "succeeded":
             failures += 1
             if len(failed) < FAILED_IDS_LISTED:
-                failed.append(extract(batch.id_path, item, {}) or f"line:{count}")
+                failed.append(extract(batch.id_path, item, {}, None) or f"line:{count}")
         if kept is not None:
             kept.append(item)
     v.summary = {

@@ -321,7 +321,7 @@ class CreateFlow:
             }
             if outcome.remote_job_id:
                 changes["remote_job_id"] = outcome.remote_job_id
-            return await self.writer.transition(
+            op = await self.writer.transition(
                 op,
                 State.RESULT_COLLECTING,
                 SynchronousResult(
@@ -335,6 +335,9 @@ class CreateFlow:
                 changes=changes,
                 request_ids=_ids(resp.provider_request_id),
             )
+            if outcome.remote_job_id:
+                op = await self._adopt_orphans(op, provider, outcome.remote_job_id)
+            return op
         if outcome.kind == "rejected":
             problem = resp.body if isinstance(resp.body, dict) else {"body": resp.body}
             if op.state is State.RECONCILIATION:
@@ -520,10 +523,18 @@ class CreateFlow:
             request_ids=_ids(resp.provider_request_id),
         )
         failpoint("create.after_job_id")
-        if provider.capabilities.webhook_scheme:  # events may have come before we knew the job id
-            await self.io(adopt_orphans, self.store, provider.name, job_id, op.operation_id)
-            op = await self.io(self.store.get, op.operation_id)
-        return op
+        return await self._adopt_orphans(op, provider, job_id)
+
+    async def _adopt_orphans(self, op: Operation, provider: Provider, job_id: str) -> Operation:
+        """Attach the webhook events that came before the operation knew ``job_id`` (now recorded).
+
+        The job id is recorded first, then its events are looked for; a receiver storing one meanwhile looks
+        for the job id after storing it, so one of the two attaches it (see jobtrail.interfaces.webhooks).
+        """
+        if not provider.capabilities.webhook_scheme:
+            return op
+        await self.io(adopt_orphans, self.store, provider.name, job_id, op.operation_id)
+        return await self.io(self.store.get, op.operation_id)
 
     async def _earlier_job_ids(self, op: Operation) -> list[str]:
         ids = []

@@ -3,6 +3,8 @@
 One code path for every way a person decides, so the history reads the same whoever typed it:
 the actor is ``person:NAME``, the evidence a :class:`HumanDecision` with who and why, and the
 state machine refuses a decision its rules do not allow (accepted without the job id, say).
+A person who confirms the job id teaches the operation its job, as a create's answer would: the
+webhook events kept for that job until an operation knew it are attached to it then.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from jobtrail.domain.jsonpath import unusable_id
 from jobtrail.domain.machine import decisions_from
 from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.states import FINAL_STATES, State
+from jobtrail.flows.observe import adopt_orphans
 from jobtrail.ledger.store import Store
 
 #: what a person may decide: accepted (with the job id they confirmed), create_pending (send again with
@@ -52,10 +55,15 @@ def decide(
     changes: Changes = {"state_reason": f"resolved by {decided_by}: {reason}"}
     if job_id:
         changes["remote_job_id"] = job_id
-    return store.transition(
+    op = store.transition(
         op,
         State(to_state),
         HumanDecision(decided_by=decided_by, reason=reason, remote_job_id=job_id),
         actor=f"person:{decided_by}",
         changes=changes,
     )
+    # the job id is recorded first, then its waiting events are looked for: a receiver storing one meanwhile
+    # looks for the job id after storing it, so one of the two attaches it (see jobtrail.interfaces.webhooks)
+    if job_id and adopt_orphans(store, op.provider, job_id, op.operation_id):
+        op = store.get(op.operation_id)  # its next poll was brought forward
+    return op

@@ -13,6 +13,14 @@ Unknown jobs: the event is accepted and kept as an orphan; when an operation
 later learns that job id, its orphan events are attached to it and its first
 poll is brought forward. (Refusing them would make the provider retry for days
 an event we may need minutes later, after a lost create response is reconciled.)
+An event that arrives while its operation is learning the job id is not lost
+between the two: the operation records the job id, then looks for orphans; the
+receiver records the orphan, then looks for the job id again. Whichever looks
+second sees the other's write, on SQLite and PostgreSQL alike.
+
+What is stored is masked with the provider's own credential too (its
+``credential``, read here though this process never sends it), as everywhere
+the ledger keeps what a provider sends.
 """
 
 from __future__ import annotations
@@ -31,8 +39,15 @@ from jobtrail.flows.telemetry import webhook_received, webhook_refused, webhook_
 from jobtrail.interfaces.health import health_response
 from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
-from jobtrail.ledger.webhook_events import count_refusal, match_operation, newest_event_time, record_event
-from jobtrail.providers.webhooks import Refused, WebhookConfig, check_headers, verify
+from jobtrail.ledger.webhook_events import (
+    attach_event,
+    count_refusal,
+    match_operation,
+    newest_event_time,
+    record_event,
+)
+from jobtrail.providers.http import CREDENTIAL_TTL_S
+from jobtrail.providers.webhooks import CredentialsToMask, Refused, WebhookConfig, check_headers, verify
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -69,6 +84,13 @@ class Receiver:
         self.io = io
         self.configs = dict(configs)
         self._secrets = {name: cfg.resolve_secrets(store.redactor) for name, cfg in self.configs.items()}
+        #: the providers' own credentials: an event may echo one, and this process sends none that would
+        #: teach the ledger's redactor its value
+        self.credentials = CredentialsToMask(
+            {name: cfg.provider_credentials for name, cfg in self.configs.items()},
+            store.redactor,
+            refresh_s=CREDENTIAL_TTL_S,
+        )
 
     async def handle(self, request: Request) -> JSONResponse:
         name = request.path_params["provider"]
@@ -110,11 +132,13 @@ class Receiver:
         count_refusal(self.store, provider, no.title)
 
     def _record(self, provider: str, config: WebhookConfig, event_id: str, timestamp: int, event: Any) -> JSONResponse:
-        job_id = extract(config.job_id, event, {})
-        reference = extract(config.reference, event, {}) if config.reference else None
+        self.credentials.refresh()  # (read again now and then: a rotated credential is masked too)
+        redactor = self.store.redactor
+        job_id = extract(config.job_id, event, {}, redactor)
+        reference = extract(config.reference, event, {}, redactor) if config.reference else None
         op = match_operation(self.store, provider, job_id, reference)
         with webhook_span(provider, op) as span:
-            outcome, response = self._keep(provider, config, event_id, timestamp, event, op, job_id)
+            outcome, response = self._keep(provider, config, event_id, timestamp, event, op, job_id, reference)
             if span.is_recording():
                 span.set_attribute("jobtrail.webhook.outcome", outcome)
         webhook_received(provider, outcome)
@@ -128,13 +152,14 @@ class Receiver:
         timestamp: int,
         event: Any,
         op: Operation | None,
-        job_id: Any,
+        job_id: str | None,
+        reference: str | None,
     ) -> tuple[str, JSONResponse]:
         from starlette.responses import JSONResponse
 
         store = self.store
         now = store.clock()
-        event_type = extract(config.event_type, event, {})
+        event_type = extract(config.event_type, event, {}, store.redactor)
         row = {
             "provider": provider,
             "event_id": event_id,
@@ -149,14 +174,25 @@ class Receiver:
         if not record_event(store, row):
             return "duplicate", JSONResponse({"status": "duplicate", "event_id": event_id}, status_code=200)
         if op is None:
-            return "orphan", JSONResponse(
-                {
-                    "status": "orphan",
-                    "event_id": event_id,
-                    "detail": "no operation knows this job yet; the event is kept",
-                },
-                status_code=202,
-            )
+            # Looked for before the event was stored: an operation may have learned this job id since, and
+            # looked for its orphans before this one was stored. It wrote the job id, then looked for
+            # orphans; this wrote the orphan, then looks for the job id: one of the two sees the other.
+            op = match_operation(store, provider, job_id, reference)
+            if op is None:
+                return "orphan", JSONResponse(
+                    {
+                        "status": "orphan",
+                        "event_id": event_id,
+                        "detail": "no operation knows this job yet; the event is kept",
+                    },
+                    status_code=202,
+                )
+            if not attach_event(store, provider, event_id, op.operation_id):
+                # the operation's adoption took it first: it recorded the adoption and brought the poll forward
+                return "accepted", JSONResponse(
+                    {"status": "accepted", "event_id": event_id, "operation_id": op.operation_id, "adopted": True},
+                    status_code=202,
+                )
         stale = newest_event_time(store, op.operation_id, event_id) > timestamp
         store.add_observation(
             op.operation_id,

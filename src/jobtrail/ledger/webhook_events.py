@@ -58,18 +58,43 @@ def newest_event_time(store: Store, operation_id: str, other_than: str) -> int:
 
 
 def match_operation(store: Store, provider: str, job_id: str | None, reference: str | None) -> Operation | None:
-    """The operation an event is about, by remote job id or by our client reference (the idempotency token)."""
+    """The operation an event is about: the one that knows the event's job id; failing that, the one our
+    client reference (the idempotency token) names, if it knows no job id yet (or the event names none).
+
+    A reference never outweighs a job id: an event about job X that carries the token of an operation whose
+    job is Y is about another job made with that token (a duplicate left by a lost create answer, on a
+    provider without idempotency), so it is kept as an orphan, not filed as that operation's evidence.
+    """
     ops = t.operations.c
-    conditions = []
-    if job_id:
-        conditions.append(ops.remote_job_id == job_id)
-    if reference:
-        conditions.append(ops.idempotency_token == reference)
-    if not conditions:
+    if not job_id and not reference:
         return None
+    found = None
     with store._read() as conn:
-        row = conn.execute(sa.select(ops.operation_id).where(ops.provider == provider, sa.or_(*conditions))).first()
-    return None if row is None else store.get(row.operation_id)
+        if job_id:
+            found = conn.execute(
+                sa.select(ops.operation_id)
+                .where(ops.provider == provider, ops.remote_job_id == job_id)
+                .order_by(ops.created_at_us, ops.operation_id)
+                .limit(1)
+            ).scalar()
+        if found is None and reference:
+            question = sa.select(ops.operation_id).where(ops.provider == provider, ops.idempotency_token == reference)
+            if job_id:  # (the operation knowing this very job id was looked for above)
+                question = question.where(sa.func.coalesce(ops.remote_job_id, "") == "")
+            found = conn.execute(question).scalar()
+    return None if found is None else store.get(found)
+
+
+def attach_event(store: Store, provider: str, event_id: str, operation_id: str) -> bool:
+    """Attach one kept orphan event to ``operation_id``; False when it is attached already (adopted)."""
+    events = t.webhook_events.c
+    with store.writing("matching a webhook") as conn:
+        attached = conn.execute(
+            sa.update(t.webhook_events)
+            .where(events.provider == provider, events.event_id == event_id, events.operation_id.is_(None))
+            .values(operation_id=operation_id)
+        ).rowcount
+    return bool(attached)
 
 
 def attach_orphans(store: Store, provider: str, remote_job_id: str, operation_id: str) -> int:

@@ -145,7 +145,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> HttpProvide
     """Validate a provider declaration; a mistake raises ConfigError naming file and key."""
     top = DeclaredSection(data, "", source)  # every key checked against file_keys.KEYS
     base = _base(top)
-    webhooks = _webhooks(top.table("webhooks"))
+    webhooks = _webhooks(top.table("webhooks"), base["credential"])
     resume = top.flag("resume", False)
     create = _create(top.table("create", required=True), base["base_url"])
     status = _status(top.table("status"), base["base_url"])
@@ -232,12 +232,13 @@ def _credential(top: Section, parts: urllib.parse.SplitResult) -> Credential | N
     return Credential(ref, auth)
 
 
-def _webhooks(section: Section | None) -> Any:
+def _webhooks(section: Section | None, credential: Credential | None) -> Any:
     if section is None:
         return None
     from jobtrail.providers.webhooks import parse_webhooks
 
-    webhooks = parse_webhooks(section)
+    # the receiver stores what the provider sends, so it must mask the provider's credential too
+    webhooks = parse_webhooks(section, credential)
     # a delivery's timestamp is accepted within +-tolerance_s, so a replay can arrive up to
     # 2 x tolerance_s after the first copy: the de-duplication record must outlive that
     if webhooks.retention_s < 2 * webhooks.tolerance_s:

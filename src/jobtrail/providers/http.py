@@ -30,7 +30,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from jobtrail.domain.backoff import parse_retry_after
 from jobtrail.domain.canonical import canonical_bytes, parse_answer
 from jobtrail.domain.errors import ConfigError
-from jobtrail.domain.jsonpath import extract, extract_any, job_id, reference, unusable_id, why_unusable
+from jobtrail.domain.jsonpath import extract, extract_any, job_id, reference, unusable, unusable_id, why_unusable
 from jobtrail.domain.machine import AMBIGUOUS_HTTP_STATUSES
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
@@ -586,7 +586,7 @@ class HttpProvider:
         """Which of confirmed / synchronous / rejected / ambiguous a create response proves."""
         cfg = self.config
         status = resp.http_status or 0
-        code = extract(cfg.error_code, resp.body, {}) if cfg.error_code else None
+        code = extract(cfg.error_code, resp.body, {}, self.redactor) if cfg.error_code else None
         if code is not None and code in cfg.non_retryable:
             return CreateOutcome(
                 kind="rejected",
@@ -820,7 +820,11 @@ class HttpProvider:
             )
         else:
             # a reference the provider handed us: judged by origin, never formatted, never given
-            # the credential unless it points at exactly base_url's origin
+            # the credential unless it points at exactly base_url's origin; and never one that carries
+            # the credential itself (whatever an adapter read it with), which would go out in a request line
+            why = unusable(result_ref, self.redactor)
+            if why is not None:
+                return NoAnswer("refused", f"the result reference is unusable ({why})")
             try:
                 url = self.egress.resolve_reference(result_ref)
                 target = None if self.egress.under_base(url) else self.egress.judge(url)

@@ -12,10 +12,13 @@ import base64
 import hmac
 import logging
 import re
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.redact import Redactor, Secret
 from jobtrail.providers.config import Section
 from jobtrail.providers.credentials import Credential
@@ -36,12 +39,77 @@ class WebhookConfig:
     event_type: str = "$.type"
     #: the longest a delivery may take to arrive whole (a slow drip is cut off, not waited for)
     read_timeout_s: float = 10.0
+    #: the provider's own credential (its ``credential``), which a receiver never sends: it reads it only to
+    #: mask it in what it stores, as every process that stores what the provider sends must (see
+    #: :class:`CredentialsToMask`)
+    provider_credentials: tuple[Credential, ...] = ()
 
     def resolve_secrets(self, redactor: Redactor) -> list[Secret]:
         return [Credential(ref, "bearer").resolve(redactor) for ref in self.secrets]
 
 
-def parse_webhooks(section: Section) -> WebhookConfig:
+class CredentialsToMask:
+    """Providers' own credentials, read into the redactor of a process that stores what those providers send
+    but sends them nothing (a webhook receiver): no request resolves them there, so nothing else would.
+
+    Each is read at once and again after ``refresh_s`` (as a provider reads its own, so a rotated one is
+    masked too). One that cannot be read stops nothing: a warning says which, why and what it means, and it
+    is tried again.
+    """
+
+    def __init__(
+        self, credentials: Mapping[str, Sequence[Credential]], redactor: Redactor, *, refresh_s: float = 60.0
+    ) -> None:
+        self._credentials = {name: tuple(found) for name, found in credentials.items() if found}
+        self._redactor = redactor
+        self._refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        #: (provider, reference) -> why it could not be read, while it cannot (to warn once, not every time)
+        self._unread: dict[tuple[str, str], str] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read the credentials again if ``refresh_s`` has passed since they were last read."""
+        if self._read_at is not None and time.monotonic() - self._read_at < self._refresh_s:
+            return
+        with self._lock:
+            if self._read_at is not None and time.monotonic() - self._read_at < self._refresh_s:
+                return
+            for name, credentials in self._credentials.items():
+                for credential in credentials:
+                    self._read(name, credential)
+            self._read_at = time.monotonic()
+
+    @property
+    def unread(self) -> dict[tuple[str, str], str]:
+        """(provider, credential reference) -> why it could not be read, for those that cannot be now."""
+        with self._lock:
+            return dict(self._unread)
+
+    def _read(self, provider: str, credential: Credential) -> None:
+        key = (provider, credential.describe())
+        try:
+            credential.resolve(self._redactor)  # the Secret registers its value: that is all it is read for
+        except Exception as exc:  # a credential that cannot be read must not stop the receiver
+            why = self._redactor.text(str(exc)) if isinstance(exc, ConfigError) else type(exc).__name__
+            if self._unread.get(key) != why:
+                log.warning(
+                    "provider %s: its credential %s cannot be read here (%s); webhooks are still received, but "
+                    "an event that carries that credential is stored unmasked unless it has a credential's usual "
+                    "form. Make it readable where the receiver runs (it is tried again every %g s)",
+                    provider,
+                    key[1],
+                    why,
+                    self._refresh_s,
+                )
+            self._unread[key] = why
+            return
+        if self._unread.pop(key, None) is not None:
+            log.info("provider %s: its credential %s can be read again; it is masked", provider, key[1])
+
+
+def parse_webhooks(section: Section, provider_credential: Credential | None = None) -> WebhookConfig:
     section.choice("scheme", ("standard",), "standard")
     secrets = section.strings("secrets", "a list of secret references (env:NAME, file:PATH, keyring:S/U)")
     for ref in secrets:
@@ -57,6 +125,7 @@ def parse_webhooks(section: Section) -> WebhookConfig:
         reference=section.text("reference", "a JSON path to our client reference in the event", None),
         event_type=section.text("type", "a JSON path to the event type", "$.type"),
         read_timeout_s=section.number("read_timeout_s", "seconds to receive a whole delivery", 10.0, minimum=0.1),
+        provider_credentials=() if provider_credential is None else (provider_credential,),
     )
     section.done()
     return config

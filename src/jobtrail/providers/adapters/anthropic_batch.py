@@ -138,7 +138,9 @@ class AnthropicBatchProvider(HttpProvider):
         counts = _counts(body.get("request_counts"))
         total = sum(counts.values()) if counts else 0
         progress = None if not counts or not total else round((total - counts["processing"]) / total, 4)
-        when = extract("$.ended_at", body, {}) or extract("$.cancel_initiated_at", body, {})
+        when = extract("$.ended_at", body, {}, self.redactor) or extract(
+            "$.cancel_initiated_at", body, {}, self.redactor
+        )
         if raw == "in_progress":
             return dataclasses.replace(
                 seen, remote_state=RemoteState.RUNNING, progress=progress, result_ref=None, provider_time=when
@@ -195,8 +197,8 @@ class AnthropicBatchProvider(HttpProvider):
             older = False
             for item in body["data"]:
                 seen_total += 1
-                job_id = extract("$.id", item, {})
-                created = _epoch(extract("$.created_at", item, {}))
+                job_id = extract("$.id", item, {}, self.redactor)
+                created = _epoch(extract("$.created_at", item, {}, self.redactor))
                 if job_id is None or created is None:
                     continue
                 if created < since:
@@ -211,7 +213,7 @@ class AnthropicBatchProvider(HttpProvider):
                 found.append(job_id)
             if older or body.get("has_more") is not True:
                 break
-            after = extract("$.last_id", body, {})
+            after = extract("$.last_id", body, {}, self.redactor)
             if after is None:
                 return LookupOutcome(
                     kind="unknown",

@@ -34,6 +34,7 @@ from jobtrail.domain.canonical import canonical_bytes
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract, parse_path, unusable
 from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
 from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, StatusOutcome
 from jobtrail.providers.http import HttpProvider, parse_config
@@ -174,7 +175,10 @@ class GoogleLroProvider(HttpProvider):
             # not an in-flight duplicate of ours (the requestId would have answered with our operation):
             # the resource exists, made by someone else
             return CreateOutcome(
-                kind="rejected", response=resp, error_class="http_409", detail=f"HTTP 409: {_describe(error)}"
+                kind="rejected",
+                response=resp,
+                error_class="http_409",
+                detail=f"HTTP 409: {_describe(error, self.redactor)}",
             )
         outcome = super().classify_create(resp)
         if outcome.kind == "confirmed" and not usable_name(outcome.remote_job_id):
@@ -190,7 +194,7 @@ class GoogleLroProvider(HttpProvider):
                 kind="rejected",
                 response=resp,
                 error_class=outcome.error_class,
-                detail=f"HTTP {status}: {_describe(error)}",
+                detail=f"HTTP {status}: {_describe(error, self.redactor)}",
                 declared_non_retryable=outcome.declared_non_retryable,
             )
         return outcome
@@ -222,7 +226,7 @@ class GoogleLroProvider(HttpProvider):
         progress = None
         if self.progress_path is not None:
             try:
-                value = extract(self.progress_path, body, {})
+                value = extract(self.progress_path, body, {}, self.redactor)
                 progress = float(value) if value is not None else None
             except ValueError:
                 progress = None
@@ -231,7 +235,8 @@ class GoogleLroProvider(HttpProvider):
             raw_state=raw,
             response=sent,
             progress=progress,
-            provider_time=extract("$.metadata.endTime", body, {}) or extract("$.metadata.updateTime", body, {}),
+            provider_time=extract("$.metadata.endTime", body, {}, self.redactor)
+            or extract("$.metadata.updateTime", body, {}, self.redactor),
         )
 
     async def cancel(self, op: Operation) -> Response | NoAnswer:
@@ -284,7 +289,7 @@ def _error(body: Any) -> dict[str, Any]:
     return error if isinstance(error, dict) else {}
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def _describe(error: Mapping[str, Any], redactor: Redactor) -> str:
     message = error.get("message")
     text = f"{error.get('status') or error.get('code')}: {str(message)[:300] if message else 'no message'}"
-    return text if unusable(text) is None else f"{error.get('status') or error.get('code')}"
+    return text if unusable(text, redactor) is None else f"{error.get('status') or error.get('code')}"

@@ -46,6 +46,7 @@ from jobtrail.domain.canonical import parse_answer
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import unusable
 from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import Redactor
 from jobtrail.providers.contract import (
     CreateOutcome,
     LookupOutcome,
@@ -438,7 +439,7 @@ class OpenAIBatchProvider(_OpenAIProvider):
         return dataclasses.replace(
             outcome,
             progress=progress,
-            result_ref=_result_ref(body),
+            result_ref=_result_ref(body, self.redactor),
             provider_time=when,
             effects={"request_counts": counts} if isinstance(counts, dict) else None,
         )
@@ -533,7 +534,7 @@ class OpenAIFileProvider(_OpenAIProvider):
         if purpose not in FILE_PURPOSES:
             raise ConfigError(f"purpose: expected one of {', '.join(FILE_PURPOSES)}, got {purpose!r}")
         name = request.get("filename", Path(path).name)
-        if not isinstance(name, str) or not name or "/" in name or unusable(name) is not None:
+        if not isinstance(name, str) or not name or "/" in name or unusable(name, None) is not None:
             raise ConfigError("filename: expected a plain file name")
         unknown = sorted(set(request) - {"path", "sha256", "purpose", "filename"})
         if unknown:
@@ -602,12 +603,12 @@ def _read(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _result_ref(batch: Mapping[str, Any]) -> str | None:
+def _result_ref(batch: Mapping[str, Any], redactor: Redactor) -> str | None:
     """``openai-files:output=<id>,error=<id>`` for the files a batch has (None: neither is usable)."""
     parts = []
     for role in ("output", "error"):
         file_id = batch.get(f"{role}_file_id")
-        if isinstance(file_id, str) and _ID.fullmatch(file_id) and unusable(file_id) is None:
+        if isinstance(file_id, str) and _ID.fullmatch(file_id) and unusable(file_id, redactor) is None:
             parts.append(f"{role}={file_id}")
     return _REF_PREFIX + ",".join(parts) if parts else None
 

@@ -39,6 +39,7 @@ from jobtrail.domain.canonical import canonical_bytes
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import unusable
 from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
 from jobtrail.providers.contract import CreateOutcome, LookupOutcome, NoAnswer, ReconcileMode, Response, StatusOutcome
 from jobtrail.providers.egress import UrlRefused
@@ -141,10 +142,10 @@ class ReplicateProvider(HttpProvider):
                 detail=f"HTTP 429 from Replicate's rate limiter (no prediction is made); {_problem(body)}",
             )
         if 200 <= status < 300 and body.get("status") == "succeeded" and body.get("output") is not None:
-            job_id = _usable(body.get("id"))
+            job_id = _usable(body.get("id"), self.redactor)
             # finished within Prefer: wait (any 2xx, not only 200): a JSON output is the result itself;
             # file outputs still have to be downloaded, so the job is confirmed and collected as usual
-            if job_id is not None and _file_urls(body["output"]) is None:
+            if job_id is not None and _file_urls(body["output"], self.redactor) is None:
                 return CreateOutcome(kind="synchronous", response=resp, remote_job_id=job_id, result=body["output"])
         outcome = super().classify_create(resp)
         if outcome.kind == "rejected" and body:
@@ -156,7 +157,7 @@ class ReplicateProvider(HttpProvider):
         body = outcome.response.body
         ref = None
         if outcome.remote_state is RemoteState.SUCCEEDED and isinstance(body, dict):
-            files = _file_urls(body.get("output"))
+            files = _file_urls(body.get("output"), self.redactor)
             if files is not None and len(files) == 1:
                 ref = files[0]
         # the declared path reads no reference: only a single file URL is one; JSON and several
@@ -178,7 +179,7 @@ class ReplicateProvider(HttpProvider):
                 sent, body={"error": "not_succeeded", "detail": f"the prediction is {body.get('status')!r}"}
             )
         output = body.get("output")
-        files = _file_urls(output)
+        files = _file_urls(output, self.redactor)
         if files is None:
             return _json_result(sent, canonical_bytes(output))
         if len(files) == 1:
@@ -254,7 +255,7 @@ class ReplicateProvider(HttpProvider):
                 if not isinstance(item, dict):
                     continue
                 created = _epoch_us(item.get("created_at"))
-                job_id = _usable(item.get("id"))
+                job_id = _usable(item.get("id"), self.redactor)
                 if job_id is None or (version is not None and item.get("version") != version):
                     continue
                 if created is None:
@@ -289,21 +290,21 @@ class ReplicateProvider(HttpProvider):
         )
 
 
-def _file_urls(output: Any) -> list[str] | None:
+def _file_urls(output: Any, redactor: Redactor) -> list[str] | None:
     """The output's file URLs when it is one URL or a list of nothing but URLs; None for other JSON."""
     if isinstance(output, str):
-        return [output] if _is_url(output) else None
-    if isinstance(output, list) and output and all(isinstance(v, str) and _is_url(v) for v in output):
+        return [output] if _is_url(output, redactor) else None
+    if isinstance(output, list) and output and all(isinstance(v, str) and _is_url(v, redactor) for v in output):
         return list(output)
     return None
 
 
-def _is_url(text: str) -> bool:
-    return text.startswith(("https://", "http://")) and unusable(text) is None
+def _is_url(text: str, redactor: Redactor) -> bool:
+    return text.startswith(("https://", "http://")) and unusable(text, redactor) is None
 
 
-def _usable(value: Any) -> str | None:
-    return value if isinstance(value, str) and value and unusable(value) is None else None
+def _usable(value: Any, redactor: Redactor) -> str | None:
+    return value if isinstance(value, str) and value and unusable(value, redactor) is None else None
 
 
 def _problem(body: Mapping[str, Any]) -> str:

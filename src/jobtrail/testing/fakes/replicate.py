@@ -8,7 +8,8 @@ created_at, started_at, completed_at, urls}``, problem bodies ``{"title", "detai
 
 A prediction's ``input`` may script it: ``fake_output`` = ``"tokens"`` (a JSON list of strings,
 the default), ``"json_file"`` (one URL of a JSON file), ``"png"`` (one URL of PNG bytes),
-``"pngs"`` (a list of two PNG URLs); ``fake_fail`` = true (ends ``failed``); ``fake_duration``
+``"pngs"`` (a list of two PNG URLs), ``"png_echoing_token"`` (one URL that carries the API token, as a
+hostile model's output could); ``fake_fail`` = true (ends ``failed``); ``fake_duration``
 (seconds). Create faults are :class:`jobtrail.testing.Fault` values (``drop``, ``http``), one per
 create, in order.
 
@@ -188,6 +189,8 @@ class ReplicateFake(ServedInThread):
             return f"{files}/out-0.png"
         if kind == "pngs":
             return [f"{files}/out-0.png", f"{files}/out-1.png"]
+        if kind == "png_echoing_token":
+            return f"{files}/{self.token}.png"
         return ["Hello", ", ", "world"]
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
