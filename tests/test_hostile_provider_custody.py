@@ -30,7 +30,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract
 from jobtrail.domain.redact import Redactor, Secret
 from jobtrail.ledger.results import read_result
-from jobtrail.providers.contract import guarantees
+from jobtrail.providers.contract import NoAnswer, guarantees
 from jobtrail.providers.egress import (
     AddressRefused,
     EgressPolicy,
@@ -330,6 +330,26 @@ def test_a_declared_download_host_is_fetched_without_the_credential_and_stored_b
     assert w.leaked_elsewhere(canary) == []
     assert read_result(store, op_id)[1] == b'{"answer": 42, "from": "storage"}'
     assert w.side.connections == 0
+
+
+def test_a_worker_whose_first_request_is_a_download_knows_the_credential_already(store: Store, canary: str) -> None:
+    """A worker restarted with a result to collect sends nothing to the provider before its download: the
+    reference it is handed (here, one that carries the credential) is still judged against the credential,
+    and the download host never sees it."""
+
+    async def go() -> tuple[Any, World]:
+        async with world() as w:
+            config = w.config()
+            jt = AsyncJobtrail(store=store, providers=[config])
+            op = await jt.submit("hostile", {"input": "x"})
+            await jt.aclose()
+            fresh = load_provider(config)  # nothing resolved its credential yet
+            return await fresh.fetch_result(op, f"{w.storage.origin}/blob/{canary}"), w
+
+    answer, w = asyncio.run(go())
+    assert isinstance(answer, NoAnswer) and answer.error_class == "refused", answer
+    assert "carries a credential" in answer.detail
+    assert w.storage.requests == [] and w.hostile.server.requests == []
 
 
 def test_without_a_credential_the_provider_still_cannot_pick_an_address(store: Store) -> None:

@@ -787,6 +787,9 @@ class HttpProvider:
     async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
         cfg = self.config
         max_bytes = cfg.result_spec.max_bytes
+        # the reference is judged and the result checked against the credential before anything is sent, and a
+        # download host never gets it: read it now, or a worker whose first request is a download knows none
+        await self._credential_headers()
         if cfg.result_from_status is not None:
             return await self._result_from_status(op)
         if cfg.result is not None and cfg.result.names("result_ref"):
