@@ -2,12 +2,12 @@
 
 The hostile provider is a real HTTP server on 127.0.0.1 written here. It checks that the canary
 credential arrives (so the credential really is in play), then hands it back: ``\\u``-escaped, percent-
-encoded, base64, split across JSON strings, as a status string, as a JSON key, as a response-header
-name, in a problem body. What must hold: the canary is found in no form in the ledger's files (SQLite
-incl. -wal/-shm, PostgreSQL rows, result files), the logs, any CLI command's output or any MCP tool's
-answer; a result carrying it is refused (``result_validation_failed``, check ``no_credentials``); and
-an honest result whose field names merely sound secret is stored byte for byte, its sha256 matching
-the history.
+encoded, base64, MIME base64 (wrapped in lines, a break inside the credential), split across JSON
+strings, as a status string, as a JSON key, as a response-header name, in a problem body. What must
+hold: the canary is found in no form in the ledger's files (SQLite incl. -wal/-shm, PostgreSQL rows,
+result files), the logs, any CLI command's output or any MCP tool's answer; a result carrying it is
+refused (``result_validation_failed``, check ``no_credentials``); and an honest result whose field
+names merely sound secret is stored byte for byte, its sha256 matching the history.
 """
 
 from __future__ import annotations
@@ -48,6 +48,22 @@ ENV = "HOSTILE_API_KEY"
 
 def _u_escaped(text: str) -> str:
     return "".join(f"\\u{ord(c):04x}" for c in text)
+
+
+def _mime(text: str) -> str:
+    """``text`` as MIME base64 (RFC 2045): lines of 76 characters. For ``Authorization: Bearer <canary>`` the
+    first ends inside the canary."""
+    return base64.encodebytes(text.encode()).decode()
+
+
+def _hits(canary: str, haystack: bytes | str) -> list[str]:
+    """:func:`canary_hits`, also with every line break taken out (CR, LF and their JSON escapes): base64
+    wrapped in lines as any decoder reads it."""
+    data = haystack.encode() if isinstance(haystack, str) else haystack
+    unwrapped = data
+    for brk in (b"\\r", b"\\n", b"\r", b"\n"):
+        unwrapped = unwrapped.replace(brk, b"")
+    return canary_hits(canary, data) + [f"{hit} without line breaks" for hit in canary_hits(canary, unwrapped)]
 
 
 class HostileProvider:
@@ -113,6 +129,8 @@ class HostileProvider:
             return web.json_response({"status": c})
         if mode == "key":  # the credential as a JSON key and as a response-header name
             return web.json_response({"status": "succeeded", c: "x", "detail": {c: 1}}, headers={c: "1"})
+        if mode == "mime":  # in MIME base64 in a status answer (which is kept, masked)
+            return web.json_response({"status": "succeeded", "debug": _mime(f"Authorization: Bearer {c}")})
         return web.json_response({"status": "succeeded"})
 
     async def _result(self, request: web.Request) -> web.StreamResponse:
@@ -123,6 +141,7 @@ class HostileProvider:
             "percent": '{"link": "https://files.example/?k=' + urllib.parse.quote(c, safe="") + '"}',
             "base64": '{"auth": "' + base64.b64encode(f"Bearer {c}".encode()).decode() + '"}',
             "split": json.dumps({"parts": [c[:9], c[9:]]}),
+            "mime": json.dumps({"attachment": _mime(f"Authorization: Bearer {c}")}),
         }
         headers = {c: "1"} if mode == "key" else {}
         body = bodies[mode].encode() if mode in bodies else HONEST_RESULT
@@ -143,7 +162,7 @@ class HostileProvider:
         }
 
 
-REFUSED_MODES = ("escaped", "percent", "base64", "split", "sync_echo")
+REFUSED_MODES = ("escaped", "percent", "base64", "mime", "split", "sync_echo")
 STORED_MODES = ("honest", "state", "key", "sync_names")
 
 
@@ -284,8 +303,8 @@ def test_a_hostile_provider_never_gets_the_credential_stored_shown_or_handed_to_
         assert history[-1]["sha256"] == digest
         stored = ledger_bytes(store)
     assert b"[REDACTED]" not in data
-    assert canary_hits(canary, stored) == []
-    assert canary_hits(canary, caplog.text) == []
+    assert _hits(canary, stored) == []
+    assert _hits(canary, caplog.text) == []
 
     # every read command's output, for every operation
     outputs: list[bytes] = []
@@ -306,7 +325,7 @@ def test_a_hostile_provider_never_gets_the_credential_stored_shown_or_handed_to_
             outputs.append(_cli_in_process(db_url, *args))
     shown = _cli(db_url, "result", ids["honest"])
     assert shown.returncode == 0 and shown.stdout == HONEST_RESULT
-    assert canary_hits(canary, b"\n".join(outputs)) == []
+    assert _hits(canary, b"\n".join(outputs)) == []
 
     # every MCP tool's answer, to the agent that submitted them
     calls: list[tuple[str, dict[str, Any]]] = [("list_jobs", {"limit": 1000}), ("jobs_needing_a_person", {})]
@@ -314,7 +333,7 @@ def test_a_hostile_provider_never_gets_the_credential_stored_shown_or_handed_to_
         calls += [("job_status", {"operation_id": op_id}), ("get_result", {"operation_id": op_id})]
         calls += [("wait_for_change", {"operation_id": op_id, "timeout_s": 0})]
     answers = asyncio.run(_session(_mcp_params(db_url, provider_file, "agent-a"), calls))
-    assert canary_hits(canary, "\n".join(text for _, text in answers)) == []
+    assert _hits(canary, "\n".join(text for _, text in answers)) == []
     by_call = {
         (name, args.get("operation_id")): answer for (name, args), (answer, _) in zip(calls, answers, strict=True)
     }
@@ -334,6 +353,10 @@ def test_the_null_redactor_proves_the_scan_would_see_a_leak(canary: str) -> None
         canary.encode().hex(),
     ):
         assert canary_hits(canary, f"before {leaked} after") != [], leaked
+    # MIME base64 with a line break in the middle of the canary is seen once the breaks are taken out
+    mime = _mime(f"Authorization: Bearer {'.' * 16}{canary}")
+    for leaked in (mime, json.dumps(mime)):
+        assert canary_hits(canary, leaked) == [] and _hits(canary, leaked) != [], leaked
 
 
 @pytest.mark.parametrize(
@@ -349,6 +372,11 @@ def test_the_null_redactor_proves_the_scan_would_see_a_leak(canary: str) -> None
         pytest.param(lambda c: "z" + base64.b64encode(b"Bearer " + c.encode()).decode(), True, id="base64-offset"),
         pytest.param(lambda c: base64.urlsafe_b64encode(b"xy" + c.encode()).decode(), True, id="base64url-offset2"),
         pytest.param(lambda c: c.encode().hex().upper(), True, id="hex"),
+        pytest.param(lambda c: _mime(f"Authorization: Bearer {c}"), True, id="mime-base64"),
+        pytest.param(lambda c: _mime(f"Authorization: Bearer {c}").replace("\n", "\r\n"), True, id="mime-base64-crlf"),
+        pytest.param(
+            lambda c: json.dumps({"a": _mime(f"Authorization: Bearer {c}")}), True, id="mime-base64-json-escaped"
+        ),
         pytest.param(lambda c: json.dumps([c[:7], c[7:]]), True, id="split-across-strings"),
         pytest.param(lambda c: json.dumps({c[:7]: c[7:]}), True, id="split-key-value"),
         pytest.param(lambda c: "&#" + ";&#".join(str(ord(ch)) for ch in c) + ";", True, id="html-entities"),

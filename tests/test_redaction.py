@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import re
 import secrets
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -319,30 +321,52 @@ def _masked_by_every_pattern(text: str) -> str:
 
 
 def _plain_decoded_forms(text: str) -> set[str]:
-    """Every base64 and hex run decoded the plain way: both alphabets for each base64 run, whole byte pairs."""
+    """Every base64 and hex run decoded the plain way: both alphabets for each base64 run, whole byte pairs;
+    also each base64 run wrapped in lines (:func:`_plain_wrapped_runs`), and the hex runs in it."""
     import binascii
     import re
 
     forms: set[str] = set()
-    for run in re.findall(r"[A-Za-z0-9+/_-]{8,}={0,2}", text):
+    wrapped = _plain_wrapped_runs(text)
+    for run in re.findall(r"[A-Za-z0-9+/_-]{8,}={0,2}", text) + wrapped:
         for decode in (base64.b64decode, base64.urlsafe_b64decode):
             try:
                 forms.add(decode(run + "=" * (-len(run) % 4)).decode("utf-8", errors="replace"))
             except (binascii.Error, ValueError):
                 continue
-    for run in re.findall(r"(?:[0-9A-Fa-f]{2}){4,}", text):
+    for run in re.findall(r"(?:[0-9A-Fa-f]{2}){4,}", " ".join([text, *wrapped])):
         forms.add(bytes.fromhex(run).decode("utf-8", errors="replace"))
     return forms - {text}
 
 
-_RUNS = st.text(alphabet=st.sampled_from("aZ09+/_-=fF3 .\\%&"), max_size=60)
+def _plain_wrapped_runs(text: str) -> list[str]:
+    """Base64 wrapped in lines, found the plain way: every line break as LF (JSON's escaped ones first), then a
+    run of 16 characters or more before each break, and a run after the last, the breaks taken out."""
+    lf = re.sub(r"\r\n|\r", "\n", re.sub(r"\\r\\n|\\n|\\r", "\n", text))
+    return [
+        w.replace("\n", "") for w in re.findall(r"(?<![A-Za-z0-9+/_-])(?:[A-Za-z0-9+/_-]{16,}\n)+[A-Za-z0-9+/_-]+", lf)
+    ]
+
+
+_RUNS = st.text(alphabet=st.sampled_from("aZ09+/_-=fF3 .\\%&\n\rnr"), max_size=60)
+#: base64 lines of 16 characters and more, and breaks to fall between them
+_LINE_PIECES = st.sampled_from(["QmVhcmVy" * 2, "c2stYWJj" * 3, "0123456789abcdef", "\n", "\r\n", "\\n", " "])
+_LINES = st.lists(_LINE_PIECES).map("".join)
+_BEARER_B64 = base64.b64encode(b"Bearer abcdefghijklmnop").decode()
 _SECRETS_IN_RUNS = st.sampled_from(
-    ["", base64.b64encode(b"Bearer abcdefghijklmnop").decode(), "sk-" + "a" * 24, (b"token=" + b"x" * 20).hex()]
+    [
+        "",
+        _BEARER_B64,
+        "sk-" + "a" * 24,
+        (b"token=" + b"x" * 20).hex(),
+        # in lines of 16 characters (the first ends five letters into the token): LF, CRLF, as JSON escapes
+        *(brk.join(_BEARER_B64[i : i + 16] for i in range(0, len(_BEARER_B64), 16)) for brk in ("\n", "\r\n", "\\n")),
+    ]
 )
 
 
 @settings(max_examples=500, deadline=None)
-@given(_RUNS, _SECRETS_IN_RUNS, _RUNS)
+@given(_RUNS | _LINES, _SECRETS_IN_RUNS, _RUNS | _LINES)
 def test_the_quick_decoding_finds_the_forms_the_plain_decoding_finds(before: str, secret: str, after: str) -> None:
     """A base64 run of letters and digits is decoded once (both alphabets read it alike) and hex runs are
     found by a plain class: the forms searched for credentials are the same; so is the verdict, which
@@ -365,6 +389,91 @@ def test_the_quick_decoding_finds_the_forms_the_plain_decoding_finds(before: str
     together = "\n".join(redact._decoded_forms(text, deep=True, together=True))
     if any(redact._strong_hint(form) for form in quick):
         assert redact._strong_hint(together)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.lists(
+        _LINE_PIECES | st.sampled_from(["Zm9v", "a", "=", "+/-_", ".", "\\", "\r", "n", "r", "é"]), max_size=30
+    ).map("".join)
+)
+def test_wrapped_base64_is_found_at_its_breaks_as_a_search_of_every_character_finds_it(text: str) -> None:
+    """Base64 wrapped in lines is looked for from each line break only, not tried from every character:
+    the same runs as a plain search, with the breaks taken out."""
+    from jobtrail.domain import redact
+
+    assert redact._wrapped_runs(text) == _plain_wrapped_runs(text)
+
+
+def _mime(data: bytes) -> str:
+    """``data`` as MIME base64 (RFC 2045): lines of 76 characters, each ended by LF."""
+    return base64.encodebytes(data).decode()
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        pytest.param(lambda mime: mime, id="lf"),
+        pytest.param(lambda mime: mime.replace("\n", "\r\n"), id="crlf"),
+        pytest.param(lambda mime: json.dumps({"attachment": mime}), id="json-escaped-lf"),
+        pytest.param(lambda mime: json.dumps({"attachment": mime.replace("\n", "\r\n")}), id="json-escaped-crlf"),
+        pytest.param(lambda mime: "z" + mime, id="after-a-base64-character"),
+        pytest.param(lambda mime: urllib.parse.quote(json.dumps({"a": mime})), id="percent-encoded-json"),
+    ],
+)
+def test_a_credential_in_mime_base64_is_found_across_its_line_breaks(wrap: Callable[[str], str]) -> None:
+    """A hostile provider echoes ``Authorization: Bearer <credential>`` as MIME base64 (``base64.encodebytes``):
+    a line break inside the credential's base64 hid it from every check, yet any decoder skips the break."""
+    from jobtrail.domain import redact
+
+    canary = f"jtcanary_cred_{secrets.token_hex(12)}"
+    redactor = Redactor()
+    redactor.register(canary)
+    mime = _mime(f"Authorization: Bearer {canary}".encode())
+    assert canary in base64.b64decode(mime).decode()
+    assert not any(core in mime for core in redact._b64_cores(canary.encode())), "the break is not in the credential"
+    text = wrap(mime)
+    assert redactor.contains_secret(text) and redactor.contains_secret(text.encode())
+    assert redactor.text(text) == REDACTED  # every string written (a status answer's, a log line's)
+    assert redactor.value({"debug": text}) == {"debug": REDACTED}
+    assert redactor.result_value({"attachment": text}) == {"withheld": redact.WITHHELD_CREDENTIAL}
+    assert redactor.looks_like_credential(text) and redactor.secret_paths({"prompt": text}) == ["$.prompt"]
+
+
+def test_a_credential_in_mime_base64_lines_split_across_strings_is_found() -> None:
+    """MIME base64 as a JSON list of its lines, each with its line break."""
+    canary = f"jtcanary_cred_{secrets.token_hex(12)}"
+    redactor = Redactor()
+    redactor.register(canary)
+    lines = _mime(f"Authorization: Bearer {canary}".encode()).splitlines(keepends=True)
+    assert redactor.contains_secret(json.dumps({"attachment": lines}))
+
+
+@pytest.mark.parametrize("width", [76, 64, 16])
+def test_a_secret_format_in_base64_wrapped_in_lines_is_seen_across_the_breaks(width: int) -> None:
+    """A known secret format (no credential registered) in base64 wrapped in lines, cut by a break so that no
+    line decodes to it alone: seen once the lines are decoded as one run."""
+    from jobtrail.domain import redact
+
+    header = b"Authorization: Bearer sk"  # a line ends after "sk", the next starts "-ant-api03-..."
+    plain = b"." * (-len(header) % (width // 4 * 3)) + header + b"-ant-api03-" + b"A1b2" * 10
+    encoded = base64.b64encode(plain).decode()
+    lines = [encoded[i : i + width] for i in range(0, len(encoded), width)]
+    assert any(base64.b64decode(line).endswith(b"Bearer sk") for line in lines)
+    for text in ("\n".join(lines), "\r\n".join(lines), json.dumps("\n".join(lines))):
+        assert not any(redact.looks_secret(line) for line in lines)
+        assert redact.looks_secret(text), text
+        assert Redactor().secret_paths({"prompt": text}) == ["$.prompt"]
+
+
+def test_prose_in_lines_is_not_read_as_wrapped_base64() -> None:
+    """A word that ends a line is not taken for a line of base64: only a run of 16 characters or more is read
+    on across a break (MIME's lines are 76, PEM's 64)."""
+    from jobtrail.domain import redact
+
+    prose = "Please categorise these customer\ncomplaints by severity and\nsummarise them.\n" * 100
+    assert redact._wrapped_runs(prose) == []
+    assert redact._wrapped_runs(json.dumps(prose)) == []
 
 
 def test_a_long_prompt_is_checked_for_credentials_in_milliseconds_not_per_word() -> None:

@@ -21,6 +21,7 @@ import html
 import json
 import logging
 import re
+import string
 import threading
 import urllib.parse
 import weakref
@@ -447,10 +448,10 @@ class Redactor:
         """Does ``data`` carry a registered credential, in any encoding we can undo?
 
         Looks through JSON ``\\u`` escapes, percent-encoding (also ``+`` for space),
-        HTML entities, base64 (standard and URL-safe, at any alignment), hex, and
-        nestings of these; in a JSON document also through a value split across
-        several strings. Never says *which* credential or where: callers refuse
-        the whole input.
+        HTML entities, base64 (standard and URL-safe, at any alignment, also wrapped
+        in lines as MIME writes it), hex, and nestings of these; in a JSON document
+        also through a value split across several strings. Never says *which*
+        credential or where: callers refuse the whole input.
         """
         detect = self._detect
         if not detect:
@@ -462,9 +463,24 @@ class Redactor:
 
     def _hidden(self, text: str) -> bool:
         """The cheap check for every string we write: exact forms, then decoding only if it looks encoded."""
-        if any(form in text for form in self._detect):
+        if self._holds(text):
             return True
         return ("\\" in text or "%" in text or "&" in text) and self._found(text, deep=False)
+
+    def _holds(self, text: str) -> bool:
+        """Does ``text`` hold one of the exact forms, as it is or with its line breaks (CR, LF) taken out?
+
+        MIME base64 (RFC 2045) is wrapped in lines of 76 characters, and every decoder skips the breaks:
+        a break inside a credential's base64 cuts each of its exact forms (and its base64 cores) in two.
+        Every break is taken out, whatever is around it and however long the lines: that costs less than
+        finding the breaks between base64 characters, and a registered form found across any break is a
+        leak too.
+        """
+        detect = self._detect
+        if any(form in text for form in detect):
+            return True
+        joined = _unwrapped(text)
+        return len(joined) != len(text) and any(form in joined for form in detect)
 
     def _found(self, text: str, *, deep: bool = True) -> bool:
         """Exact forms, then the same after undoing encodings (a few rounds, for nestings).
@@ -486,13 +502,13 @@ class Redactor:
                 if candidate in seen or len(candidate) < shortest:
                     continue
                 seen.add(candidate)
-                if any(form in candidate for form in detect):
+                if self._holds(candidate):
                     return True
                 nxt.extend(c for c in _decoded_forms(candidate, deep=deep, at_least=shortest) if c not in seen)
             if not nxt:
                 return False
             frontier = nxt
-        return any(form in c for c in frontier for form in detect)
+        return any(self._holds(c) for c in frontier)
 
     def _split_across_strings(self, text: str) -> bool:
         # only worth parsing when it looks like JSON and holds more than one string
@@ -510,7 +526,10 @@ class Redactor:
             return False
         # short values would match by accident in a long concatenation; a credential may run on from a key
         # into its value, or from one value into the next (the key between them left out)
-        joined = ("".join(pieces), "".join(values))
+        joined = ["".join(pieces), "".join(values)]
+        unwrapped = _unwrapped(joined[1])  # MIME base64 as a list of its lines, each with its line break
+        if len(unwrapped) != len(joined[1]):
+            joined.append(unwrapped)
         return any(form in text for text in joined for form in self._detect if len(form) >= 8)
 
     def registered(self) -> tuple[str, ...]:
@@ -753,6 +772,16 @@ _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\
 #: the shortest base64 or hex run decoded (the {8,} of both; a shorter text holds none)
 _SHORTEST_RUN = 8
 _B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
+#: base64 wrapped in lines is read on across a line break that ends a run of at least this many characters:
+#: a whole line (MIME's are 76 characters, PEM's 64), not a word of prose at a line's end
+_WRAP_WIDTH = 16
+#: such a break (once every break is LF, see _lf_breaks) and the run after it. A literal first: the regex engine
+#: skips from LF to LF; a search that starts with a character class, or a lookbehind, is tried at every character
+#: (milliseconds for 64 KiB of prose)
+_WRAP_BREAK = re.compile(rf"\n(?<=[A-Za-z0-9+/_-]{{{_WRAP_WIDTH}}}\n)[A-Za-z0-9+/_-]+")
+_B64_CHARS = string.ascii_letters + string.digits + "+/_-"
+#: a line break written as a JSON escape; a literal first, as in _WRAP_BREAK
+_ESCAPED_BREAK = re.compile(r"\\(?:r\\n|[rn])")
 #: runs of eight hex digits or more, read as whole bytes (an odd run's last digit is left out); a class
 #: repeated, not pairs of it, which the regex engine tried again at every digit of prose
 _HEX_RUN = re.compile(r"[0-9A-Fa-f]{8,}")
@@ -772,6 +801,42 @@ def _remembered(cache: dict[str, _T], value: str, compute: Callable[[str], _T]) 
             cache.clear()
         cache[value] = out
     return out
+
+
+def _lf_breaks(text: str) -> str:
+    """``text`` with each of its line breaks as one LF: first the JSON escapes ``\\r\\n``, ``\\n`` and ``\\r``,
+    then CRLF and CR (``text`` itself if it has none of those)."""
+    # (in 64 KiB a search for one character takes a microsecond, one for two some eighty: "\\n" in text is not asked)
+    if "\\" in text:
+        text = _ESCAPED_BREAK.sub("\n", text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+def _unwrapped(text: str) -> str:
+    """``text`` without its CRs and LFs (``text`` itself if it has none). Line breaks written as JSON escapes stay:
+    :meth:`Redactor._found` reads the text unescaped too, and the breaks are there."""
+    if "\r" in text:
+        text = text.replace("\r", "")
+    return text.replace("\n", "") if "\n" in text else text
+
+
+def _wrapped_runs(text: str) -> list[str]:
+    """The base64 runs in ``text`` wrapped in lines, each without its line breaks: a run of at least
+    :data:`_WRAP_WIDTH` characters that ends a line, the next line's first run, and on while the line before
+    a break is all one run that long. Only the breaks are looked at, not every character."""
+    text = _lf_breaks(text)
+    wrapped: list[list[str]] = []
+    end = -1
+    for brk in _WRAP_BREAK.finditer(text):  # (each match holds the run after its break)
+        at = brk.start()
+        if at != end:  # a new wrapped run, from where the last run of the line before starts
+            line = text[text.rfind("\n", 0, at) + 1 : at]
+            wrapped.append([line[len(line.rstrip(_B64_CHARS)) :]])
+        end = brk.end()
+        wrapped[-1].append(text[at + 1 : end])
+    return ["".join(lines) for lines in wrapped]
 
 
 def _unescape_json(text: str) -> str:
@@ -804,6 +869,10 @@ def _decoded_forms(text: str, *, deep: bool, together: bool = False, at_least: i
         return [f for f in forms if f != text]
     quanta: list[str] = []
     runs = dict.fromkeys(_B64_RUN.findall(text))  # prose repeats its words: each decoded once
+    if "\n" in text or "\r" in text or "\\" in text:
+        # base64 wrapped in lines is also decoded as one run, as any decoder reads it (each line stays a run of
+        # its own: the first may start with something else)
+        runs.update(dict.fromkeys(_wrapped_runs(text)))
     for run in runs:
         if len(run) * 3 // 4 < at_least:  # four characters are three bytes at most
             continue
