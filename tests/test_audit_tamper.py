@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobtrail import AsyncJobtrail, State, Store
+from jobtrail import AsyncJobtrail, Operation, State, Store, ValidatedResult
+from jobtrail.domain.canonical import floatless_json
 from jobtrail.ledger.audit import make_anchor, verify
 from jobtrail.ledger.chain import entry_hash, observation_digest
 from jobtrail.ledger.files import data_dir
-from jobtrail.ledger.results import INLINE_MAX_BYTES, read_result, stored_result
+from jobtrail.ledger.results import INLINE_MAX_BYTES, prepare_result, read_result, stored_result
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider
@@ -266,6 +267,84 @@ def test_a_deleted_result_row_is_caught(ledger: Ledger) -> None:
     sql(ledger.store, "DELETE FROM results WHERE operation_id = :i", i=ledger.inline)
     named(verify_cli(ledger), ledger.inline, "result", "deleted")
     refuses_result(ledger, ledger.inline, "no result is stored")
+
+
+def a_batch_with_failures(store: Store) -> Operation:
+    """A batch's result as the collector stores it: 3 of its 10 items failed, named in its summary."""
+    op = op_in(store, S.RESULT_COLLECTING)
+    stored = prepare_result(
+        store,
+        op.operation_id,
+        b'{"lines": 10}',
+        content_type="application/json",
+        checks=[{"check": "content_type", "ok": True}, {"check": "json", "ok": True}],
+        summary={"items": 10, "succeeded": 7, "failed": 3, "failed_ids": ["r-4", "r-5", "r-9"]},
+    )
+    evidence = ValidatedResult(
+        sha256=stored.sha256, size=stored.size, content_type="application/json", checks=("content_type", "json")
+    )
+    return store.transition(op, S.SUCCEEDED, evidence, actor="worker", result=stored)
+
+
+#: every column of a result's record besides its bytes and sha256, and a forged value for it
+RESULT_RECORD: dict[str, Any] = {
+    "summary": json.dumps({"items": 10, "succeeded": 10, "failed": 0, "failed_ids": []}),  # no partial failure
+    "checks": json.dumps([{"check": "content_type", "ok": False}, {"check": "json", "ok": False}]),
+    "content_type": "text/html",
+    "size": 999_999,
+    "redacted": True,
+    "path": "elsewhere",
+    "stored_at_us": 1,
+}
+
+
+@pytest.mark.parametrize("column", sorted(RESULT_RECORD))
+def test_an_edited_result_record_is_named_even_with_an_anchor(store: Store, column: str) -> None:
+    """What ops show, result --json, MCP and the dashboard show of a result (its per-item summary, checks,
+    content type, size...) is covered by the entry that recorded it, not only its bytes."""
+    op = a_batch_with_failures(store)
+    anchor = make_anchor(store)
+    drop_guards(store)
+    sql(store, f"UPDATE results SET {column} = :v WHERE operation_id = :i", v=RESULT_RECORD[column], i=op.operation_id)
+    bad = verify(store, anchor=anchor).findings
+    assert [(f.operation_id, f.field, f.kind) for f in bad] == [(op.operation_id, "result", "edited")]
+    assert f"its {column} differs from what entry {op.version} recorded" in bad[0].detail
+
+
+def test_an_edited_result_record_names_each_column_that_differs(store: Store) -> None:
+    op = a_batch_with_failures(store)
+    drop_guards(store)
+    sql(store, "UPDATE results SET summary = NULL, size = 1 WHERE operation_id = :i", i=op.operation_id)
+    (bad,) = verify(store).findings
+    assert (bad.field, bad.kind) == ("result", "edited")
+    assert "its size, summary differ" in bad.detail
+
+
+def test_a_result_recorded_before_its_record_was_covered_still_verifies(store: Store) -> None:
+    """An entry written before ``result_record`` covers the stored bytes only: no false alarm on the rest of
+    the record, the bytes still checked; an entry rewritten to look that old is the anchor's to catch."""
+    op = a_batch_with_failures(store)
+    anchor = make_anchor(store)
+    drop_guards(store)
+    last = history(store, op.operation_id)[-1]
+    covers = json.loads(last["covers"])
+    del covers["result_record"]
+    older = forge(last, covers=floatless_json(covers))
+    sql(store, "DELETE FROM history WHERE operation_id = :i AND seq = :s", i=op.operation_id, s=last["seq"])
+    insert_entry(store, older)
+    sql(
+        store,
+        "UPDATE operations SET history_head = :h WHERE operation_id = :i",
+        h=older["entry_hash"],
+        i=op.operation_id,
+    )
+    assert verify(store).ok
+
+    sql(store, "UPDATE results SET summary = NULL WHERE operation_id = :i", i=op.operation_id)
+    assert verify(store).ok  # the documented limit of such an entry
+    sql(store, "UPDATE results SET body = :b WHERE operation_id = :i", b=b"{}", i=op.operation_id)
+    assert [(f.field, f.kind) for f in verify(store).findings] == [("result", "edited")]
+    assert ("anchor_mismatch", "history") in [(f.kind, f.field) for f in verify(store, anchor=anchor).findings]
 
 
 # -- observations -------------------------------------------------------------------------------------

@@ -451,25 +451,32 @@ def _check_observations(op_id: str, entries: list[dict[str, Any]], observations:
 
 def recorded_result_digest(entries: list[dict[str, Any]]) -> tuple[int, str] | None:
     """(seq, sha256) of the newest entry that recorded a stored result, from the chain itself."""
+    recorded = _recorded_result(entries)
+    return None if recorded is None else recorded[:2]
+
+
+def _recorded_result(entries: list[dict[str, Any]]) -> tuple[int, str, dict[str, Any] | None] | None:
+    """(seq, sha256, the digests of the rest of its row) of the newest entry that recorded a stored result;
+    the digests are None for an entry written before they were (it covers the bytes only)."""
     for entry in reversed(entries):
         covers = _covers(entry)
         if covers is not None and covers.get("result"):
-            return entry["seq"], str(covers["result"])
+            return entry["seq"], str(covers["result"]), covers.get("result_record")
         if covers is None and entry["cause"] == "validated_result":
             digest = json.loads(entry["evidence"]).get("sha256")
             if isinstance(digest, str):
-                return entry["seq"], digest
+                return entry["seq"], digest, None
     return None
 
 
 def _check_result(
     op_id: str, entries: list[dict[str, Any]], stored: dict[str, Any] | None, results_dir: Path
 ) -> list[Finding]:
-    recorded = recorded_result_digest(entries)
+    recorded = _recorded_result(entries)
     if recorded is None:
         # a result stored but never recorded (a crash between the two) is never served: nothing to protect
         return []
-    seq, digest = recorded
+    seq, digest, record = recorded
     if stored is None:
         return [Finding(op_id, seq, "deleted", f"result: entry {seq} recorded a result; its row is gone", "result")]
     if isinstance(stored["body"], (bytes, memoryview)):
@@ -500,6 +507,19 @@ def _check_result(
                 op_id, seq, "edited", f"result.sha256: differs from the sha256 entry {seq} recorded", "result.sha256"
             )
         )
+    if record is not None:  # the rest of the row: its summary, checks, content type, size... as stored
+        edited = sorted(name for name, covered in record.items() if _field_digest(stored.get(name)) != covered)
+        if edited:
+            differ = "differs" if len(edited) == 1 else "differ"
+            findings.append(
+                Finding(
+                    op_id,
+                    seq,
+                    "edited",
+                    f"result: its {', '.join(edited)} {differ} from what entry {seq} recorded",
+                    "result",
+                )
+            )
     return findings
 
 

@@ -23,7 +23,13 @@ ledger to the chain:
     the operation's observations stored since the previous entry:
     ``{"after": id, "upto": id, "count": n, "digest": sha256 of [[id, digest], ...]}``;
 ``result``
-    (an entry recording a validated result) the sha256 of the stored bytes.
+    (an entry recording a validated result) the sha256 of the stored bytes;
+``result_record``
+    (the same entry; entries written before this key was added lack it and
+    cover the bytes only) the rest of the result's row as stored, as
+    ``{column: field_digest(stored value)}`` over :data:`RESULT_FIELDS`: its
+    size, content type, file path, checks and per-item summary (their stored
+    JSON text), redacted flag and time.
 
 Every entry is verified by its own ``hash_version``. Merkle tree over chain
 heads: RFC 9162 (leaf = sha256(0x00 || leaf), node = sha256(0x01 || left ||
@@ -100,6 +106,9 @@ ENTRY_FIELDS = (
 SEALED_FIELDS = ("remote_state", "state_reason", "partial_effects", "next_action_at_us", "polls", "updated_at_us")
 #: Operational columns, deliberately not audited: who holds the lease, until when, and its fencing epoch.
 LEASE_FIELDS = ("lease_owner", "lease_expires_at_us", "lease_epoch")
+#: Result columns the entry recording a result covers (``result_record``); the bytes and their sha256 are
+#: covered by ``result``, and the operation id is the row's key.
+RESULT_FIELDS = ("size", "content_type", "path", "checks", "summary", "redacted", "stored_at_us")
 #: Observation columns an observation's digest covers (its id is covered by the entry's window).
 OBSERVATION_FIELDS = (
     "operation_id",

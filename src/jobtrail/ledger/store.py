@@ -57,6 +57,7 @@ from jobtrail.ledger.chain import (
     FIXED_FIELDS,
     GENESIS,
     HASH_VERSION,
+    RESULT_FIELDS,
     entry_hash,
     field_digests,
     observation_digest,
@@ -924,6 +925,8 @@ class Store:
         covers: dict[str, Any] = {"row": digests}
         if result is not None:  # _check_result made sure the evidence names exactly these bytes
             covers["result"] = result.sha256
+            # and the rest of its row, as stored: what `ops show`, `result --json` and MCP show of it
+            covers["result_record"] = field_digests(_result_row(op.operation_id, result, now), RESULT_FIELDS)
         entry = self._entry(
             operation_id=op.operation_id,
             seq=op.version + 1,
