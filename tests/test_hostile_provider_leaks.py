@@ -33,7 +33,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from jobtrail import AsyncJobtrail, State, Store
-from jobtrail.domain.redact import Redactor, install_log_redaction
+from jobtrail.domain.redact import WITHHELD_SPLIT_CREDENTIAL, Redactor, install_log_redaction
 from jobtrail.interfaces.mcp import MAX_REQUEST_DEPTH, guard_request
 from jobtrail.ledger.results import read_result
 from jobtrail.runtime.worker import ACTIVE_STATES, Worker
@@ -129,6 +129,8 @@ class HostileProvider:
             return web.json_response({"status": c})
         if mode == "key":  # the credential as a JSON key and as a response-header name
             return web.json_response({"status": "succeeded", c: "x", "detail": {c: 1}}, headers={c: "1"})
+        if mode == "split":  # in thirds, none of which holds enough of it to be masked
+            return web.json_response({"status": "succeeded", "note": [c[:13], c[13:26], c[26:]]})
         if mode == "mime":  # in MIME base64 in a status answer (which is kept, masked)
             return web.json_response({"status": "succeeded", "debug": _mime(f"Authorization: Bearer {c}")})
         return web.json_response({"status": "succeeded"})
@@ -278,6 +280,9 @@ def test_a_hostile_provider_never_gets_the_credential_stored_shown_or_handed_to_
             assert store.history(op.operation_id)[-1].to_json()["evidence"]["check"] == "no_credentials"
             with pytest.raises(Exception, match="no result is stored"):
                 read_result(store, op.operation_id)
+        # a status answer that carries it in two strings is not kept at all: no masking could see it
+        polls = [o for o in store.observations(ops["split"].operation_id) if o["kind"] == "status_poll"]
+        assert polls and all(o["raw"] == {"withheld": WITHHELD_SPLIT_CREDENTIAL} for o in polls), polls
         assert ops["reject"].state is State.FAILED
         # an answer that is not readable HTTP: a doubtful create (this provider takes no token, so a person is
         # asked, and nothing is sent again); of its bytes, which the HTTP library's error quotes (the credential

@@ -10,6 +10,7 @@ import secrets
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -447,6 +448,30 @@ def test_a_credential_in_mime_base64_lines_split_across_strings_is_found() -> No
     redactor.register(canary)
     lines = _mime(f"Authorization: Bearer {canary}".encode()).splitlines(keepends=True)
     assert redactor.contains_secret(json.dumps({"attachment": lines}))
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        lambda c: {"status": "succeeded", "note": [c[:13], c[13:26], c[26:]]},
+        lambda c: {"a": c[:13], "b": {"c": c[13:26], "d": c[26:]}},
+        lambda c: {"x": c[:13], c[13:26]: c[26:]},
+        lambda c: [c[:13], "\n", c[13:26], "\n", c[26:]],
+    ],
+    ids=["two-strings", "two-values", "key-and-value", "mime-like-lines"],
+)
+def test_a_credential_cut_into_strings_too_short_to_mask_is_seen_in_the_value(shape: Callable[[str], Any]) -> None:
+    """A provider's answer, kept as evidence, that carries the credential in thirds: each too short for
+    value() to mask (a run of two thirds is); the value as a whole is what splits_a_credential() judges,
+    and its caller withholds it."""
+    canary = f"jtcanary_cred_{secrets.token_hex(12)}"
+    redactor = Redactor()
+    redactor.register(canary)
+    answer = shape(canary)
+    masked = redactor.value(answer)
+    assert redactor.splits_a_credential(masked)
+    assert not redactor.splits_a_credential({"status": "succeeded", "note": ["jtcanary", "cred", "nothing"]})
+    assert not Redactor().splits_a_credential(masked)  # nothing registered, nothing to find
 
 
 @pytest.mark.parametrize("width", [76, 64, 16])

@@ -32,6 +32,10 @@ _T = TypeVar("_T")
 REDACTED = "[REDACTED]"
 #: what stands in for a result that carried a credential
 WITHHELD_CREDENTIAL = "no_credentials: the result carried a configured credential and was not kept"
+#: what an answer stored as evidence is replaced by when a credential runs across its strings
+WITHHELD_SPLIT_CREDENTIAL = (
+    "no_credentials: the answer carried a configured credential split across its strings and was not kept"
+)
 
 _HEADER_ALLOW = frozenset(
     {
@@ -519,9 +523,17 @@ class Redactor:
             document = json.loads(text)
         except (ValueError, RecursionError):
             return False
+        return self.splits_a_credential(document)
+
+    def splits_a_credential(self, value: Any) -> bool:
+        """Does a registered credential run across several strings of ``value`` (a JSON-like value), each
+        piece too short to be found on its own, as ``["<first half>", "<second half>"]``? :meth:`value`
+        masks a string at a time and cannot see it: a caller that stores its output asks this too."""
+        if not self._detect:
+            return False
         pieces: list[str] = []
         values: list[str] = []
-        _strings(document, pieces, values)
+        _strings(value, pieces, values)
         if len(pieces) < 2:
             return False
         # short values would match by accident in a long concatenation; a credential may run on from a key
