@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from jobtrail import AsyncJobtrail, Operation, State, Store, ValidatedResult
 from jobtrail.domain.canonical import floatless_json
+from jobtrail.domain.results import ResultCorrupted
 from jobtrail.ledger.audit import make_anchor, verify
 from jobtrail.ledger.chain import entry_hash, observation_digest
 from jobtrail.ledger.files import data_dir
@@ -318,6 +319,9 @@ def test_an_edited_result_record_names_each_column_that_differs(store: Store) ->
     (bad,) = verify(store).findings
     assert (bad.field, bad.kind) == ("result", "edited")
     assert "its size, summary differ" in bad.detail
+    # and it is not served as it is now (`jobtrail result`, MCP's get_result, the dashboard read it so)
+    with pytest.raises(ResultCorrupted, match="has its size, summary changed since its history recorded it"):
+        read_result(store, op.operation_id)
 
 
 def test_a_result_recorded_before_its_record_was_covered_still_verifies(store: Store) -> None:

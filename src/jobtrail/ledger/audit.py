@@ -449,13 +449,7 @@ def _check_observations(op_id: str, entries: list[dict[str, Any]], observations:
     return findings
 
 
-def recorded_result_digest(entries: list[dict[str, Any]]) -> tuple[int, str] | None:
-    """(seq, sha256) of the newest entry that recorded a stored result, from the chain itself."""
-    recorded = _recorded_result(entries)
-    return None if recorded is None else recorded[:2]
-
-
-def _recorded_result(entries: list[dict[str, Any]]) -> tuple[int, str, dict[str, Any] | None] | None:
+def recorded_result(entries: list[dict[str, Any]]) -> tuple[int, str, dict[str, Any] | None] | None:
     """(seq, sha256, the digests of the rest of its row) of the newest entry that recorded a stored result;
     the digests are None for an entry written before they were (it covers the bytes only)."""
     for entry in reversed(entries):
@@ -469,10 +463,16 @@ def _recorded_result(entries: list[dict[str, Any]]) -> tuple[int, str, dict[str,
     return None
 
 
+def edited_result_fields(record: dict[str, Any], stored: dict[str, Any]) -> list[str]:
+    """The columns of a stored result row (as stored: JSON as its text) that differ from the digests an
+    entry recorded of them."""
+    return sorted(name for name, covered in record.items() if _field_digest(stored.get(name)) != covered)
+
+
 def _check_result(
     op_id: str, entries: list[dict[str, Any]], stored: dict[str, Any] | None, results_dir: Path
 ) -> list[Finding]:
-    recorded = _recorded_result(entries)
+    recorded = recorded_result(entries)
     if recorded is None:
         # a result stored but never recorded (a crash between the two) is never served: nothing to protect
         return []
@@ -508,7 +508,7 @@ def _check_result(
             )
         )
     if record is not None:  # the rest of the row: its summary, checks, content type, size... as stored
-        edited = sorted(name for name, covered in record.items() if _field_digest(stored.get(name)) != covered)
+        edited = edited_result_fields(record, stored)
         if edited:
             differ = "differs" if len(edited) == 1 else "differ"
             findings.append(

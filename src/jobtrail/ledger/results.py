@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from jobtrail.domain.results import Buffer, ResultBytes, ResultCarriesCredential, ResultCorrupted, ResultMissing
 from jobtrail.ledger import schema as t
-from jobtrail.ledger.audit import recorded_result_digest
+from jobtrail.ledger.audit import edited_result_fields, recorded_result
 from jobtrail.ledger.chain import entry_hash
 from jobtrail.ledger.files import data_dir, write_atomically
 from jobtrail.ledger.store import Store, StoredResult
@@ -71,18 +71,26 @@ def carries_secret(store: Store, view: ResultBytes) -> bool:
 
 
 def stored_result(store: Store, operation_id: str) -> dict[str, Any] | None:
+    row = _stored_row(store, operation_id)
+    return None if row is None else _decoded(row)
+
+
+def _stored_row(store: Store, operation_id: str) -> dict[str, Any] | None:
     with store._read() as conn:
         row = conn.execute(sa.select(t.results).where(t.results.c.operation_id == operation_id)).mappings().first()
-    if row is None:
-        return None
+    return None if row is None else dict(row)
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     out["checks"] = json.loads(out["checks"])
     out["summary"] = None if out["summary"] is None else json.loads(out["summary"])
     return out
 
 
-def recorded_digest(store: Store, operation_id: str) -> tuple[int, str] | None:
-    """(seq, sha256) the operation's own history recorded for its stored result, or None.
+def recorded_digest(store: Store, operation_id: str) -> tuple[int, str, dict[str, Any] | None] | None:
+    """(seq, sha256, the digests of the rest of its row) the operation's own history recorded for its stored
+    result (None for an entry written before it covered the rest), or None.
 
     Each history entry read here must still hash to its stored hash; the full
     chain, row and anchor checks are ``jobtrail audit verify``'s.
@@ -106,7 +114,7 @@ def recorded_digest(store: Store, operation_id: str) -> tuple[int, str] | None:
                 "recorded sha256 cannot be trusted; run `jobtrail audit verify`",
                 operation_id=operation_id,
             )
-    return recorded_result_digest(entries)
+    return recorded_result(entries)
 
 
 def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]:
@@ -115,8 +123,8 @@ def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]
     The digest comes from the hash chain, never from the results table: bytes
     and ``results.sha256`` edited together are refused all the same.
     """
-    row = stored_result(store, operation_id)
-    if row is None:
+    stored = _stored_row(store, operation_id)
+    if stored is None:
         op = store.get(operation_id)
         raise ResultMissing(
             f"no result is stored for {operation_id}: it is {op.state.value}"
@@ -131,7 +139,8 @@ def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]
             "a worker collects the result again while the operation is result_collecting",
             operation_id=operation_id,
         )
-    seq, digest = recorded
+    seq, digest, record = recorded
+    row = _decoded(stored)
     if row["body"] is not None:
         data = bytes(row["body"])
     else:
@@ -149,6 +158,13 @@ def read_result(store: Store, operation_id: str) -> tuple[dict[str, Any], bytes]
             f"the stored result of {operation_id} does not match its sha256 {digest}, as its history "
             f"recorded it (entry {seq}): it was altered or damaged after it was stored; it is not served "
             "(run `jobtrail audit verify`)",
+            operation_id=operation_id,
+        )
+    edited = [] if record is None else edited_result_fields(record, stored)
+    if edited:  # what `result --json`, MCP and the dashboard show beside the bytes (a failure count, say)
+        raise ResultCorrupted(
+            f"the stored result of {operation_id} has its {', '.join(edited)} changed since its history recorded "
+            f"it (entry {seq}); it is not served (run `jobtrail audit verify`)",
             operation_id=operation_id,
         )
     row.pop("body", None)
