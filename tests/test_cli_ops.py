@@ -412,7 +412,6 @@ def test_ctrl_c_stops_submit_and_wait_with_what_stays_recorded(tmp_path: Path) -
     operation stays recorded for a worker (JSON too under --json), exit 130, and the operation still there."""
     import signal
     import socket
-    import time
 
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -432,11 +431,15 @@ def test_ctrl_c_stops_submit_and_wait_with_what_stays_recorded(tmp_path: Path) -
             text=True,
             preexec_fn=ctrl_c_as_from_a_terminal,
         )
-        started = time.monotonic()
-        while proc.poll() is None and not (Path(db).exists() and time.monotonic() - started > 3):
-            time.sleep(0.1)  # until the command is well under way (its ledger made, its waiting begun)
+        # until the command says it waits, and that Ctrl-C stops it (submit: an attempt got no answer; wait: no
+        # worker serves it): a Ctrl-C before its start is done (seconds on a slow machine) stops Python instead
+        assert proc.stderr is not None
+        said = ""
+        while "Ctrl-C stops" not in said and (line := proc.stderr.readline()):
+            said += line
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
+        err = said + err
         assert proc.returncode == 130, err
         assert "stopped by Ctrl-C" in err and "jobtrail worker" in err and "Aborted!" not in err
         assert json.loads(out.strip().splitlines()[-1])["error"]["exit_code"] == 130
