@@ -65,6 +65,23 @@ def test_operation_ids_sort_by_creation(store: Store) -> None:
     assert listed == sorted(ids, reverse=True)
 
 
+def test_an_operation_id_is_a_ulid_of_its_millisecond_and_80_random_bits() -> None:
+    # the ULID spec's layout: 48 bits of Unix milliseconds, then 80 random ones, as 26 Crockford base32
+    # characters, most significant first (here decoded by hand, bit by bit, against what was drawn)
+    from jobtrail.domain.ids import new_operation_id, seeded_entropy
+
+    crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    for ms, bits in [(0, 0), (1_796_633_241_350, 0x1234_5678_9ABC_DEF0_1357), (2**48 - 1, 2**80 - 1)]:
+        with seeded_entropy(lambda k, bits=bits: bits if k == 80 else 0):
+            op_id = new_operation_id(ms)
+        assert op_id.startswith("op_") and len(op_id) == 29 and set(op_id[3:]) <= set(crockford)
+        value = 0
+        for char in op_id[3:]:
+            value = value * 32 + crockford.index(char)
+        assert (value >> 80, value & (2**80 - 1)) == (ms, bits)
+    assert new_operation_id(1_796_633_241_350) < new_operation_id(1_796_633_241_351)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forks a child process")
 def test_tokens_never_repeat_across_threads_or_in_a_forked_child() -> None:
     # the OS's random bytes are read some hundred tokens at a time: each must still go out once, whoever

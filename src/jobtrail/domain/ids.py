@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import random
 import threading
@@ -47,17 +46,16 @@ if hasattr(os, "register_at_fork"):
 _entropy: ContextVar[Callable[[int], int]] = ContextVar("jobtrail_entropy", default=_OS_BITS)
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-
-#: base32 as the standard library writes it, spelled in Crockford's alphabet
-_TO_CROCKFORD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD)
+#: every 10-bit value as its two characters: a ULID's 130 bits are 13 of them (base64's b32encode is
+#: pure Python, and cost a twentieth of a submit)
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
 
 
 def _ulid(now_ms: int | None = None) -> str:
     ms = int(time.time() * 1000) if now_ms is None else now_ms
     value = (ms << 80) | _entropy.get()(80)
-    # 26 characters of 5 bits: the last 26 of the 32 that 20 bytes (the value's 16, zeros before) make
-    return base64.b32encode(value.to_bytes(20, "big"))[6:].decode("ascii").translate(_TO_CROCKFORD)
+    # 26 characters of 5 bits, the most significant first (the top two bits are the time's, zero until 10889)
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in range(120, -1, -10)])
 
 
 def new_operation_id(now_ms: int | None = None) -> str:
