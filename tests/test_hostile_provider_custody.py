@@ -678,8 +678,17 @@ def test_declared_hosts_match_exactly() -> None:
         ("::ffff:127.0.0.1", True),
         ("::ffff:10.0.0.1", True),
         ("ff02::1", True),
+        # an IPv6 address that a translator or relay carries to an internal IPv4 one
+        ("2002:7f00:1::1", True),  # 6to4 of 127.0.0.1
+        ("2002:a9fe:a9fe::", True),  # 6to4 of 169.254.169.254
+        ("64:ff9b::7f00:1", True),  # NAT64 of 127.0.0.1
+        ("64:ff9b::a00:1", True),  # NAT64 of 10.0.0.1
+        ("64:ff9b:1::a00:1", True),  # a NAT64 prefix for local use
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", True),  # Teredo
         ("8.8.8.8", False),
         ("2606:4700:4700::1111", False),
+        ("2002:808:808::1", False),  # 6to4 of a public address
+        ("64:ff9b::808:808", False),  # NAT64 of a public address (an IPv6-only network's DNS64 answers so)
     ],
 )
 def test_special_addresses(address: str, special: bool) -> None:
@@ -712,6 +721,7 @@ class _FixedAnswers(aiohttp.abc.AbstractResolver):
         (["10.0.0.7"], True),
         (["::ffff:169.254.169.254"], True),
         (["2606:4700:4700::1111", "fd00::1"], True),
+        (["64:ff9b::a9fe:a9fe"], True),  # the metadata service, through NAT64
     ],
 )
 def test_every_resolved_address_is_checked(addresses: list[str], refused: bool) -> None:

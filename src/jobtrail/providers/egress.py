@@ -133,10 +133,27 @@ def origin_of(url: str) -> Origin:
     return parse(url)[0]
 
 
+#: NAT64's well-known prefix (RFC 6052): a translator on the path carries such an address to the IPv4 one in
+#: its last 32 bits, an internal one included
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+#: NAT64 prefixes for local use (RFC 8215): the embedded address's place depends on the network, and
+#: nothing global lives there
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+
+
 def is_special(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Loopback, private, link-local, multicast, unspecified, reserved or otherwise not global."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    """Loopback, private, link-local, multicast, unspecified, reserved or otherwise not global: also an
+    IPv6 address that carries such an IPv4 one to a translator (IPv4-mapped, 6to4, NAT64)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in _NAT64_LOCAL:
+            return True
+        if address in _NAT64:
+            address = ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+        elif address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        elif address.sixtofour is not None and is_special(address.sixtofour):
+            # a 6to4 relay delivers to the IPv4 address in bits 16-48 (the address itself counts as global)
+            return True
     return (
         address.is_loopback
         or address.is_private
