@@ -4,6 +4,7 @@ and that what is kept of it masks the provider's own credential. Real sockets an
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import secrets
@@ -21,8 +22,11 @@ import pytest
 from test_webhooks import accepted_op, cfg_for, event, new_secret, rows, serve, webhook_observations
 
 from jobtrail import AsyncJobtrail, State, Store
+from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.redact import Redactor
+from jobtrail.interfaces.webhooks import webhook_app
 from jobtrail.providers.credentials import Credential
+from jobtrail.providers.http import load_provider
 from jobtrail.providers.webhooks import CredentialsToMask
 from jobtrail.testing import FakeProvider, Fault, send_webhook
 
@@ -296,3 +300,42 @@ def test_a_receivers_credentials_are_read_again_so_a_rotated_one_is_masked_too(t
     assert redactor.text(f"{old} {new}") == f"[REDACTED] {new}"
     credentials.refresh()
     assert old not in redactor.text(f"{old} {new}") and new not in redactor.text(f"{old} {new}")
+
+
+# -- a signing secret that could never verify a delivery -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("whsec_" + base64.b64encode(b"short-key").decode(), "holds a key of 9 bytes: too short"),
+        ("whsec_not base64 at all!", "is not a Standard Webhooks secret"),
+        ("whsec_", "holds a key of 0 bytes"),
+    ],
+)
+def test_a_receiver_with_an_unusable_secret_stops_at_its_start_naming_it(
+    store: Store, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch, value: str, why: str
+) -> None:
+    # before: it started, and refused every delivery (a warning each time); the provider's retries ran out
+    monkeypatch.setenv("WHSEC_BAD", value)
+    configs = {"fake": load_provider(cfg_for(fake, secrets=["env:WHSEC_BAD"])).config.webhooks}
+    assert configs["fake"] is not None
+    with pytest.raises(ConfigError, match=why) as refused:
+        webhook_app(store, configs)
+    message = str(refused.value)
+    assert "env:WHSEC_BAD" in message and "whsec_" in message
+    key = value.removeprefix("whsec_")
+    assert not key or key not in message
+
+
+def test_jobtrail_webhooks_serve_refuses_a_short_secret_with_the_way_out(
+    db_url: str, fake: FakeProvider, tmp_path: Path
+) -> None:
+    provider = fake.write_provider_file(tmp_path / "fake.toml", webhooks={"secrets": ["env:SHORT_WHSEC"]})
+    key = "whsec_" + base64.b64encode(secrets.token_bytes(8)).decode()
+    code, out, err = jobtrail(
+        db_url, "webhooks", "serve", "--provider", str(provider), "--port", str(free_port()), env={"SHORT_WHSEC": key}
+    )
+    assert code != 0
+    assert "webhook secret env:SHORT_WHSEC holds a key of 8 bytes" in err
+    assert "secrets.token_bytes(32)" in err and key[6:] not in err + out

@@ -45,7 +45,38 @@ class WebhookConfig:
     provider_credentials: tuple[Credential, ...] = ()
 
     def resolve_secrets(self, redactor: Redactor) -> list[Secret]:
-        return [Credential(ref, "bearer").resolve(redactor) for ref in self.secrets]
+        """Each signing secret, read now and checked: one that could never verify a delivery (not base64,
+        or too short to be a key) stops the receiver at its start, instead of refusing every delivery."""
+        resolved = [Credential(ref, "bearer").resolve(redactor) for ref in self.secrets]
+        for ref, secret in zip(self.secrets, resolved, strict=True):
+            _check_signing_key(ref, secret.reveal())
+        return resolved
+
+
+#: the shortest signing key accepted, in bytes (Standard Webhooks makes them 24 to 64 random bytes)
+MIN_KEY_BYTES = 16
+_MAKE_ONE = (
+    "python -c \"import base64, secrets; print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\""
+)
+
+
+def _check_signing_key(ref: str, value: str) -> None:
+    """A Standard Webhooks secret is ``whsec_`` and the key in base64 (the prefix may be left off), as the
+    library that verifies deliveries reads it. The error names the reference, never the value."""
+    try:
+        key = base64.b64decode(value.removeprefix("whsec_"), validate=True)
+    except ValueError:
+        raise ConfigError(
+            f"webhook secret {ref} is not a Standard Webhooks secret (whsec_ followed by the key in base64): "
+            "no delivery could be verified with it; set the secret the provider gives for signing its "
+            f"webhooks, or make one with {_MAKE_ONE} and give it to the provider"
+        ) from None
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(
+            f"webhook secret {ref} holds a key of {len(key)} bytes: too short to sign with (at least "
+            f"{MIN_KEY_BYTES} random bytes; Standard Webhooks uses 24 to 64); make one with {_MAKE_ONE} "
+            "and give it to the provider"
+        )
 
 
 class CredentialsToMask:
