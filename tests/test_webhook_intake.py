@@ -339,3 +339,39 @@ def test_jobtrail_webhooks_serve_refuses_a_short_secret_with_the_way_out(
     assert code != 0
     assert "webhook secret env:SHORT_WHSEC holds a key of 8 bytes" in err
     assert "secrets.token_bytes(32)" in err and key[6:] not in err + out
+
+
+# -- a flood of forged deliveries ----------------------------------------------------------------------
+
+
+def test_a_flood_of_forged_deliveries_is_counted_whole_in_a_write_a_second(
+    store: Store, fake: FakeProvider, secret: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # each refusal was a transaction of its own (on SQLite, the one write lock the workers need) and a log line
+    import jobtrail.interfaces.webhooks as receiver
+
+    writes: list[dict[tuple[str, str], int]] = []
+
+    def count_refusals(ledger: Store, counts: dict[tuple[str, str], int]) -> None:
+        writes.append(dict(counts))
+        real(ledger, counts)
+
+    real = receiver.count_refusals
+    monkeypatch.setattr(receiver, "count_refusals", count_refusals)
+    op = accepted_op(store, cfg_for(fake))
+    with serve(store, cfg_for(fake)) as url:
+        started = time.monotonic()
+        answers = [send_webhook(url, new_secret(), event(op.remote_job_id), event_id=f"evt_{i}")[0] for i in range(300)]
+        stale = send_webhook(url, secret, event(op.remote_job_id), event_id="evt_s", timestamp=int(time.time()) - 3600)
+        signed = send_webhook(url, secret, event(op.remote_job_id), event_id="evt_ok")
+        took = time.monotonic() - started
+    # stopped: what was counted and not yet written was written at the receiver's shutdown
+    assert answers == [401] * 300 and stale[0] == 401 and signed[0] == 202
+    counted = {(r["provider"], r["reason"]): r["count"] for r in rows(store, "webhook_rejections")}
+    assert counted == {("fake", "bad signature"): 300, ("fake", "timestamp outside tolerance"): 1}
+    assert sum(sum(w.values()) for w in writes) == 301
+    assert len(writes) <= took / receiver.REFUSAL_FLUSH_S + 2  # one write a second at most, whatever the rate
+    refused = [r.getMessage() for r in caplog.records if "webhook refused" in r.getMessage()]
+    assert any("bad signature" in m and "more for that reason" in m for m in refused)
+    assert len(refused) <= 2 * (took / receiver.REFUSAL_FLUSH_S + 2)  # a line a second for each reason
+    assert len(webhook_observations(store, op.operation_id)) == 1  # the signed one, recorded meanwhile

@@ -89,7 +89,7 @@ def _start_receiver(store: Store, config: dict[str, Any], port: int) -> tuple[An
     app = webhook_app(store, {provider.name: provider.config.webhooks})
     # asyncio's own loop in this thread: a uvloop left running in a thread when the interpreter exits can call
     # into it while it is torn down (and the thread is stopped and joined before the demo ends, see _stop)
-    settings = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off", loop="asyncio")
+    settings = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", loop="asyncio")
     server = uvicorn.Server(settings)
     thread = threading.Thread(target=server.run, name="demo-webhook-receiver", daemon=True)
     thread.start()

@@ -26,8 +26,9 @@ the ledger keeps what a provider sends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from jobtrail.domain.canonical import compact_json, parse_answer, rfc3339
@@ -41,7 +42,7 @@ from jobtrail.ledger.offload import Offload, threads
 from jobtrail.ledger.store import Store
 from jobtrail.ledger.webhook_events import (
     attach_event,
-    count_refusal,
+    count_refusals,
     match_operation,
     newest_event_time,
     record_event,
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jobtrail")
 _US = 1_000_000
+#: how often refused deliveries are counted in the ledger (see :class:`Refusals`)
+REFUSAL_FLUSH_S = 1.0
 
 
 def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
@@ -91,6 +94,7 @@ class Receiver:
             store.redactor,
             refresh_s=CREDENTIAL_TTL_S,
         )
+        self.refusals = Refusals(store, io=io)
 
     async def handle(self, request: Request) -> JSONResponse:
         name = request.path_params["provider"]
@@ -115,21 +119,13 @@ class Receiver:
                 raise Refused(400, "malformed JSON", f"the body is not JSON that can be kept ({exc})") from None
             return await self.io(self._record, name, config, event_id, timestamp, event)
         except Refused as no:
-            try:
-                await self.io(self._refused, name, no)
-            except StorageError as exc:
-                log.error("could not count a refused webhook: %s", exc)
+            webhook_refused(name, no.title)
+            self.refusals.add(name, no)
             return problem(no.status, no.title, no.detail)
         except StorageError as exc:
             # nothing was recorded; a 503 makes the provider deliver the event again later
             log.error("webhook for provider %s not recorded: %s", name, exc)
             return problem(503, "storage unavailable", "the event could not be recorded now; deliver it again later")
-
-    def _refused(self, provider: str, no: Refused) -> None:
-        # an audit line and a counter; never the body
-        log.warning("webhook refused for provider %s: %s (%s)", provider, no.title, no.detail)
-        webhook_refused(provider, no.title)
-        count_refusal(self.store, provider, no.title)
 
     def _record(self, provider: str, config: WebhookConfig, event_id: str, timestamp: int, event: Any) -> JSONResponse:
         self.credentials.refresh()  # (read again now and then: a rotated credential is masked too)
@@ -210,6 +206,66 @@ class Receiver:
         )
 
 
+class Refusals:
+    """Refused deliveries, counted in the ledger at most once every :data:`REFUSAL_FLUSH_S`.
+
+    Anyone who can reach the receiver can send deliveries that fail verification. Counted one by one,
+    each was a transaction of its own, and a flood of them queued on the database's write lock (SQLite
+    has one) ahead of the workers' writes; logged one by one, it buried the log. Here a flood costs one
+    write and one log line per reason a second, whatever its rate. A count not yet written when the
+    process stops is written at its shutdown (``jobtrail webhooks serve``, or the app's lifespan);
+    mounted in another app without it, at most the last second's counts are lost (never an event:
+    those are recorded before their answer).
+    """
+
+    def __init__(self, store: Store, *, io: Offload = threads) -> None:
+        self.store = store
+        self.io = io
+        #: (provider, reason) -> (refused since the last write, the first one's detail)
+        self._pending: dict[tuple[str, str], tuple[int, str]] = {}
+        self._written_at = -REFUSAL_FLUSH_S  # (the loop's clock)
+        self._timer: asyncio.TimerHandle | None = None
+        self._writes: set[asyncio.Task[None]] = set()
+
+    def add(self, provider: str, no: Refused) -> None:
+        """One more refused delivery: written with the others of its second (never its body)."""
+        count, detail = self._pending.get((provider, no.title), (0, no.detail))
+        self._pending[(provider, no.title)] = (count + 1, detail)
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(self._written_at + REFUSAL_FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer, self._written_at = None, loop.time()
+        pending, self._pending = self._pending, {}
+        for (provider, reason), (count, detail) in pending.items():
+            log.warning(
+                "webhook refused for provider %s: %s (%s)%s",
+                provider,
+                reason,
+                detail,
+                f", and {count - 1} more for that reason within {REFUSAL_FLUSH_S:g} s" if count > 1 else "",
+            )
+        task = asyncio.get_running_loop().create_task(self._write({key: count for key, (count, _) in pending.items()}))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, counts: dict[tuple[str, str], int]) -> None:
+        try:
+            await self.io(count_refusals, self.store, counts)
+        except StorageError as exc:
+            log.error("could not count %d refused webhooks: %s", sum(counts.values()), exc)
+
+    async def close(self) -> None:
+        """Write what is counted and not yet written (at the receiver's shutdown)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._flush()
+        if self._writes:
+            await asyncio.gather(*self._writes)
+
+
 async def _read_limited(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -237,9 +293,15 @@ def webhook_app(store: Store, configs: Mapping[str, WebhookConfig], *, io: Offlo
     def healthz(request: Request) -> Response:  # sync: Starlette runs it in its thread pool, off the loop
         return health_response(store)
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await receiver.refusals.close()
+
     return Starlette(
         routes=[
             Route("/webhooks/{provider}", receiver.handle, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
-        ]
+        ],
+        lifespan=lifespan,
     )

@@ -6,6 +6,7 @@ are the statements that record it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,19 +16,21 @@ from jobtrail.ledger import schema as t
 from jobtrail.ledger.store import Store
 
 
-def count_refusal(store: Store, provider: str, reason: str) -> None:
-    """One more refused delivery of ``provider`` for ``reason`` (a counter; never the body)."""
-    with store.writing("counting a refused webhook") as conn:
-        done = conn.execute(
-            sa.update(t.webhook_rejections)
-            .where(t.webhook_rejections.c.provider == provider, t.webhook_rejections.c.reason == reason)
-            .values(count=t.webhook_rejections.c.count + 1, last_at_us=store.clock())
-        ).rowcount
-        if not done:
-            conn.execute(
-                sa.insert(t.webhook_rejections),
-                {"provider": provider, "reason": reason, "count": 1, "last_at_us": store.clock()},
-            )
+def count_refusals(store: Store, counts: Mapping[tuple[str, str], int]) -> None:
+    """Add refused deliveries to their counters, by (provider, reason), in one transaction (never a body)."""
+    now = store.clock()
+    with store.writing("counting refused webhooks") as conn:
+        for (provider, reason), count in counts.items():
+            done = conn.execute(
+                sa.update(t.webhook_rejections)
+                .where(t.webhook_rejections.c.provider == provider, t.webhook_rejections.c.reason == reason)
+                .values(count=t.webhook_rejections.c.count + count, last_at_us=now)
+            ).rowcount
+            if not done:
+                conn.execute(
+                    sa.insert(t.webhook_rejections),
+                    {"provider": provider, "reason": reason, "count": count, "last_at_us": now},
+                )
 
 
 def record_event(store: Store, row: dict[str, Any]) -> bool:

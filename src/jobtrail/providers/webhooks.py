@@ -55,9 +55,7 @@ class WebhookConfig:
 
 #: the shortest signing key accepted, in bytes (Standard Webhooks makes them 24 to 64 random bytes)
 MIN_KEY_BYTES = 16
-_MAKE_ONE = (
-    "python -c \"import base64, secrets; print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\""
-)
+_MAKE_ONE = "python -c \"import base64, secrets; print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\""
 
 
 def _check_signing_key(ref: str, value: str) -> None:
