@@ -112,3 +112,41 @@ def test_another_jobs_result_collected_after_a_job_id_swap_is_named(db_url: str,
         assert (a, "remote_job_id", "edited") in findings(store, anchor=anchor)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("attempts", "7"),
+        ("result_ref", "'https://elsewhere.example/result.json'"),
+        ("cancel_requested_by", "'mallory'"),
+        ("cancel_deadline_us", "1"),
+    ],
+)
+def test_a_column_only_transitions_write_edited_between_two_stays_caught_after_the_next(
+    store: Store, column: str, value: str
+) -> None:
+    """Attempts, the result reference, the cancel's requester and deadline: the next entry records the row as it
+    finds it, and also what it found, which is not what the entry before it left."""
+    op = op_in(store, S.OBSERVING)
+    anchor = make_anchor(store)
+    drop_guards(store)
+    sql(store, f"UPDATE operations SET {column} = {value} WHERE operation_id = :i", i=op.operation_id)
+    op = store.transition(store.get(op.operation_id), S.RESULT_COLLECTING, obs(RemoteState.SUCCEEDED), actor="worker")
+    assert getattr(op, column) is not None  # carried into the row the entry covers: only the seam shows it
+
+    report = verify(store, anchor=anchor)
+    assert [(f.operation_id, f.kind) for f in report.findings] == [(op.operation_id, "edited")]
+    seam = report.findings[0]
+    assert column in (seam.field or "") and seam.seq == op.version
+    assert f"entry {op.version} found one of them other than entry {op.version - 1} left it" in seam.detail
+
+
+def test_an_honest_life_with_attempts_a_cancel_and_a_result_shows_no_seam(store: Store) -> None:
+    """What transitions write themselves (an attempt counted, a cancel requested, a result stored) is no seam."""
+    op = op_in(store, S.CANCEL_REQUESTED)
+    op = store.transition(op, S.RESULT_COLLECTING, obs(RemoteState.SUCCEEDED), actor="worker")
+    succeed(store, op)
+    assert verify(store).ok
+    entries = store.history(op.operation_id)
+    assert len(entries) >= 5 and all(e.cause for e in entries)

@@ -57,11 +57,13 @@ from jobtrail.domain.redact import Secret
 from jobtrail.domain.states import AUTOMATIC_STATES
 from jobtrail.ledger import schema as t
 from jobtrail.ledger.chain import (
+    BEFORE_FIELDS,
     ENTRY_FIELDS,
     FIXED_FIELDS,
     GENESIS,
     OBSERVATION_FIELDS,
     SEALED_FIELDS,
+    before_digest,
     entry_hash,
     field_digest,
     leaf_bytes,
@@ -284,13 +286,15 @@ def _observation_digest(obs: dict[str, Any]) -> str | None:
 
 
 def _check_seams(op_id: str, entries: list[dict[str, Any]]) -> list[Finding]:
-    """Each entry starts where the one before it ended: its state, and its job id unless its cause sets one.
+    """Each entry starts where the one before it ended: its state, and its job id unless its cause sets one;
+    and the columns only transitions write (:data:`BEFORE_FIELDS`) as the entry before left them.
 
     A writer builds each entry from the row as it reads it, so a column edited between two transitions is
     recorded by the next one as if it had been there all along; the seam it leaves is this.
     """
     findings: list[Finding] = []
     state, job = None, None  # the creation entry starts from no state and no job
+    row: dict[str, str] | None = None  # the field digests of the row the entry before left
     for entry in entries:
         seq = entry["seq"]
         if entry["from_state"] != state:
@@ -317,6 +321,21 @@ def _check_seams(op_id: str, entries: list[dict[str, Any]]) -> list[Finding]:
                     "remote_job_id",
                 )
             )
+        covers = _covers(entry)
+        if row is not None and covers is not None and "before" in covers:
+            found = before_digest([row.get(name) or "" for name in BEFORE_FIELDS])
+            if covers["before"] != found:
+                findings.append(
+                    Finding(
+                        op_id,
+                        seq,
+                        "edited",
+                        f"{', '.join(BEFORE_FIELDS)}: entry {seq} found one of them other than entry {seq - 1} "
+                        f"left it: it was changed outside any transition before entry {seq} was written",
+                        "/".join(BEFORE_FIELDS),
+                    )
+                )
+        row = None if covers is None else covers.get("row")
         state, job = entry["to_state"], entry["remote_job_id"]
     return findings
 

@@ -104,6 +104,10 @@ ENTRY_FIELDS = (
 )
 #: The subset a reschedule (a poll's outcome, no history entry) may also write: sealed on the row.
 SEALED_FIELDS = ("remote_state", "state_reason", "partial_effects", "next_action_at_us", "polls", "updated_at_us")
+#: Columns only a transition writes (apart from the state and the job id, whose seams the audit checks on
+#: their own): each entry covers them as it found them too (``before``), so one edited between two
+#: transitions leaves a seam the next entry cannot hide.
+BEFORE_FIELDS = ("attempts", "result_ref", "cancel_requested_by", "cancel_deadline_us")
 #: Operational columns, deliberately not audited: who holds the lease, until when, and its fencing epoch.
 LEASE_FIELDS = ("lease_owner", "lease_expires_at_us", "lease_epoch")
 #: Result columns the entry recording a result covers (``result_record``); the bytes and their sha256 are
@@ -187,6 +191,11 @@ _NULL_DIGEST = _digest(None)
 
 def field_digests(row: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
     return {name: field_digest(row[name]) for name in names}
+
+
+def before_digest(digests: Sequence[str]) -> str:
+    """One digest of :data:`BEFORE_FIELDS`' field digests, in order: what an entry found them to be."""
+    return hashlib.sha256(b"jobtrail/before/v1\0" + ",".join(digests).encode()).hexdigest()[:32]
 
 
 def observation_digest(row: Mapping[str, Any]) -> str:

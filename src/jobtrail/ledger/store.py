@@ -53,12 +53,15 @@ from jobtrail.domain.redact import WITHHELD_SPLIT_CREDENTIAL, Redactor, is_secre
 from jobtrail.domain.states import AUTOMATIC_STATES, CREATE_PHASE, RemoteState, State
 from jobtrail.ledger import schema as t
 from jobtrail.ledger.chain import (
+    BEFORE_FIELDS,
     ENTRY_FIELDS,
     FIXED_FIELDS,
     GENESIS,
     HASH_VERSION,
     RESULT_FIELDS,
+    before_digest,
     entry_hash,
+    field_digest,
     field_digests,
     observation_digest,
     seal,
@@ -922,7 +925,12 @@ class Store:
         # are read inside the transaction (_finish_entry), which also computes its hash
         digests = field_digests(update, ENTRY_FIELDS)
         update["row_seal"] = seal(update, digests)
-        covers: dict[str, Any] = {"row": digests}
+        # and the columns only a transition writes as it found them: the previous entry left them so, unless
+        # someone edited them since (see audit's seams)
+        covers: dict[str, Any] = {
+            "row": digests,
+            "before": before_digest([field_digest(getattr(op, name)) for name in BEFORE_FIELDS]),
+        }
         if result is not None:  # _check_result made sure the evidence names exactly these bytes
             covers["result"] = result.sha256
             # and the rest of its row, as stored: what `ops show`, `result --json` and MCP show of it
