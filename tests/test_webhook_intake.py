@@ -375,3 +375,119 @@ def test_a_flood_of_forged_deliveries_is_counted_whole_in_a_write_a_second(
     assert any("bad signature" in m and "more for that reason" in m for m in refused)
     assert len(refused) <= 2 * (took / receiver.REFUSAL_FLUSH_S + 2)  # a line a second for each reason
     assert len(webhook_observations(store, op.operation_id)) == 1  # the signed one, recorded meanwhile
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        pytest.param(lambda s: s.rstrip("="), id="padding-left-off"),
+        pytest.param(lambda s: s + "\n", id="an-environment-variables-newline"),
+        pytest.param(lambda s: s.removeprefix("whsec_"), id="without-the-prefix"),
+    ],
+)
+def test_a_secret_written_as_the_verifying_library_reads_it_starts_the_receiver_and_verifies(
+    store: Store, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch, written: Callable[[str], str]
+) -> None:
+    key = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()  # 44 characters, one "=" of padding
+    monkeypatch.setenv("WHSEC_WRITTEN", written(key))
+    cfg = cfg_for(fake, secrets=["env:WHSEC_WRITTEN"])
+    op = accepted_op(store, cfg)
+    with serve(store, cfg) as url:
+        assert send_webhook(url, key, event(op.remote_job_id), event_id="evt_1")[0] == 202
+
+
+def _refused_on_a_loop_of_its_own(app: Any, path: str) -> int:
+    """One POST without signature headers, through the ASGI app on an event loop that ends with it: as hosts
+    that run each request on a loop of its own do (Starlette's TestClient without `with`, some test rigs)."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    asyncio.run(app(scope, receive, send))
+    return int(next(m["status"] for m in sent if m["type"] == "http.response.start"))
+
+
+def test_refusals_made_on_loops_that_end_with_their_request_are_all_counted(
+    store: Store, fake: FakeProvider, secret: str
+) -> None:
+    import jobtrail.interfaces.webhooks as receiver
+
+    app = receiver.webhook_app(store, {"fake": load_provider(cfg_for(fake)).config.webhooks})
+
+    def counted() -> int:
+        return sum(r["count"] for r in rows(store, "webhook_rejections"))
+
+    assert _refused_on_a_loop_of_its_own(app, "/webhooks/fake") == 401
+    assert counted() == 1  # the first of its second: written before its answer
+    assert [_refused_on_a_loop_of_its_own(app, "/webhooks/fake") for _ in range(4)] == [401] * 4
+    time.sleep(receiver.REFUSAL_FLUSH_S)  # their timer's loop is gone; the next refusal writes them with its own
+    assert _refused_on_a_loop_of_its_own(app, "/webhooks/fake") == 401
+    assert counted() == 6
+
+
+def test_two_receivers_counting_a_reason_for_the_first_time_together_both_count(db_url: str) -> None:
+    """An update, then an insert when no row matched: two receivers both inserted, and one lost its batch."""
+    from jobtrail.ledger.webhook_events import count_refusals
+
+    stores = [Store.open(db_url) for _ in range(2)]
+    start = threading.Barrier(2)
+
+    def count(ledger: Store) -> None:
+        for _ in range(50):
+            start.wait()  # each round, both count the same new reasons at once
+            count_refusals(ledger, {("fake", "bad signature"): 2, ("other", "stale"): 1})
+
+    threads = [threading.Thread(target=count, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counted = {(r["provider"], r["reason"]): r["count"] for r in rows(stores[0], "webhook_rejections")}
+    assert counted == {("fake", "bad signature"): 200, ("other", "stale"): 100}
+    for s in stores:
+        s.close()
+
+
+def test_a_host_app_that_runs_the_receivers_lifespan_gets_every_refusal_counted_at_shutdown(
+    store: Store, fake: FakeProvider, secret: str
+) -> None:
+    """As the README shows for mounting the receiver in your own app: the last second's counts are written
+    when the host shuts down."""
+    import contextlib
+
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from helpers import serve_asgi
+
+    hooks = webhook_app(store, {"fake": load_provider(cfg_for(fake)).config.webhooks})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        async with hooks.router.lifespan_context(hooks):
+            yield
+
+    host = Starlette(routes=[Mount("/hooks", app=hooks)], lifespan=lifespan)
+    with serve_asgi(host) as base:
+        answers = [
+            send_webhook(f"{base}/hooks/webhooks/fake", new_secret(), {}, event_id=f"e{i}")[0] for i in range(50)
+        ]
+    assert answers == [401] * 50
+    assert sum(r["count"] for r in rows(store, "webhook_rejections")) == 50

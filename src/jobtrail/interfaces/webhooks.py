@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +123,7 @@ class Receiver:
             return await self.io(self._record, name, config, event_id, timestamp, event)
         except Refused as no:
             webhook_refused(name, no.title)
-            self.refusals.add(name, no)
+            await self.refusals.add(name, no)
             return problem(no.status, no.title, no.detail)
         except StorageError as exc:
             # nothing was recorded; a 503 makes the provider deliver the event again later
@@ -221,23 +224,55 @@ class Refusals:
     def __init__(self, store: Store, *, io: Offload = threads) -> None:
         self.store = store
         self.io = io
-        #: (provider, reason) -> (refused since the last write, the first one's detail)
+        #: (provider, reason) -> (refused since the last write, the first one's detail): a provider the
+        #: receiver serves (an unknown one is answered 404 first) and a reason of ours, so a few keys at most
         self._pending: dict[tuple[str, str], tuple[int, str]] = {}
-        self._written_at = -REFUSAL_FLUSH_S  # (the loop's clock)
+        self._written_at = -math.inf  # (time.monotonic())
         self._timer: asyncio.TimerHandle | None = None
-        self._writes: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writing: asyncio.Task[None] | None = None
 
-    def add(self, provider: str, no: Refused) -> None:
-        """One more refused delivery: written with the others of its second (never its body)."""
+    async def add(self, provider: str, no: Refused) -> None:
+        """One more refused delivery (never its body). The first of a second is written before its answer;
+        the others of that second wait for the next write, a second after it."""
         count, detail = self._pending.get((provider, no.title), (0, no.detail))
         self._pending[(provider, no.title)] = (count + 1, detail)
-        if self._timer is None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_at(self._written_at + REFUSAL_FLUSH_S, self._flush)
+        loop = asyncio.get_running_loop()
+        wait = self._written_at + REFUSAL_FLUSH_S - time.monotonic()
+        if wait <= 0 and not self._busy(loop):
+            if self._timer is not None and self._loop is loop:
+                self._timer.cancel()
+            self._timer, self._loop = None, loop
+            self._writing = loop.create_task(self._write(self._take()))
+            await asyncio.shield(self._writing)  # (a client gone meanwhile does not stop the count)
+        elif self._timer is None or self._loop is not loop:
+            # (a timer left on another loop, one request's in some hosts, may never fire: that loop may be gone)
+            self._loop = loop
+            self._later(max(0.0, wait))
+
+    def _busy(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Is a write under way on ``loop``? One at a time: what comes during a slow one (a locked database)
+        goes with the next."""
+        return self._writing is not None and not self._writing.done() and self._writing.get_loop() is loop
+
+    def _later(self, wait: float) -> None:
+        assert self._loop is not None
+        # in a context of its own: not the request's that happened to come first (its log context, its span)
+        self._timer = self._loop.call_later(wait, self._flush, context=contextvars.Context())
 
     def _flush(self) -> None:
         loop = asyncio.get_running_loop()
-        self._timer, self._written_at = None, loop.time()
+        if loop is not self._loop:
+            return  # a timer on a loop since replaced: the new loop's timer writes these
+        self._timer = None
+        if self._busy(loop):
+            self._later(REFUSAL_FLUSH_S)
+        elif self._pending:
+            self._writing = loop.create_task(self._write(self._take()))
+
+    def _take(self) -> dict[tuple[str, str], int]:
+        """What is pending, logged (a line for each reason) and taken to be written."""
+        self._written_at = time.monotonic()
         pending, self._pending = self._pending, {}
         for (provider, reason), (count, detail) in pending.items():
             log.warning(
@@ -247,23 +282,28 @@ class Refusals:
                 detail,
                 f", and {count - 1} more for that reason within {REFUSAL_FLUSH_S:g} s" if count > 1 else "",
             )
-        task = asyncio.get_running_loop().create_task(self._write({key: count for key, (count, _) in pending.items()}))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        return {key: count for key, (count, _) in pending.items()}
 
     async def _write(self, counts: dict[tuple[str, str], int]) -> None:
         try:
             await self.io(count_refusals, self.store, counts)
-        except StorageError as exc:
+        except Exception as exc:  # counters: never worth failing a request or the receiver's shutdown over
             log.error("could not count %d refused webhooks: %s", sum(counts.values()), exc)
 
     async def close(self) -> None:
-        """Write what is counted and not yet written (at the receiver's shutdown)."""
-        if self._timer is not None:
+        """Write what is counted and not yet written (at the receiver's shutdown; a host app that mounts the
+        receiver runs the receiver's lifespan from its own, see the README)."""
+        loop = asyncio.get_running_loop()
+        if self._busy(loop):
+            assert self._writing is not None
+            await self._writing
+        if self._timer is not None and self._loop is loop:
             self._timer.cancel()
-            self._flush()
-        if self._writes:
-            await asyncio.gather(*self._writes)
+        self._timer, self._loop = None, loop
+        self._flush()
+        if self._busy(loop):
+            assert self._writing is not None
+            await self._writing
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobtrail.domain.record import Operation
 from jobtrail.ledger import schema as t
@@ -17,20 +19,26 @@ from jobtrail.ledger.store import Store
 
 
 def count_refusals(store: Store, counts: Mapping[tuple[str, str], int]) -> None:
-    """Add refused deliveries to their counters, by (provider, reason), in one transaction (never a body)."""
+    """Add refused deliveries to their counters, by (provider, reason), in one transaction (never a body).
+
+    One statement each, an insert that adds to the row when there is one: two receivers counting the same
+    reason for the first time must both land (an update, then an insert, lost one's whole batch to the key).
+    """
+    table = t.webhook_rejections
+    insert: Any = (pg_insert if store.dialect == "postgresql" else sqlite_insert)(table)
+    upsert = insert.on_conflict_do_update(
+        index_elements=[table.c.provider, table.c.reason],
+        set_={"count": table.c.count + insert.excluded.count, "last_at_us": insert.excluded.last_at_us},
+    )
     now = store.clock()
     with store.writing("counting refused webhooks") as conn:
-        for (provider, reason), count in counts.items():
-            done = conn.execute(
-                sa.update(t.webhook_rejections)
-                .where(t.webhook_rejections.c.provider == provider, t.webhook_rejections.c.reason == reason)
-                .values(count=t.webhook_rejections.c.count + count, last_at_us=now)
-            ).rowcount
-            if not done:
-                conn.execute(
-                    sa.insert(t.webhook_rejections),
-                    {"provider": provider, "reason": reason, "count": count, "last_at_us": now},
-                )
+        conn.execute(
+            upsert,
+            [
+                {"provider": provider, "reason": reason, "count": count, "last_at_us": now}
+                for (provider, reason), count in counts.items()
+            ],
+        )
 
 
 def record_event(store: Store, row: dict[str, Any]) -> bool:

@@ -61,8 +61,12 @@ _MAKE_ONE = "python -c \"import base64, secrets; print('whsec_' + base64.b64enco
 def _check_signing_key(ref: str, value: str) -> None:
     """A Standard Webhooks secret is ``whsec_`` and the key in base64 (the prefix may be left off), as the
     library that verifies deliveries reads it. The error names the reference, never the value."""
+    # as that library reads it too: surrounding blanks (an environment variable's newline) and padding left off
+    # are no matter; any other character outside base64's alphabet is, for the library would skip it and sign
+    # with another key than the provider's
+    text = value.strip().removeprefix("whsec_")
     try:
-        key = base64.b64decode(value.removeprefix("whsec_"), validate=True)
+        key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except ValueError:
         raise ConfigError(
             f"webhook secret {ref} is not a Standard Webhooks secret (whsec_ followed by the key in base64): "
