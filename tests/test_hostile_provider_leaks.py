@@ -563,12 +563,16 @@ def test_the_guard_through_a_real_mcp_server(db_url: str, canary: str, tmp_path:
         submit({"prompt": canary}, "k2"),
         submit({"prompt": base64.b64encode(canary.encode()).decode()}, "k3"),
         submit({"code": "x = 1", "tokenizer": "t", "input": {"image": "https://img.example/1.png"}}, "k4"),
+        submit({"code": "y = 1"}, f"bot/{canary}"),  # the key is stored and listed too
+        ("job_status", {"operation_id": canary}),  # an error that quotes what the agent gave
     ]
     answers = asyncio.run(_session(_mcp_params(db_url, provider_file, "agent-a"), calls))
     assert "is refused" in answers[0][0]["error"]
     assert "is or encodes a credential" in answers[1][0]["error"]
     assert "is or encodes a credential" in answers[2][0]["error"]
     assert answers[3][0].get("operation_id", "").startswith("op_"), answers[3][0]
+    assert "the operation key carries what looks like a credential" in answers[4][0]["error"]
+    assert "no operation" in answers[5][0]["error"]
     assert canary_hits(canary, "\n".join(t for _, t in answers)) == []
     with Store.open(db_url) as store:
         assert store.count() == 1
@@ -607,6 +611,63 @@ def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Pat
     assert "nests at most" in replies[2]["error"]["message"] and "at most" in replies[3]["error"]["message"]
     assert "result" in replies[4]  # the server is alive and answers the next good line
     assert b"Traceback" not in err
+
+
+def test_an_mcp_servers_own_log_lines_are_masked_and_an_odd_id_is_answered(tmp_path: Path, canary: str) -> None:
+    """The SDK logs a failed tool's message (here quoting an id the agent gave, the credential) and had a
+    handler of its own on the root logger; and it took a message whose id is 1.5 or null for a notification."""
+    hostile = HostileProvider(canary)
+    hostile.base_url = "http://127.0.0.1:9"
+    provider_file = tmp_path / "hostile.toml"
+    provider_file.write_text(provider_toml(hostile.config()), encoding="utf-8")
+    db = tmp_path / "mcp.db"
+    Store.open(str(db)).close()
+
+    def line(doc: dict[str, Any]) -> bytes:
+        return json.dumps(doc).encode() + b"\n"
+
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    status = {"name": "job_status", "arguments": {"operation_id": canary}}
+    lines = [
+        line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}),
+        line({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": status}),
+        b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}\n',
+        b'{"jsonrpc":"2.0","id":null,"method":"ping"}\n',
+        line({"jsonrpc": "2.0", "id": 3, "method": "ping"}),
+        # a number JSON has no form for, as a client may still write it: refused with why, nothing stored
+        b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"submit_job","arguments":'
+        b'{"provider":"hostile","operation_key":"inf","request":{"x":Infinity}}}}\n',
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobtrail", "--db", str(db), "mcp", "--provider", str(provider_file)],
+        *(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    replies: list[dict[str, Any]] = []
+    try:
+        for one in lines:
+            proc.stdin.write(one)
+            proc.stdin.flush()
+            if b'"id"' in one:  # one reply each, in order (the next waits for it: the session answers in turn)
+                replies.append(json.loads(proc.stdout.readline()))
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [r.get("id") for r in replies] == [1, 2, None, None, 3, 4], replies
+    refused = replies[5]["result"]
+    assert refused["isError"] is True and "no NaN or infinity" in refused["content"][0]["text"], refused
+    with Store.open(str(db)) as store:
+        assert store.count() == 0
+    assert replies[1]["result"]["isError"] is True and canary not in json.dumps(replies[1])
+    assert [r["error"]["code"] for r in replies[2:4]] == [-32600, -32600]
+    assert "a string or a whole number" in replies[2]["error"]["message"]
+    assert "result" in replies[4]
+    assert canary_hits(canary, err.decode("utf-8", "replace")) == [], err[-2000:]
 
 
 # -- bad local input loses nothing ------------------------------------------------------------------
@@ -666,3 +727,61 @@ def test_a_read_command_on_a_missing_database_says_so_and_creates_nothing(tmp_pa
     assert done.returncode == 2
     assert str(db).encode() in done.stderr and b"--db" in done.stderr
     assert not db.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_text_that_is_not_unicode_gets_the_json_error_and_loses_nothing(
+    ledger_with_result: tuple[str, str], tmp_path: Path
+) -> None:
+    """An argument that is not UTF-8 (Python reads it as lone surrogates) and a lone surrogate in the request's
+    JSON: the documented error (one JSON line, its exit code), never a traceback; nothing written."""
+    db, op_id = ledger_with_result
+    hostile = HostileProvider("x")
+    hostile.base_url = "http://127.0.0.1:9"  # nothing is sent: the request is refused first
+    provider_file = tmp_path / "fake.toml"
+    provider_file.write_text(provider_toml(hostile.config()), encoding="utf-8")
+    runs = [
+        _cli(db, "ops", "show", os.fsdecode(b"\xff"), "--json"),
+        _cli(db, "ops", "list", "--caller", os.fsdecode(b"agent\xff"), "--json"),
+        _cli(db, "submit", "--provider", str(provider_file), "--request", '{"x": "\\ud800"}', "--key", "a", "--json"),
+    ]
+    for done in runs:
+        assert b"Traceback" not in done.stderr, done.stderr[-2000:]
+        if done.returncode:  # an error: the documented one
+            error = json.loads(done.stdout.decode("utf-8").splitlines()[0])["error"]
+            assert error["exit_code"] == done.returncode and error["message"]
+    assert runs[0].returncode == 2 and "not valid Unicode" in json.loads(runs[0].stdout)["error"]["message"]
+    assert runs[2].returncode == 2 and "Unicode" in json.loads(runs[2].stdout)["error"]["message"]
+    with Store.open(db) as store:
+        assert [op.operation_id for op in store.list_operations()] == [op_id]
+
+
+def test_audit_verify_errors_have_the_shape_of_every_commands_json_error(tmp_path: Path) -> None:
+    db = str(tmp_path / "ledger.db")
+    Store.open(db).close()
+    done = _cli(db, "audit", "verify", "--anchor", str(tmp_path / "missing.json"), "--json")
+    assert done.returncode == 2 and len(done.stdout.splitlines()) == 1
+    error = json.loads(done.stdout)["error"]
+    assert error["exit_code"] == 2 and error["message"].startswith("cannot verify:")
+    assert b"cannot verify:" in done.stderr
+
+
+def test_a_credential_in_the_key_caller_or_as_a_number_is_refused_before_anything_is_stored(tmp_path: Path) -> None:
+    from jobtrail.domain.errors import SecretInRequest, UsageError
+
+    from helpers import spec
+
+    with Store.open(str(tmp_path / "l.db")) as store:
+        store.redactor.register("sk-SUPERSECRET-abcdef1234567890XYZ")
+        store.redactor.register("98765432109876543210")
+        for made in (
+            spec(operation_key="bot/sk-SUPERSECRET-abcdef1234567890XYZ"),
+            spec(caller="agent sk-SUPERSECRET-abcdef1234567890XYZ"),
+            spec(body={"n": 98765432109876543210}),
+            spec(body={"api_key": 98765432109876543210}),
+        ):
+            with pytest.raises(SecretInRequest, match="looks like a credential"):
+                store.create_operation(made)
+        with pytest.raises(UsageError, match="no NaN or infinity"):
+            store.create_operation(spec(body={"x": float("inf")}))
+        assert store.count() == 0
+        assert store.create_operation(spec(body={"n": 12345678901234567890}))[1]  # other numbers are no matter

@@ -737,6 +737,10 @@ class Redactor:
             # remembered: provider ids and states are checked on every answer
             if self.looks_like_credential(value):
                 found.append(path)
+        elif type(value) is int:
+            # a credential of digits alone, sent as a JSON number: stored as those digits all the same
+            if self.contains_secret(str(value)):
+                found.append(path)
         elif isinstance(value, Mapping):
             for key, item in value.items():
                 sub = f"{path}.{key}"

@@ -89,7 +89,7 @@ class StderrHandler(logging.StreamHandler[TextIO]):
 
 
 def configure_logging(level: str = "info", fmt: str = "text") -> logging.Handler:
-    """Send ``jobtrail``'s log lines (and the HTTP stack's) at ``level`` and above to stderr as ``fmt``.
+    """Send ``jobtrail``'s log lines (the HTTP stack's and the MCP SDK's too) at ``level`` and up to stderr as ``fmt``.
 
     Idempotent: a second call replaces the handler the first installed.
     """
@@ -102,11 +102,15 @@ def configure_logging(level: str = "info", fmt: str = "text") -> logging.Handler
     handler.addFilter(RedactingFilter())
     handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    for name in ("jobtrail", "aiohttp", "uvicorn"):
+    for name in ("jobtrail", "aiohttp", "uvicorn", "mcp"):
         logger = logging.getLogger(name)
         for old in [h for h in logger.handlers if h.get_name() == _OURS]:
             logger.removeHandler(old)
         logger.addHandler(handler)
+        if name == "mcp":
+            # the MCP SDK puts a handler of its own on the root logger (unmasked, not in --log-format): its
+            # lines (a failed tool's message among them) go through ours alone
+            logger.propagate = False
         # the HTTP stack's info lines are one per request: only its warnings and errors
         threshold = getattr(logging, level.upper())
         logger.setLevel(threshold if name == "jobtrail" else max(threshold, logging.WARNING))

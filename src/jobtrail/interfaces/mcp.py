@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -80,6 +81,8 @@ INSTRUCTIONS = """jobtrail runs long jobs on remote APIs for you and keeps them 
 Submit with an operation_key you will reuse if you retry: the same key and request never start a second job.
 After any restart, call job_status to learn the one next action. Never pass credentials, headers or URLs:
 providers are configured by the operator and chosen by name (list_providers says what request each takes)."""
+
+log = logging.getLogger("jobtrail")
 
 
 def _norm(name: str) -> str:
@@ -158,6 +161,8 @@ def guard_request(request: Any, *, url_fields: Iterable[str] = (), redactors: It
                 stack.append((sub, item))
         elif isinstance(value, list | tuple):
             stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        elif type(value) is int and any(r.contains_secret(str(value)) for r in checkers):
+            raise _refused(path, "its value is a credential (its digits, as a number)")
         elif isinstance(value, str):
             if carries_credential(value):
                 raise _refused(path, "its value is or encodes a credential")
@@ -165,15 +170,23 @@ def guard_request(request: Any, *, url_fields: Iterable[str] = (), redactors: It
                 raise _refused(path, "a URL, and the provider does not declare this field in [create] url_fields")
 
 
-def _explained(tool: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Our errors reach the agent as the tool's error message (what is wrong and what to do)."""
+def _explained(tool: Callable[..., Awaitable[Any]], redactor: Redactor) -> Callable[..., Awaitable[Any]]:
+    """Our errors reach the agent as the tool's error message (what is wrong and what to do), masked: a
+    message may quote what the agent passed (an id it gave), and the SDK logs it too. Any other error is
+    a tool error that names its kind, its text in the server's log only (masked there too)."""
 
     @functools.wraps(tool)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return await tool(*args, **kwargs)
         except JobtrailError as exc:
-            raise ToolError(str(exc)) from None
+            raise ToolError(redactor.text(str(exc))) from None
+        except Exception as exc:
+            log.error("MCP tool %s failed: %s: %s", tool.__name__, type(exc).__name__, redactor.text(str(exc)))
+            raise ToolError(
+                f"{tool.__name__} failed on an error jobtrail did not expect ({type(exc).__name__}); the server's "
+                "log has its message. job_status shows what the ledger holds"
+            ) from None
 
     return wrapper
 
@@ -362,7 +375,7 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
         def register(fn: Callable[..., Any]) -> Any:
             if provider is not None:
                 _closed_providers(fn, names, required=provider == "required")
-            server.tool(description=description, structured_output=True)(_explained(fn))
+            server.tool(description=description, structured_output=True)(_explained(fn, store.redactor))
             return fn
 
         return register
@@ -543,6 +556,9 @@ def check_line(line: bytes) -> str | None:
         doc = json.loads(line)
     except (ValueError, RecursionError) as exc:
         return _error_reply(-32700, f"Parse error: the line is not valid JSON ({exc})")
+    if isinstance(doc, dict) and "id" in doc and (type(doc["id"]) not in (str, int)):
+        # (the SDK takes a message whose id is null or 1.5 for a notification, and nobody is answered)
+        return _error_reply(-32600, "Invalid Request: an id is a string or a whole number")
     try:
         mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except Exception as exc:  # the SDK's validation error, whatever its class

@@ -592,7 +592,22 @@ class Store:
                 "(referenced by name, injected at send time) and remove them from the body",
                 paths=secret_paths,
             )
-        body_text = compact_json(spec.body)
+        for name in ("operation_key", "caller", "approved_by"):
+            text = getattr(spec, name)
+            if text is not None and self.redactor.looks_like_credential(text):
+                what = name.replace("_", " ")
+                raise SecretInRequest(
+                    f"the {what} carries what looks like a credential; jobtrail never stores credentials, and "
+                    f"every listing shows the {what}: choose one without it",
+                    paths=[name],
+                )
+        try:
+            body_text = compact_json(spec.body)
+        except (TypeError, ValueError) as exc:  # (orjson's errors are TypeErrors)
+            raise UsageError(
+                f"the request body cannot be stored as JSON ({exc}): numbers must be finite (no NaN or "
+                "infinity, nothing past a 64-bit float), text valid Unicode (no lone surrogates), keys strings"
+            ) from None
         fingerprint = request_fingerprint(spec.provider, spec.target, spec.endpoint, spec.body)
         now = self.clock()
 

@@ -44,10 +44,7 @@ def audit_verify(ctx: click.Context, anchor_path: str | None, key_env: str | Non
         anchor = load_anchor(anchor_path) if anchor_path else None
         store = existing_store(ctx)
         report = verify(store, anchor=anchor, key=secret_from_env(key_env, "--key-env", store.redactor))
-    except JobtrailError as exc:
-        if as_json:
-            emit_json({"ok": None, "error": str(exc)})
-            sys.exit(EXIT_USAGE)
+    except JobtrailError as exc:  # (under --json, the one error shape every command prints)
         fail(f"cannot verify: {exc}", EXIT_USAGE)
     if as_json:
         emit_json(report.to_json())

@@ -64,12 +64,19 @@ def print_whole(table: Table) -> None:
     Console(width=natural, highlight=False).print(table)
 
 
+def _printable(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (an argument that was not UTF-8, a ``\\ud800`` in
+    JSON given) as its escape, which JSON reads back as the same character."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))
+    click.echo(_printable(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False)))
 
 
 def fail(message: str, code: int) -> NoReturn:
     """One line on stderr and the exit code; under ``--json`` also ``{"error": {...}}`` on stdout."""
+    message = _printable(message)
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.find_root().meta.get("jobtrail.json"):
         # one line: a command that prints JSON lines (submit) stays JSON lines when it fails
@@ -96,6 +103,14 @@ class Group(click.Group):
                 raise
             code = EXIT_NEGATIVE if isinstance(exc, OperationNotFound | NoDecisionAwaited) else EXIT_USAGE
             fail(str(exc), code)
+        except UnicodeError:
+            if ctx.find_root().params.get("debug"):
+                raise
+            fail(
+                "an argument or the request holds text that is not valid Unicode (bytes that are not UTF-8, or a "
+                "lone surrogate such as \\ud800 in JSON): give it as UTF-8 text",
+                EXIT_USAGE,
+            )
         except click.UsageError as exc:  # a bad option or value: the same one line (and JSON) as ours
             if not ctx.find_root().meta.get("jobtrail.json"):
                 raise
