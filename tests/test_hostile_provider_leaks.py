@@ -579,7 +579,8 @@ def test_the_guard_through_a_real_mcp_server(db_url: str, canary: str, tmp_path:
         assert canary_hits(canary, ledger_bytes(store)) == []
 
 
-def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Path, canary: str) -> None:
+def _mcp_server_over_stdio(tmp_path: Path, canary: str) -> tuple[Path, subprocess.Popen[bytes]]:
+    """`jobtrail mcp` on a new ledger, its provider one whose address answers nothing, spoken to on its pipes."""
     hostile = HostileProvider(canary)
     hostile.base_url = "http://127.0.0.1:9"
     provider_file = tmp_path / "hostile.toml"
@@ -592,6 +593,11 @@ def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Pat
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    return db, proc
+
+
+def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Path, canary: str) -> None:
+    _, proc = _mcp_server_over_stdio(tmp_path, canary)
     lines = [
         b"{this is not json\n",
         b'{"jsonrpc": "2.0", "id": 7, "method": 5}\n',
@@ -616,12 +622,7 @@ def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Pat
 def test_an_mcp_servers_own_log_lines_are_masked_and_an_odd_id_is_answered(tmp_path: Path, canary: str) -> None:
     """The SDK logs a failed tool's message (here quoting an id the agent gave, the credential) and had a
     handler of its own on the root logger; and it took a message whose id is 1.5 or null for a notification."""
-    hostile = HostileProvider(canary)
-    hostile.base_url = "http://127.0.0.1:9"
-    provider_file = tmp_path / "hostile.toml"
-    provider_file.write_text(provider_toml(hostile.config()), encoding="utf-8")
-    db = tmp_path / "mcp.db"
-    Store.open(str(db)).close()
+    db, proc = _mcp_server_over_stdio(tmp_path, canary)
 
     def line(doc: dict[str, Any]) -> bytes:
         return json.dumps(doc).encode() + b"\n"
@@ -639,13 +640,6 @@ def test_an_mcp_servers_own_log_lines_are_masked_and_an_odd_id_is_answered(tmp_p
         b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"submit_job","arguments":'
         b'{"provider":"hostile","operation_key":"inf","request":{"x":Infinity}}}}\n',
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobtrail", "--db", str(db), "mcp", "--provider", str(provider_file)],
-        *(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
     assert proc.stdin is not None and proc.stdout is not None
     replies: list[dict[str, Any]] = []
     try:
