@@ -243,8 +243,7 @@ class Refusals:
             if self._timer is not None and self._loop is loop:
                 self._timer.cancel()
             self._timer, self._loop = None, loop
-            self._writing = loop.create_task(self._write(self._take()))
-            await asyncio.shield(self._writing)  # (a client gone meanwhile does not stop the count)
+            await asyncio.shield(self._start_write(loop))  # (a client gone meanwhile does not stop the count)
         elif self._timer is None or self._loop is not loop:
             # (a timer left on another loop, one request's in some hosts, may never fire: that loop may be gone)
             self._loop = loop
@@ -268,7 +267,17 @@ class Refusals:
         if self._busy(loop):
             self._later(REFUSAL_FLUSH_S)
         elif self._pending:
-            self._writing = loop.create_task(self._write(self._take()))
+            self._start_write(loop)
+
+    def _start_write(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
+        self._writing = loop.create_task(self._write(self._take()))
+        return self._writing
+
+    async def _written(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait out the write under way on ``loop``, if any."""
+        if self._busy(loop):
+            assert self._writing is not None
+            await self._writing
 
     def _take(self) -> dict[tuple[str, str], int]:
         """What is pending, logged (a line for each reason) and taken to be written."""
@@ -294,16 +303,12 @@ class Refusals:
         """Write what is counted and not yet written (at the receiver's shutdown; a host app that mounts the
         receiver runs the receiver's lifespan from its own, see the README)."""
         loop = asyncio.get_running_loop()
-        if self._busy(loop):
-            assert self._writing is not None
-            await self._writing
+        await self._written(loop)
         if self._timer is not None and self._loop is loop:
             self._timer.cancel()
         self._timer, self._loop = None, loop
         self._flush()
-        if self._busy(loop):
-            assert self._writing is not None
-            await self._writing
+        await self._written(loop)
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:
