@@ -512,3 +512,26 @@ def test_a_printed_command_names_the_ledger_unless_a_bare_command_opens_it(
         assert store.command == f"jobtrail --db {shlex.quote(str(db))}"
         monkeypatch.setenv("JOBTRAIL_DB", str(db))
         assert store.command == "jobtrail"
+
+
+def test_reading_commands_answer_while_another_process_holds_the_write_lock(tmp_path: Path) -> None:
+    """A worker's long commit, or a person's open `sqlite3` session, holds the file's write lock: an operator
+    can still list, show and verify (SQLite's WAL lets readers in), instead of waiting out the busy time-out
+    and being told the schema could not be upgraded (it needed no upgrade)."""
+    from processes import write_lock_held_elsewhere
+
+    db = str(tmp_path / "ops.db")
+    store = Store.open(db)
+    op = op_in(store, S.FAILED, body={"i": 1})
+    store.close()
+    with write_lock_held_elsewhere(db, 60) as holder:
+        listed = jobtrail("--db", db, "ops", "list", "--json")
+        shown = jobtrail("--db", db, "ops", "show", op.operation_id, "--json")
+        verified = jobtrail("--db", db, "audit", "verify", "--json")
+        still_held = holder.poll() is None
+        holder.kill()
+    assert still_held, "the lock was let go before the commands ran: this proves nothing"
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert [item["operation_id"] for item in json.loads(listed.stdout)["items"]] == [op.operation_id]
+    assert shown.returncode == 0 and json.loads(shown.stdout)["operation_id"] == op.operation_id, shown.stderr
+    assert verified.returncode == 0 and json.loads(verified.stdout)["ok"] is True, verified.stdout + verified.stderr

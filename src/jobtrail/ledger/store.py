@@ -388,8 +388,16 @@ class Store:
 
     def migrate(self, revision: str = "head") -> None:
         """Bring the schema to ``revision``; data survives every upgrade."""
-        from jobtrail.ledger.migrate import upgrade
+        from jobtrail.ledger.migrate import HEAD, current_revision, upgrade
 
+        # a ledger at that revision already is only read, without the write lock: a reader (`ops list`,
+        # `audit verify`, the dashboard) opens it while another process holds the lock, as SQLite's WAL allows
+        try:
+            with self._read() as conn:
+                if current_revision(conn) == (HEAD if revision == "head" else revision):
+                    return
+        except StorageError:  # (no file yet, say): the upgrade says what is wrong, under the lock
+            pass
         with self.writing("upgrading the schema") as conn:
             found = upgrade(conn, revision)
         self.made = self.made or found is None
