@@ -305,6 +305,12 @@ def test_a_resting_operation_cannot_be_rescheduled_so_its_row_stays_what_its_las
         ({"operation_key": "   "}, "operation key is empty"),
         ({"operation_key": "a\nb"}, "control characters"),
         ({"operation_key": "k" * 201}, "at most 200"),
+        # what a listing would show as other text: an override turns the rest around, a zero-width space hides
+        ({"operation_key": "invoice-\u202efdp.exe"}, "U\\+202E RIGHT-TO-LEFT OVERRIDE at position 9"),
+        ({"operation_key": "nightly\u200b"}, "U\\+200B ZERO WIDTH SPACE"),
+        ({"operation_key": "a\u0085b"}, "control characters"),
+        ({"caller": "agent\u2066-7"}, "the caller holds U\\+2066"),
+        ({"approved_by": "alice\u202e"}, "the approver holds U\\+202E"),
     ],
 )
 def test_an_unusable_key_is_refused_before_anything_is_stored(store: Store, fields: dict, says: str) -> None:
@@ -807,3 +813,12 @@ def test_a_ledger_in_memory_keeps_large_results_in_a_directory_of_its_own(tmp_pa
     store.close()
     assert not files.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_key_or_name_in_any_script_is_kept_as_given(store: Store) -> None:
+    """Only what shows as nothing (or turns the rest around) is refused: letters of any script are names."""
+    op, _ = store.create_operation(
+        spec(operation_key="rapport-trimestriel-été-日本", caller="José", approved_by="Zoë Ω")
+    )
+    kept = store.get(op.operation_id)
+    assert (kept.operation_key, kept.caller, kept.approved_by) == ("rapport-trimestriel-été-日本", "José", "Zoë Ω")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
@@ -56,9 +57,15 @@ class OperationSpec:
         if key is not None:
             if not key.strip():
                 raise UsageError("the operation key is empty; give a key that names the job, or none at all")
-            if len(key) > MAX_KEY_LENGTH or any(ord(c) < 32 or ord(c) == 127 for c in key):
+            if len(key) > MAX_KEY_LENGTH:
+                raise UsageError(f"the operation key must be at most {MAX_KEY_LENGTH} characters")
+        for what, text in (("operation key", key), ("caller", self.caller), ("approver", self.approved_by)):
+            unseen = None if text is None else unseen_character(text)
+            if unseen is not None:
                 raise UsageError(
-                    f"the operation key must be at most {MAX_KEY_LENGTH} characters, without control characters"
+                    f"the {what} holds {unseen}: no control characters nor invisible formatting "
+                    "(bidirectional overrides, zero-width characters), which would make a listing show it as "
+                    "other text than it is"
                 )
 
     def check_deadlines(self) -> None:
@@ -69,6 +76,26 @@ class OperationSpec:
                 raise UsageError(
                     f"{name} must be positive (got {value.total_seconds():g} s); leave it out for the default"
                 )
+
+
+#: Unicode categories a name shown in listings must not hold: controls, formatting (bidirectional overrides such
+#: as U+202E, zero-width characters), lone surrogates, and line and paragraph separators
+_UNSEEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def unseen_character(text: str) -> str | None:
+    """The first character of ``text`` that shows as nothing or changes how the rest shows (``U+202E
+    RIGHT-TO-LEFT OVERRIDE at position 4``), or None. Two keys that differ only by one look alike in every
+    listing, and an override turns a key or an approver's name around on screen."""
+    if text.isascii():
+        found = next((i for i, c in enumerate(text) if c < " " or c == "\x7f"), None)
+    else:
+        found = next((i for i, c in enumerate(text) if unicodedata.category(c) in _UNSEEN_CATEGORIES), None)
+    if found is None:
+        return None
+    char = text[found]
+    name = unicodedata.name(char, "a control character")
+    return f"U+{ord(char):04X} {name} at position {found + 1}"
 
 
 class Changes(TypedDict, total=False):
