@@ -547,6 +547,46 @@ def test_the_guard_limits_depth_and_size() -> None:
         guard_request({"prompt": "x" * (1024 * 1024 + 1)})
 
 
+def test_the_depth_limit_counts_objects_and_arrays_not_the_value_inside_the_deepest() -> None:
+    def nested(levels: int, inside: Any) -> Any:
+        for level in range(levels - 1):
+            inside = {"a": inside} if level % 2 else [inside]
+        return {"a": inside}  # (a request is an object)
+
+    for inside in (1, "text", None, {}, []):
+        guard_request(nested(MAX_REQUEST_DEPTH - (1 if inside in ({}, []) else 0), inside))  # 64 levels in all
+    for inside in (1, {}):
+        with pytest.raises(Exception, match=f"deeper than {MAX_REQUEST_DEPTH} levels"):
+            guard_request(nested(MAX_REQUEST_DEPTH + (0 if inside == {} else 1), inside))  # 65 levels
+
+
+def test_a_json_rpc_line_that_names_a_key_twice_is_refused_and_nothing_is_stored(tmp_path: Path, canary: str) -> None:
+    """Which value such an object means is the reader's choice (the SDK keeps the last, other parsers the first):
+    a proxy that approved one reading must never see the server act on the other."""
+    db, proc = _mcp_server_over_stdio(tmp_path, canary)
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}).encode() + b"\n",
+        b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n',
+        b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"submit_job","arguments":'
+        b'{"provider":"hostile","operation_key":"k1","request":{"x":1},"request":{"x":2},"create_deadline_s":1}}}\n',
+        b'{"jsonrpc":"2.0","id":3,"method":"ping","method":"tools/list"}\n',
+        b'{"jsonrpc":"2.0","id":4,"method":"ping"}\n',
+    ]
+    try:
+        out, err = proc.communicate(b"".join(lines), timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    replies = {r.get("id"): r for r in (json.loads(line) for line in out.splitlines() if line.strip())}
+    for refused in (2, 3):
+        assert replies[refused]["error"]["code"] == -32600, replies
+        assert "names the same key twice" in replies[refused]["error"]["message"]
+    assert "result" in replies[4] and b"Traceback" not in err
+    with Store.open(str(db)) as store:
+        assert store.count() == 0
+
+
 def test_the_guard_through_a_real_mcp_server(db_url: str, canary: str, tmp_path: Path) -> None:
     hostile = HostileProvider(canary)
     hostile.base_url = "http://127.0.0.1:9"  # refused connections: the create is not sent anywhere

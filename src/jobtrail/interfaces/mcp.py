@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from datetime import timedelta
 from typing import Annotated, Any, Literal, cast
 
-from jobtrail.domain.canonical import nesting
+from jobtrail.domain.canonical import names_a_key_twice, nesting
 from jobtrail.domain.errors import JobtrailError, OperationNotFound, UsageError, missing_extra
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.runtime.client import AsyncJobtrail
@@ -101,15 +101,16 @@ def _depth_and_size(request: Any) -> None:
     stack: list[tuple[Any, int]] = [(request, 1)]
     while stack:
         value, depth = stack.pop()
+        # a level is an object or an array (as JSON counts nesting): the number or text inside the deepest is none
+        is_map = isinstance(value, Mapping)
+        if not is_map and not isinstance(value, list | tuple):
+            continue
         if depth > MAX_REQUEST_DEPTH:
             raise UsageError(
                 f"the request is nested deeper than {MAX_REQUEST_DEPTH} levels; flatten it (the limit protects "
                 "the server and the ledger)"
             )
-        if isinstance(value, Mapping):
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list | tuple):
-            stack.extend((v, depth + 1) for v in value)
+        stack.extend((v, depth + 1) for v in (value.values() if is_map else value))
     size = len(json.dumps(request, ensure_ascii=False, default=str).encode("utf-8"))
     if size > MAX_REQUEST_BYTES:
         raise UsageError(
@@ -552,8 +553,14 @@ def check_line(line: bytes) -> str | None:
         return _error_reply(-32600, f"Invalid Request: a message nests at most {MAX_LINE_DEPTH} levels")
     try:
         doc = json.loads(line)
+        twice = names_a_key_twice(line)
     except (ValueError, RecursionError) as exc:
         return _error_reply(-32700, f"Parse error: the line is not valid JSON ({exc})")
+    if twice:
+        # parsers disagree on which value such an object means (the SDK keeps the last, others the first): a
+        # proxy that approved one reading must not see the server act on the other
+        request_id = doc.get("id") if isinstance(doc, dict) else None
+        return _error_reply(-32600, "Invalid Request: an object names the same key twice", request_id)
     if isinstance(doc, dict) and "id" in doc and (type(doc["id"]) not in (str, int)):
         # (the SDK takes a message whose id is null or 1.5 for a notification, and nobody is answered)
         return _error_reply(-32600, "Invalid Request: an id is a string or a whole number")
