@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -81,14 +82,16 @@ class OperationSpec:
 #: Unicode categories a name shown in listings must not hold: controls, formatting (bidirectional overrides such
 #: as U+202E, zero-width characters), lone surrogates, and line and paragraph separators
 _UNSEEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_ASCII_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def unseen_character(text: str) -> str | None:
     """The first character of ``text`` that shows as nothing or changes how the rest shows (``U+202E
     RIGHT-TO-LEFT OVERRIDE at position 4``), or None. Two keys that differ only by one look alike in every
     listing, and an override turns a key or an approver's name around on screen."""
-    if text.isascii():
-        found = next((i for i, c in enumerate(text) if c < " " or c == "\x7f"), None)
+    if text.isascii():  # (every submit's caller, most keys: one search in C)
+        match = _ASCII_CONTROL.search(text)
+        found = None if match is None else match.start()
     else:
         found = next((i for i, c in enumerate(text) if unicodedata.category(c) in _UNSEEN_CATEGORIES), None)
     if found is None:
