@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -78,25 +79,16 @@ def test_errors_under_json_are_json_with_their_exit_code(db_url: str) -> None:
     assert bad.returncode == 2 and error["exit_code"] == 2 and "--timeout" in error["message"]
 
 
-def test_webhooks_serve_receives_signed_events(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
-    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
-    provider = fake.write_provider_file(tmp_path / "fake.toml", webhooks={"secrets": ["env:DEMO_WHSEC"]})
+@contextlib.contextmanager
+def _webhooks_server(db_url: str, provider: Path, secret: str) -> Iterator[str]:
+    """`jobtrail webhooks serve` in a process of its own, once it answers: its delivery URL for provider fake."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "jobtrail",
-            "--db",
-            db_url,
-            "webhooks",
-            "serve",
-            "--provider",
-            str(provider),
-            "--port",
-            str(port),
+            *(sys.executable, "-m", "jobtrail", "--db", db_url, "webhooks", "serve"),
+            *("--provider", str(provider), "--port", str(port)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -104,22 +96,67 @@ def test_webhooks_serve_receives_signed_events(db_url: str, fake: FakeProvider, 
         env={**os.environ, "DEMO_WHSEC": secret},
     )
     try:
-        url = f"http://127.0.0.1:{port}/webhooks/fake"
         deadline = time.monotonic() + 30
         while True:
             try:
-                answer = send_webhook(url, secret, {"type": "job.running", "data": {"id": "job_x"}}, event_id="e1")
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
                 break
             except OSError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or server.poll() is not None:
                     raise
                 time.sleep(0.1)
-        assert answer[0] == 202 and answer[1]["status"] == "orphan"
-        forged = send_webhook(url, "whsec_" + base64.b64encode(b"x" * 24).decode(), {"type": "t"}, event_id="e2")
-        assert forged[0] == 401 and forged[1]["title"] == "bad signature"
+        yield f"http://127.0.0.1:{port}/webhooks/fake"
     finally:
         server.terminate()
         server.communicate(timeout=20)
+
+
+def test_webhooks_serve_receives_signed_events(db_url: str, fake: FakeProvider, tmp_path: Path) -> None:
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    provider = fake.write_provider_file(tmp_path / "fake.toml", webhooks={"secrets": ["env:DEMO_WHSEC"]})
+    with _webhooks_server(db_url, provider, secret) as url:
+        answer = send_webhook(url, secret, {"type": "job.running", "data": {"id": "job_x"}}, event_id="e1")
+        assert answer[0] == 202 and answer[1]["status"] == "orphan"
+        forged = send_webhook(url, "whsec_" + base64.b64encode(b"x" * 24).decode(), {"type": "t"}, event_id="e2")
+        assert forged[0] == 401 and forged[1]["title"] == "bad signature"
+
+
+def test_a_client_that_trickles_its_headers_is_cut_off_and_deliveries_go_on(fake: FakeProvider, tmp_path: Path) -> None:
+    """Slowloris: headers a line at a time held a connection (and a file descriptor) as long as the client
+    liked, and the receiver never heard of it. Headers must now arrive whole within the deadline. (A body a
+    byte at a time is the receiver's to refuse: 408 past the provider's read_timeout_s, in test_webhooks.)"""
+    from jobtrail.interfaces.served import HEADERS_DEADLINE_S
+
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    provider = fake.write_provider_file(tmp_path / "fake.toml", webhooks={"secrets": ["env:DEMO_WHSEC"]})
+    with _webhooks_server(str(tmp_path / "ledger.db"), provider, secret) as url:  # (the ledger's kind plays no part)
+        port = int(url.split(":")[2].split("/")[0])
+        head = b"POST /webhooks/fake HTTP/1.1\r\nHost: x\r\n"
+        trickles = {
+            "headers": [head, *(b"X-Pad-%d: y\r\n" % i for i in range(1000))],
+            "a request line": [bytes([c]) for c in head],
+        }
+        cut_after: dict[str, float] = {}
+        for name, pieces in trickles.items():
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                started = time.monotonic()
+                for piece in pieces:  # one piece a second, far beyond the deadline unless the server cuts it off
+                    if time.monotonic() - started > HEADERS_DEADLINE_S + 30:
+                        break  # not cut off: the assertion below says so
+                    try:
+                        conn.sendall(piece)
+                        conn.settimeout(1.0)
+                        if conn.recv(1) == b"":  # closed
+                            break
+                    except TimeoutError:
+                        continue
+                    except OSError:  # reset by the server
+                        break
+                cut_after[name] = time.monotonic() - started
+        # cut off (not served to the end: a thousand pieces take a thousand seconds), and a real delivery still lands
+        assert all(HEADERS_DEADLINE_S - 1 <= t < HEADERS_DEADLINE_S + 30 for t in cut_after.values()), cut_after
+        answer = send_webhook(url, secret, {"type": "job.running", "data": {"id": "job_y"}}, event_id="e3")
+        assert answer[0] == 202
 
 
 def test_every_command_has_help_with_an_example() -> None:

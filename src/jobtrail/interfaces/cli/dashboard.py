@@ -58,9 +58,8 @@ def dashboard(
       jobtrail --db jobs.db dashboard --token-env JOBTRAIL_DASHBOARD_TOKEN   # people may decide
     """
     require_extra("dashboard", "jobtrail dashboard", "uvicorn", "starlette", "jinja2", "python_multipart")
-    import uvicorn
-
     from jobtrail.interfaces.dashboard import dashboard_app
+    from jobtrail.interfaces.served import serve
 
     store = existing_store(ctx)
     token = secret_from_env(token_env, "--token-env", store.redactor)
@@ -79,4 +78,4 @@ def dashboard(
     )
     click.echo(f"dashboard on http://{host}:{port}/ ({mode})")
     # uvicorn's access log would print every URL; the pages' URLs carry no secret, but its noise helps no one
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    serve(app, host=host, port=port, log_level="warning", access_log=False)

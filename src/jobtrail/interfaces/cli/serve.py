@@ -190,8 +190,7 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
       jobtrail webhooks serve --provider my-api.toml --host 127.0.0.1 --port 8787
     """
     require_extra("webhooks", "jobtrail webhooks serve", "uvicorn", "starlette", "standardwebhooks")
-    import uvicorn
-
+    from jobtrail.interfaces.served import serve
     from jobtrail.interfaces.webhooks import webhook_app
     from jobtrail.providers.http import load_provider
 
@@ -203,7 +202,7 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
     app = webhook_app(open_store(ctx), configs)
     click.echo(f"receiving webhooks for {', '.join(sorted(configs))} on http://{host}:{port}/webhooks/<provider>")
     # log_config None: uvicorn's lines go through our handler (redacted, as --log-format asks)
-    uvicorn.run(app, host=host, port=port, log_level="warning", log_config=None)
+    serve(app, host=host, port=port, log_level="warning", log_config=None)
 
 
 @cli.command()
