@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from jobtrail import RemoteState, StorageError, Store
 from jobtrail.ledger.audit import verify
-from jobtrail.ledger.migrate import current_revision, head_revision, script_head
+from jobtrail.ledger.migrate import HEAD, current_revision, head_revision, script_head
 
 from helpers import S, obs, op_in
 from processes import cli
@@ -87,13 +87,14 @@ def test_a_ledger_made_by_a_newer_jobtrail_is_left_as_it_is_with_the_way_out(
 
 
 @pytest.mark.empty_ledger
-@pytest.mark.parametrize("their_revision", ["3f2a9c1b7d4e", "0003"])
+@pytest.mark.parametrize("their_revision", ["3f2a9c1b7d4e", "0003", HEAD])
 def test_another_programs_alembic_database_is_refused_and_left_as_it_was(
     db_url: str, engine_name: str, their_revision: str
 ) -> None:
     """Another program that migrates with Alembic keeps its revision where jobtrail keeps its own: a command
     that would make a ledger there (a worker, a submit) says so and changes nothing, not even SQLite's
-    journal mode; a revision numbered like jobtrail's ("0003") does not start jobtrail's migrations there."""
+    journal mode; a revision numbered like jobtrail's ("0003") does not start jobtrail's migrations there, and
+    one that happens to be jobtrail's newest is not taken for a ledger that needs none."""
     url = db_url.replace("postgresql://", "postgresql+psycopg://", 1) if "://" in db_url else f"sqlite:///{db_url}"
     engine = sa.create_engine(url)
     with engine.begin() as conn:

@@ -388,13 +388,14 @@ class Store:
 
     def migrate(self, revision: str = "head") -> None:
         """Bring the schema to ``revision``; data survives every upgrade."""
-        from jobtrail.ledger.migrate import HEAD, current_revision, upgrade
+        from jobtrail.ledger.migrate import HEAD, refuse_unknown_schema, upgrade
 
         # a ledger at that revision already is only read, without the write lock: a reader (`ops list`,
         # `audit verify`, the dashboard) opens it while another process holds the lock, as SQLite's WAL allows
+        # (asked as the upgrade asks: another program's version table is refused here too)
         try:
             with self._read() as conn:
-                if current_revision(conn) == (HEAD if revision == "head" else revision):
+                if refuse_unknown_schema(conn) == (HEAD if revision == "head" else revision):
                     return
         except StorageError:  # (no file yet, say): the upgrade says what is wrong, under the lock
             pass
