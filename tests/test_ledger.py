@@ -311,6 +311,13 @@ def test_a_resting_operation_cannot_be_rescheduled_so_its_row_stays_what_its_las
         ({"operation_key": "a\u0085b"}, "control characters"),
         ({"caller": "agent\u2066-7"}, "the caller holds U\\+2066"),
         ({"approved_by": "alice\u202e"}, "the approver holds U\\+202E"),
+        # and what renders as nothing though it is no formatting character: a variation selector after a letter,
+        # a Hangul filler, a joiner between Latin letters, an unassigned code point, a tag
+        ({"operation_key": "nightly\ufe0f"}, "U\\+FE0F VARIATION SELECTOR-16"),
+        ({"operation_key": "nightly\u3164"}, "U\\+3164 HANGUL FILLER"),
+        ({"operation_key": "night\u200dly"}, "U\\+200D ZERO WIDTH JOINER"),
+        ({"operation_key": "nightly\u2065"}, "U\\+2065"),
+        ({"approved_by": "bob\U000e0062"}, "U\\+E0062 TAG"),
     ],
 )
 def test_an_unusable_key_is_refused_before_anything_is_stored(store: Store, fields: dict, says: str) -> None:
@@ -815,10 +822,23 @@ def test_a_ledger_in_memory_keeps_large_results_in_a_directory_of_its_own(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_key_or_name_in_any_script_is_kept_as_given(store: Store) -> None:
-    """Only what shows as nothing (or turns the rest around) is refused: letters of any script are names."""
-    op, _ = store.create_operation(
-        spec(operation_key="rapport-trimestriel-été-日本", caller="José", approved_by="Zoë Ω")
-    )
+@pytest.mark.parametrize(
+    ("key", "caller", "approver"),
+    [
+        ("rapport-trimestriel-été-日本", "José", "Zoë Ω"),
+        # the joiners where scripts write with them: Persian's ZWNJ inside a word, a Hindi conjunct after a virama
+        (
+            "\u06af\u0632\u0627\u0631\u0634\u200c\u0647\u0627",  # (Persian, escaped: ruff takes its letters for Latin)
+            "क्\u200dष-agent",
+            "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+        ),
+        # emoji: a ZWJ sequence, a variation selector, a keycap, a skin tone
+        ("deploy-👩\u200d💻", "bot-❤️", "1️⃣-👍🏽"),
+    ],
+)
+def test_a_key_or_name_in_any_script_is_kept_as_given(store: Store, key: str, caller: str, approver: str) -> None:
+    """Only what shows as nothing (or turns the rest around) is refused: letters of any script are names, and the
+    invisible characters a script or an emoji is written with are part of them."""
+    op, _ = store.create_operation(spec(operation_key=key, caller=caller, approved_by=approver))
     kept = store.get(op.operation_id)
-    assert (kept.operation_key, kept.caller, kept.approved_by) == ("rapport-trimestriel-été-日本", "José", "Zoë Ω")
+    assert (kept.operation_key, kept.caller, kept.approved_by) == (key, caller, approver)

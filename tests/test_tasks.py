@@ -134,6 +134,31 @@ def test_a_changed_step_is_a_new_step(tmp_path: Path, fake: FakeProvider) -> Non
     asyncio.run(go())
 
 
+def test_a_step_whose_key_no_submit_could_take_is_refused_before_it_is_planned(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    """A step is planned durably before anything is sent: one planned under a key the submit then refuses would
+    stay planned for good, never run. Its key (the task's id and the step's name) is checked first."""
+    import asyncio
+
+    from jobtrail import UsageError
+
+    async def go() -> None:
+        async with AsyncJobtrail(tmp_path / "t.db", providers=[fake.provider_config()]) as jt:
+            with pytest.raises(UsageError, match="the caller holds U\\+202E"):
+                await jt.task("t0", caller="agent\u202e")
+            task = await jt.task("t1")
+            for name in ("night\u200bly", "a\nb", "x" * 300):
+                with pytest.raises(UsageError, match="operation key"):
+                    await task.step(name, provider="fake", request={"v": 1})
+            assert task.steps() == []
+            persian = "\u0631\u0633\u06cc\u062f\u200c\u0647\u0627"  # its ZWNJ included (escaped: ruff reads Latin)
+            await task.step(persian, provider="fake", request={"v": 1})
+            assert [s.state for s in task.steps()] == ["planned"]
+
+    asyncio.run(go())
+
+
 def test_every_state_has_exactly_one_next_action() -> None:
     """The explain table is complete: every operation state and every step state maps to an action."""
     from jobtrail.domain.record import Operation

@@ -54,20 +54,11 @@ class OperationSpec:
         trace_id = self.trace_id
         if trace_id is not None and (len(trace_id) != 32 or trace_id.strip("0123456789abcdef") or trace_id == "0" * 32):
             raise UsageError(f"trace id {trace_id!r} is not a W3C trace id (32 lowercase hex digits, not all zeros)")
-        key = self.operation_key
-        if key is not None:
-            if not key.strip():
-                raise UsageError("the operation key is empty; give a key that names the job, or none at all")
-            if len(key) > MAX_KEY_LENGTH:
-                raise UsageError(f"the operation key must be at most {MAX_KEY_LENGTH} characters")
-        for what, text in (("operation key", key), ("caller", self.caller), ("approver", self.approved_by)):
-            unseen = None if text is None else unseen_character(text)
-            if unseen is not None:
-                raise UsageError(
-                    f"the {what} holds {unseen}: no control characters nor invisible formatting "
-                    "(bidirectional overrides, zero-width characters), which would make a listing show it as "
-                    "other text than it is"
-                )
+        if self.operation_key is not None:
+            check_operation_key(self.operation_key)
+        check_shown("caller", self.caller)
+        if self.approved_by is not None:
+            check_shown("approver", self.approved_by)
 
     def check_deadlines(self) -> None:
         """A caller's deadlines must lie ahead (the ledger itself records any, a past one included)."""
@@ -79,26 +70,91 @@ class OperationSpec:
                 )
 
 
-#: Unicode categories a name shown in listings must not hold: controls, formatting (bidirectional overrides such
-#: as U+202E, zero-width characters), lone surrogates, and line and paragraph separators
-_UNSEEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+#: what shows as nothing or changes how the rest shows: Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties,
+#: 15.1: zero-width characters, bidirectional controls such as U+202E, variation selectors, Hangul fillers, tags)
+_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164"
+    "\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
+#: and the categories of the same kind: controls, formatting, lone surrogates, unassigned code points (which a later
+#: Unicode may make ignorable), line and paragraph separators
+_UNSEEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Cn", "Zl", "Zp"})
 _ASCII_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_ZWNJ, _ZWJ = "\u200c", "\u200d"
+#: the Arabic script's blocks, whose letters Persian, Urdu and others separate with ZWNJ inside a word
+_ARABIC = ((0x0600, 0x06FF), (0x0750, 0x077F), (0x08A0, 0x08FF), (0xFB50, 0xFDFF), (0xFE70, 0xFEFF))
 
 
 def unseen_character(text: str) -> str | None:
     """The first character of ``text`` that shows as nothing or changes how the rest shows (``U+202E
     RIGHT-TO-LEFT OVERRIDE at position 4``), or None. Two keys that differ only by one look alike in every
-    listing, and an override turns a key or an approver's name around on screen."""
+    listing, and an override turns a key or an approver's name around on screen.
+
+    Where such a character is part of how a script or an emoji is written it is kept (see :func:`_writes`):
+    a joiner after a virama (Hindi), ZWNJ between Arabic-script letters (Persian), ZWJ between emoji, and a
+    variation selector after a symbol or a keycap's digit."""
     if text.isascii():  # (every submit's caller, most keys: one search in C)
         match = _ASCII_CONTROL.search(text)
         found = None if match is None else match.start()
     else:
-        found = next((i for i, c in enumerate(text) if unicodedata.category(c) in _UNSEEN_CATEGORIES), None)
+        found = next(
+            (
+                i
+                for i, c in enumerate(text)
+                if (_IGNORABLE.match(c) or unicodedata.category(c) in _UNSEEN_CATEGORIES) and not _writes(text, i)
+            ),
+            None,
+        )
     if found is None:
         return None
     char = text[found]
-    name = unicodedata.name(char, "a control character")
+    name = unicodedata.name(char, "a control or unassigned character")
     return f"U+{ord(char):04X} {name} at position {found + 1}"
+
+
+def check_shown(what: str, text: str) -> None:
+    """Raise :class:`UsageError` if ``text`` (a name every listing shows) holds an :func:`unseen_character`."""
+    unseen = unseen_character(text)
+    if unseen is not None:
+        raise UsageError(
+            f"the {what} holds {unseen}: no control characters nor invisible formatting (bidirectional "
+            "overrides, zero-width characters), which would make a listing show it as other text than it is"
+        )
+
+
+def check_operation_key(key: str) -> None:
+    """Raise :class:`UsageError` for a key that is empty, too long or not shown as it is (see :func:`check_shown`)."""
+    if not key.strip():
+        raise UsageError("the operation key is empty; give a key that names the job, or none at all")
+    if len(key) > MAX_KEY_LENGTH:
+        raise UsageError(f"the operation key must be at most {MAX_KEY_LENGTH} characters")
+    check_shown("operation key", key)
+
+
+def _writes(text: str, i: int) -> bool:
+    """Is ``text[i]`` (an ignorable character) part of how its neighbours are written? (RFC 5892's contexts for
+    the joiners, Arabic's approximated by script, and Unicode's emoji sequences.)"""
+    char, before = text[i], text[i - 1] if i else ""
+    after = text[i + 1] if i + 1 < len(text) else ""
+    if char in (_ZWNJ, _ZWJ) and before and unicodedata.combining(before) == 9:  # after a virama
+        return True
+    if char == _ZWNJ:
+        return _arabic_letter(before) and _arabic_letter(after)
+    if char == _ZWJ:
+        emoji = before if before != "\ufe0f" or i < 2 else text[i - 2]
+        return _emoji(emoji) and _emoji(after)
+    if char in ("\ufe0e", "\ufe0f"):  # text or emoji presentation: of a symbol, or a keycap's digit
+        return bool(before) and (_emoji(before) or before in "0123456789#*")
+    return False
+
+
+def _arabic_letter(char: str) -> bool:
+    return bool(char) and unicodedata.category(char).startswith("L") and any(a <= ord(char) <= b for a, b in _ARABIC)
+
+
+def _emoji(char: str) -> bool:
+    """A pictograph (So) or a skin-tone modifier, as an emoji ZWJ sequence joins them."""
+    return bool(char) and (unicodedata.category(char) == "So" or 0x1F3FB <= ord(char) <= 0x1F3FF)
 
 
 class Changes(TypedDict, total=False):

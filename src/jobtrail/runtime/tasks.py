@@ -18,7 +18,7 @@ from jobtrail.domain.canonical import request_fingerprint
 from jobtrail.domain.errors import OperationKeyConflict, UsageError
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.failpoints import failpoint
-from jobtrail.domain.record import Operation
+from jobtrail.domain.record import Operation, check_operation_key, check_shown
 from jobtrail.domain.states import SETTLED_STATES, State
 from jobtrail.ledger import task_steps
 from jobtrail.runtime.liveness import no_worker
@@ -118,6 +118,7 @@ class Task:
     async def step(self, name: str, *, provider: str, request: Any, key: str | None = None) -> StepView:
         """Declare a step (idempotent): its key is durable before anything is sent."""
         key = key or f"{self.task_id}/{name}"
+        check_operation_key(key)  # before the step is planned: a key no submit can take would hold it for good
         adapter = self.client.provider(provider)
         fingerprint = request_fingerprint(provider, adapter.target, adapter.create_endpoint, request)
         await self.client.io(self._plan, name, provider, key, fingerprint)
@@ -207,5 +208,6 @@ class Task:
 
 
 def open_task(client: AsyncJobtrail, task_id: str, caller: str) -> Task:
+    check_shown("caller", caller)
     task_steps.open_task(client.store, task_id, caller)
     return Task(client, task_id)
