@@ -571,6 +571,7 @@ def test_a_json_rpc_line_that_names_a_key_twice_is_refused_and_nothing_is_stored
         b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"submit_job","arguments":'
         b'{"provider":"hostile","operation_key":"k1","request":{"x":1},"request":{"x":2},"create_deadline_s":1}}}\n',
         b'{"jsonrpc":"2.0","id":3,"method":"ping","method":"tools/list"}\n',
+        b'{"jsonrpc":"2.0","id":5,"id":6,"method":"ping"}\n',  # which of the two ids it is is not ours to pick
         b'{"jsonrpc":"2.0","id":4,"method":"ping"}\n',
     ]
     try:
@@ -582,6 +583,7 @@ def test_a_json_rpc_line_that_names_a_key_twice_is_refused_and_nothing_is_stored
     for refused in (2, 3):
         assert replies[refused]["error"]["code"] == -32600, replies
         assert "names the same key twice" in replies[refused]["error"]["message"]
+    assert replies[None]["error"]["code"] == -32600 and 5 not in replies and 6 not in replies
     assert "result" in replies[4] and b"Traceback" not in err
     with Store.open(str(db)) as store:
         assert store.count() == 0
@@ -702,6 +704,78 @@ def test_an_mcp_servers_own_log_lines_are_masked_and_an_odd_id_is_answered(tmp_p
     assert "a string or a whole number" in replies[2]["error"]["message"]
     assert "result" in replies[4]
     assert canary_hits(canary, err.decode("utf-8", "replace")) == [], err[-2000:]
+
+
+def test_over_http_a_message_is_held_to_what_a_stdio_line_is(tmp_path: Path, canary: str) -> None:
+    """`jobtrail mcp --http`: the SDK read every POSTed message as it came, so a request naming a key twice
+    was stored with the last value (a proxy may have approved the first). Each message is now checked as a
+    stdio line is, before the SDK reads it; a good one is served as before."""
+    import http.client
+    import socket
+    import time
+
+    hostile = HostileProvider(canary)
+    hostile.base_url = "http://127.0.0.1:9"
+    provider_file = tmp_path / "hostile.toml"
+    provider_file.write_text(provider_toml(hostile.config()), encoding="utf-8")
+    db = tmp_path / "mcp.db"
+    Store.open(str(db)).close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "jobtrail", "--db", str(db), "mcp"),
+            *("--provider", str(provider_file), "--http", str(port)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+    def post(body: bytes) -> tuple[int, str, str | None]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/mcp", body=body, headers=headers)
+        answer = conn.getresponse()
+        data, session = answer.read().decode(), answer.getheader("mcp-session-id")
+        conn.close()
+        return answer.status, data, session
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+                time.sleep(0.1)
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+        status, _, session = post(json.dumps(initialize).encode())
+        assert status == 200 and session
+        headers |= {"mcp-session-id": session, "mcp-protocol-version": "2025-06-18"}
+        post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+        twice = (
+            b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"submit_job","arguments":'
+            b'{"provider":"hostile","operation_key":"k1","request":{"amount":1},"request":{"amount":1000000}}}}'
+        )
+        deep = b'{"jsonrpc":"2.0","id":3,"method":"ping","params":{"a":' + b"[" * 100 + b"]" * 100 + b"}}"
+        refusals = [post(twice), post(deep)]
+        listed = post(b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"list_providers"}}')
+    finally:
+        proc.terminate()
+        err = proc.communicate(timeout=20)[1]
+    # (a line nested too deep is refused before it is parsed: its id is not read)
+    expected = ((2, "names the same key twice"), (None, "nests at most"))
+    for (status, data, _), (request_id, says) in zip(refusals, expected, strict=True):
+        reply = json.loads(data)
+        assert status == 400 and reply["id"] == request_id and reply["error"]["code"] == -32600, data
+        assert says in reply["error"]["message"]
+    assert listed[0] == 200 and "hostile" in listed[1], listed
+    assert b"Traceback" not in err
+    with Store.open(str(db)) as store:
+        assert store.count() == 0
 
 
 # -- bad local input loses nothing ------------------------------------------------------------------

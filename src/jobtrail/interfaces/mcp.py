@@ -558,8 +558,10 @@ def check_line(line: bytes) -> str | None:
         return _error_reply(-32700, f"Parse error: the line is not valid JSON ({exc})")
     if twice:
         # parsers disagree on which value such an object means (the SDK keeps the last, others the first): a
-        # proxy that approved one reading must not see the server act on the other
-        request_id = doc.get("id") if isinstance(doc, dict) else None
+        # proxy that approved one reading must not see the server act on the other (nor the id be one of two)
+        pairs = json.loads(line, object_pairs_hook=lambda p: p)
+        ids = [v for k, v in pairs if k == "id"] if isinstance(pairs, list) and isinstance(doc, dict) else []
+        request_id = ids[0] if len(ids) == 1 else None
         return _error_reply(-32600, "Invalid Request: an object names the same key twice", request_id)
     if isinstance(doc, dict) and "id" in doc and (type(doc["id"]) not in (str, int)):
         # (the SDK takes a message whose id is null or 1.5 for a notification, and nobody is answered)
@@ -623,6 +625,44 @@ class _Wire:
                 await self.write(problem)
                 continue
             yield line.decode("utf-8", errors="replace")
+
+
+def guarded_http_app(server: MCPServer) -> Any:
+    """The SDK's streamable HTTP app (``jobtrail mcp --http``), each POSTed message held to what a stdio line is
+    (:func:`check_line`: its size, nesting, id, and no key named twice) before the SDK reads it."""
+    inner = server.streamable_http_app(host="127.0.0.1")
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await inner(scope, receive, send)
+            return
+        body = bytearray()
+        more = True
+        while more and len(body) <= MAX_LINE_BYTES:  # (past it, the rest is not read: the size is refused)
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        problem = check_line(bytes(body))
+        if problem is not None:
+            await send(
+                {"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": problem.encode("utf-8")})
+            return
+        read = False
+
+        async def again() -> dict[str, Any]:
+            nonlocal read
+            if read:
+                return dict(await receive())
+            read = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await inner(scope, again, send)
+
+    return app
 
 
 async def serve_stdio(server: MCPServer) -> None:

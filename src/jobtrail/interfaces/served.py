@@ -1,14 +1,14 @@
 """What ``jobtrail webhooks serve`` and ``jobtrail dashboard`` run: uvicorn, with a deadline on each request.
 
-uvicorn waits for a request's headers as long as the client keeps the connection
-open (its keep-alive time-out ends only a connection that sends nothing, and any
-byte restarts it). A client that sends a header line every few seconds
-(slowloris) holds a connection and a file descriptor for good, and the
-application never hears of it; enough of them and the provider's real
-deliveries find no room. Here a request's headers must arrive whole within
-:data:`HEADERS_DEADLINE_S` of the connection opening or the previous answer, or
-the connection is closed. (The body is the application's to time: the webhook
-receiver answers 408 past the provider's ``read_timeout_s``.)
+uvicorn waits for a request as long as the client keeps the connection open (its
+keep-alive time-out ends only a connection that sends nothing, and any byte
+restarts it). A client that sends a header line every few seconds, or a body a
+byte at a time (slowloris), holds a connection and a file descriptor for good,
+and the application never hears of it or waits with it; enough of them and the
+provider's real deliveries find no room. Here a request must arrive whole,
+headers and body, within a deadline from the connection's start or the last
+answer, or the connection is closed (past an answer given early, a 401 before
+the body, the rest of the body has one deadline more, then the same).
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-#: how long a client has to send a request's headers: a few hundred bytes, sent in milliseconds
-HEADERS_DEADLINE_S = 10.0
+#: how long a client has to send a whole request where the application times no body of its own: a dashboard
+#: form or a webhook delivery's headers are a few kilobytes, sent in milliseconds
+REQUEST_DEADLINE_S = 10.0
 
 
 class DeadlineProtocol(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request headers have not arrived whole in time."""
+    """uvicorn's h11 protocol, closing a connection whose request has not arrived whole within ``deadline_s``."""
+
+    deadline_s = REQUEST_DEADLINE_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -47,16 +50,28 @@ class DeadlineProtocol(H11Protocol):
     def _arm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-        self._deadline = self.loop.call_later(HEADERS_DEADLINE_S, self._late)
+        self._deadline = self.loop.call_later(self.deadline_s, self._late)
 
     def _late(self) -> None:
         self._deadline = None
-        # IDLE: no request yet, or its headers in part. Past that, the request is the application's (it times
-        # the body itself)
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        # IDLE: no request yet, or its headers in part; SEND_BODY: its body in part. (DONE: the request is whole,
+        # and its answer the application's business)
+        if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
             self.transport.close()
 
 
-def serve(app: Any, *, host: str, port: int, **options: Any) -> None:
-    """``uvicorn.run`` with :class:`DeadlineProtocol`."""
-    uvicorn.run(app, host=host, port=port, http=DeadlineProtocol, **options)
+def serve(app: Any, *, host: str, port: int, deadline_s: float = REQUEST_DEADLINE_S, **options: Any) -> None:
+    """``uvicorn.run`` with :class:`DeadlineProtocol` (``deadline_s``: for each whole request)."""
+    uvicorn.run(app, host=host, port=port, http=_protocol(deadline_s), **options)
+
+
+async def serve_async(
+    app: Any, *, host: str, port: int, deadline_s: float = REQUEST_DEADLINE_S, **options: Any
+) -> None:
+    """:func:`serve` on the running event loop."""
+    config = uvicorn.Config(app, host=host, port=port, http=_protocol(deadline_s), **options)
+    await uvicorn.Server(config).serve()
+
+
+def _protocol(deadline_s: float) -> type[DeadlineProtocol]:
+    return type("DeadlineProtocol", (DeadlineProtocol,), {"deadline_s": deadline_s})

@@ -190,7 +190,7 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
       jobtrail webhooks serve --provider my-api.toml --host 127.0.0.1 --port 8787
     """
     require_extra("webhooks", "jobtrail webhooks serve", "uvicorn", "starlette", "standardwebhooks")
-    from jobtrail.interfaces.served import serve
+    from jobtrail.interfaces.served import REQUEST_DEADLINE_S, serve
     from jobtrail.interfaces.webhooks import webhook_app
     from jobtrail.providers.http import load_provider
 
@@ -202,7 +202,10 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
     app = webhook_app(open_store(ctx), configs)
     click.echo(f"receiving webhooks for {', '.join(sorted(configs))} on http://{host}:{port}/webhooks/<provider>")
     # log_config None: uvicorn's lines go through our handler (redacted, as --log-format asks)
-    serve(app, host=host, port=port, log_level="warning", log_config=None)
+    # each delivery's headers within REQUEST_DEADLINE_S, and its body within the provider's read_timeout_s after
+    # (the receiver answers 408 then; the connection is closed if the body still does not come)
+    body_s = max((c.read_timeout_s for c in configs.values()), default=0.0)
+    serve(app, host=host, port=port, deadline_s=REQUEST_DEADLINE_S + body_s, log_level="warning", log_config=None)
 
 
 @cli.command()
@@ -245,7 +248,7 @@ def mcp(
     Example:
       jobtrail --db jobs.db mcp --provider examples/openai-batch.toml --agent bot --approver alice --with-worker
     """
-    from jobtrail.interfaces.mcp import build_server, serve_stdio
+    from jobtrail.interfaces.mcp import build_server, guarded_http_app, serve_stdio
     from jobtrail.runtime.client import AsyncJobtrail
     from jobtrail.runtime.worker import Worker
 
@@ -257,7 +260,11 @@ def mcp(
         task = asyncio.create_task(runner.run()) if runner else None
         try:
             if http_port is not None:
-                await server.run_streamable_http_async(host="127.0.0.1", port=http_port)
+                from jobtrail.interfaces.served import serve_async
+
+                # log_config None: uvicorn's lines go through our handler (redacted, as --log-format asks)
+                app = guarded_http_app(server)
+                await serve_async(app, host="127.0.0.1", port=http_port, log_level="warning", log_config=None)
             else:
                 await serve_stdio(server)
         finally:
