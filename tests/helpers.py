@@ -277,6 +277,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_for_port(port: int, proc: Any, timeout: float = 30.0) -> None:
+    """Return once 127.0.0.1:``port`` accepts connections; raise if ``proc`` (a Popen) ends first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise
+            time.sleep(0.1)
+
+
 @contextmanager
 def serve_asgi(app: Any, port: int | None = None) -> Iterator[str]:
     """``app`` on a real uvicorn server on 127.0.0.1 (at ``port``, or a free one); yields its base URL."""

@@ -14,13 +14,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from jobtrail import Store
 from jobtrail.testing import FakeProvider, send_webhook
 
+from helpers import free_port, wait_for_port
 from processes import cli, finish, start_worker
 
 jobtrail = cli
@@ -84,9 +84,7 @@ def test_errors_under_json_are_json_with_their_exit_code(db_url: str) -> None:
 @contextlib.contextmanager
 def _webhooks_server(db_url: str, provider: Path, secret: str) -> Iterator[str]:
     """`jobtrail webhooks serve` in a process of its own, once it answers: its delivery URL for provider fake."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "jobtrail", "--db", db_url, "webhooks", "serve"),
@@ -98,7 +96,7 @@ def _webhooks_server(db_url: str, provider: Path, secret: str) -> Iterator[str]:
         env={**os.environ, "DEMO_WHSEC": secret},
     )
     try:
-        _wait_for_port(port, server)
+        wait_for_port(port, server)
         yield f"http://127.0.0.1:{port}/webhooks/fake"
     finally:
         server.terminate()
@@ -147,9 +145,7 @@ def test_a_client_that_trickles_its_request_is_cut_off_and_deliveries_go_on(fake
     provider = fake.write_provider_file(tmp_path / "fake.toml", webhooks={"secrets": ["env:DEMO_WHSEC"]})
     db = str(tmp_path / "ledger.db")  # (the ledger's kind plays no part)
     Store.open(db).close()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dashboard_port = s.getsockname()[1]
+    dashboard_port = free_port()
     dashboard = subprocess.Popen(
         [sys.executable, "-m", "jobtrail", "--db", db, "dashboard", "--port", str(dashboard_port)],
         stdout=subprocess.PIPE,
@@ -158,7 +154,7 @@ def test_a_client_that_trickles_its_request_is_cut_off_and_deliveries_go_on(fake
     webhooks_deadline = REQUEST_DEADLINE_S + 10
     try:
         with _webhooks_server(db, provider, secret) as url:
-            _wait_for_port(dashboard_port, dashboard)
+            wait_for_port(dashboard_port, dashboard)
             port = int(url.split(":")[2].split("/")[0])
             head = b"POST /webhooks/fake HTTP/1.1\r\nHost: x\r\n"
             login = b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
@@ -185,18 +181,6 @@ def test_a_client_that_trickles_its_request_is_cut_off_and_deliveries_go_on(fake
     finally:
         dashboard.terminate()
         dashboard.communicate(timeout=20)
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[Any]) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise
-            time.sleep(0.1)
 
 
 def test_every_command_has_help_with_an_example() -> None:

@@ -39,7 +39,7 @@ from jobtrail.ledger.results import read_result
 from jobtrail.runtime.worker import ACTIVE_STATES, Worker
 from jobtrail.testing import provider_toml
 
-from helpers import canary_hits, ledger_bytes
+from helpers import canary_hits, free_port, ledger_bytes, wait_for_port
 
 HONEST_RESULT = b'{"code": "x", "key": "y",  "session": "z", "tokens_used": 3}\n'
 SYNC_RESULT = {"code": "x", "key": "y", "session": "z", "tokens_used": 3}
@@ -574,12 +574,8 @@ def test_a_json_rpc_line_that_names_a_key_twice_is_refused_and_nothing_is_stored
         b'{"jsonrpc":"2.0","id":5,"id":6,"method":"ping"}\n',  # which of the two ids it is is not ours to pick
         b'{"jsonrpc":"2.0","id":4,"method":"ping"}\n',
     ]
-    try:
-        out, err = proc.communicate(b"".join(lines), timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    replies = {r.get("id"): r for r in (json.loads(line) for line in out.splitlines() if line.strip())}
+    answered, err = _replies(proc, lines)
+    replies = {r.get("id"): r for r in answered}
     for refused in (2, 3):
         assert replies[refused]["error"]["code"] == -32600, replies
         assert "names the same key twice" in replies[refused]["error"]["message"]
@@ -621,8 +617,9 @@ def test_the_guard_through_a_real_mcp_server(db_url: str, canary: str, tmp_path:
         assert canary_hits(canary, ledger_bytes(store)) == []
 
 
-def _mcp_server_over_stdio(tmp_path: Path, canary: str) -> tuple[Path, subprocess.Popen[bytes]]:
-    """`jobtrail mcp` on a new ledger, its provider one whose address answers nothing, spoken to on its pipes."""
+def _mcp_server_over_stdio(tmp_path: Path, canary: str, *more: str) -> tuple[Path, subprocess.Popen[bytes]]:
+    """`jobtrail mcp` on a new ledger, its provider one whose address answers nothing, spoken to on its pipes
+    (``more``: its further arguments, ``--http PORT`` say)."""
     hostile = HostileProvider(canary)
     hostile.base_url = "http://127.0.0.1:9"
     provider_file = tmp_path / "hostile.toml"
@@ -630,12 +627,22 @@ def _mcp_server_over_stdio(tmp_path: Path, canary: str) -> tuple[Path, subproces
     db = tmp_path / "mcp.db"
     Store.open(str(db)).close()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jobtrail", "--db", str(db), "mcp", "--provider", str(provider_file)],
+        [sys.executable, "-m", "jobtrail", "--db", str(db), "mcp", "--provider", str(provider_file), *more],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     return db, proc
+
+
+def _replies(proc: subprocess.Popen[bytes], lines: list[bytes]) -> tuple[list[dict[str, Any]], bytes]:
+    """Every line on the server's stdin, then its stdin closed: its replies, in order, and its stderr."""
+    try:
+        out, err = proc.communicate(b"".join(lines), timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return [json.loads(line) for line in out.splitlines() if line.strip()], err
 
 
 def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Path, canary: str) -> None:
@@ -647,12 +654,7 @@ def test_malformed_huge_and_deep_json_rpc_lines_get_an_error_reply(tmp_path: Pat
         b'{"jsonrpc": "2.0", "id": 8, "method": "x", "params": {"p": "' + b"y" * (3 * 1024 * 1024) + b'"}}\n',
         b'{"jsonrpc":"2.0","id":9,"method":"ping"}\n',
     ]
-    try:
-        out, err = proc.communicate(b"".join(lines), timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    replies = [json.loads(line) for line in out.splitlines() if line.strip()]
+    replies, err = _replies(proc, lines)
     assert [r.get("id") for r in replies] == [None, 7, None, None, 9], (replies, err[-2000:])
     codes = [r.get("error", {}).get("code") for r in replies]
     assert codes[:4] == [-32700, -32600, -32600, -32600]
@@ -711,26 +713,9 @@ def test_over_http_a_message_is_held_to_what_a_stdio_line_is(tmp_path: Path, can
     was stored with the last value (a proxy may have approved the first). Each message is now checked as a
     stdio line is, before the SDK reads it; a good one is served as before."""
     import http.client
-    import socket
-    import time
 
-    hostile = HostileProvider(canary)
-    hostile.base_url = "http://127.0.0.1:9"
-    provider_file = tmp_path / "hostile.toml"
-    provider_file.write_text(provider_toml(hostile.config()), encoding="utf-8")
-    db = tmp_path / "mcp.db"
-    Store.open(str(db)).close()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "jobtrail", "--db", str(db), "mcp"),
-            *("--provider", str(provider_file), "--http", str(port)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    port = free_port()
+    db, proc = _mcp_server_over_stdio(tmp_path, canary, "--http", str(port))
     headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 
     def post(body: bytes) -> tuple[int, str, str | None]:
@@ -742,14 +727,7 @@ def test_over_http_a_message_is_held_to_what_a_stdio_line_is(tmp_path: Path, can
         return answer.status, data, session
 
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-                time.sleep(0.1)
+        wait_for_port(port, proc)
         hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
         initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
         status, _, session = post(json.dumps(initialize).encode())
