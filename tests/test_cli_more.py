@@ -136,10 +136,12 @@ def _trickled(port: int, pieces: list[bytes], give_up_s: float) -> float:
 
 def test_a_client_that_trickles_its_request_is_cut_off_and_deliveries_go_on(fake: FakeProvider, tmp_path: Path) -> None:
     """Slowloris: headers a line a second, or a body a byte a second, held a connection (and a file descriptor)
-    as long as the client liked; the application never heard of it, or waited with it. A request must now
-    arrive whole within its server's deadline: the dashboard's, or the webhook receiver's, which adds the
-    provider's read_timeout_s (10 s) for the body; past an early answer (401 before the body), one more."""
-    from jobtrail.interfaces.served import REQUEST_DEADLINE_S
+    as long as the client liked; the application never heard of it, or waited with it. Headers must now arrive
+    within their deadline, and a body within its own after them: the dashboard's, or the webhook receiver's,
+    the provider's read_timeout_s (10 s) and a few seconds to read its 408, however early the answer (a 401
+    before the body). A form cut off is no error of the server's: nothing is logged as one."""
+    from jobtrail.interfaces.cli.serve import _ANSWER_READ_S
+    from jobtrail.interfaces.served import BODY_DEADLINE_S, HEADERS_DEADLINE_S
 
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
     provider = fake.write_provider_file(tmp_path / "fake.toml", webhooks={"secrets": ["env:DEMO_WHSEC"]})
@@ -151,7 +153,7 @@ def test_a_client_that_trickles_its_request_is_cut_off_and_deliveries_go_on(fake
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    webhooks_deadline = REQUEST_DEADLINE_S + 10
+    webhooks_body_s = 10 + _ANSWER_READ_S
     try:
         with _webhooks_server(db, provider, secret) as url:
             wait_for_port(dashboard_port, dashboard)
@@ -161,26 +163,26 @@ def test_a_client_that_trickles_its_request_is_cut_off_and_deliveries_go_on(fake
             lines = [b"X-Pad-%d: y\r\n" % i for i in range(200)]
             length = b"Content-Length: 9999\r\n\r\n"
             cases = {
-                "dashboard, headers": (dashboard_port, [login, *lines], REQUEST_DEADLINE_S),
-                "dashboard, a form's body": (dashboard_port, [login + length, *[b"a"] * 200], REQUEST_DEADLINE_S),
-                "webhooks, headers": (port, [head, *lines], webhooks_deadline),
-                "webhooks, a body after its 401": (port, [head + length, *[b"{"] * 200], webhooks_deadline),
+                "dashboard, headers": (dashboard_port, [login, *lines], HEADERS_DEADLINE_S),
+                "dashboard, a form's body": (dashboard_port, [login + length, *[b"a"] * 200], BODY_DEADLINE_S),
+                "webhooks, headers": (port, [head, *lines], HEADERS_DEADLINE_S),
+                "webhooks, a body after its 401": (port, [head + length, *[b"{"] * 200], webhooks_body_s),
             }
             with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
                 cut = {
-                    name: pool.submit(_trickled, port, pieces, 2 * deadline + 30)
+                    name: pool.submit(_trickled, port, pieces, deadline + 40)
                     for name, (port, pieces, deadline) in cases.items()
                 }
                 cut_after = {name: round(future.result(), 1) for name, future in cut.items()}
-            # cut off near the deadline (the 401's connection one deadline after its answer), not served on
+            # cut off at the deadline, not served on (a thousand seconds of pieces)
             for name, (_, _, deadline) in cases.items():
-                most = 2 * deadline if "401" in name else deadline
-                assert deadline - 1 <= cut_after[name] <= most + 15, cut_after
+                assert deadline - 1 <= cut_after[name] <= deadline + 15, cut_after
             answer = send_webhook(url, secret, {"type": "job.running", "data": {"id": "job_y"}}, event_id="e3")
             assert answer[0] == 202
     finally:
         dashboard.terminate()
-        dashboard.communicate(timeout=20)
+        logged = dashboard.communicate(timeout=20)[1]
+    assert b"ClientDisconnect" not in logged and b"Traceback" not in logged, logged[-3000:]
 
 
 def test_every_command_has_help_with_an_example() -> None:

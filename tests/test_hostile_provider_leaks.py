@@ -740,6 +740,9 @@ def test_over_http_a_message_is_held_to_what_a_stdio_line_is(tmp_path: Path, can
         )
         deep = b'{"jsonrpc":"2.0","id":3,"method":"ping","params":{"a":' + b"[" * 100 + b"]" * 100 + b"}}"
         refusals = [post(twice), post(deep)]
+        # a message over 2 MiB is refused by its Content-Length, and an error response may carry a null id
+        too_big = post(b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"p":"' + b"y" * (3 << 20) + b'"}}')
+        null_id = post(b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"unreadable"}}')
         listed = post(b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"list_providers"}}')
     finally:
         proc.terminate()
@@ -751,6 +754,8 @@ def test_over_http_a_message_is_held_to_what_a_stdio_line_is(tmp_path: Path, can
         assert status == 400 and reply["id"] == request_id and reply["error"]["code"] == -32600, data
         assert says in reply["error"]["message"]
     assert listed[0] == 200 and "hostile" in listed[1], listed
+    assert too_big[0] == 413 and "at most" in json.loads(too_big[1])["error"]["message"], too_big
+    assert null_id[0] < 400, null_id
     assert b"Traceback" not in err
     with Store.open(str(db)) as store:
         assert store.count() == 0

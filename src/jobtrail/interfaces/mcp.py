@@ -563,16 +563,32 @@ def check_line(line: bytes) -> str | None:
         ids = [v for k, v in pairs if k == "id"] if isinstance(pairs, list) and isinstance(doc, dict) else []
         request_id = ids[0] if len(ids) == 1 else None
         return _error_reply(-32600, "Invalid Request: an object names the same key twice", request_id)
-    if isinstance(doc, dict) and "id" in doc and (type(doc["id"]) not in (str, int)):
-        # (the SDK takes a message whose id is null or 1.5 for a notification, and nobody is answered)
+    if not isinstance(doc, dict):  # (a batch: MCP sends none since 2025-06-18, and the SDK refuses them)
+        return _error_reply(-32600, "Invalid Request: a message is one JSON object")
+    request_id = doc.get("id")
+    # (the SDK takes a request whose id is null or 1.5 for a notification, and nobody is answered; an error
+    # response may carry a null id, for a request whose id could not be read)
+    if "id" in doc and type(request_id) not in (str, int) and not (request_id is None and "error" in doc):
         return _error_reply(-32600, "Invalid Request: an id is a string or a whole number")
     try:
-        mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        # the document already read, not the text again: a message of 2 MiB is read once, not three times
+        mcp_types.jsonrpc_message_adapter.validate_python(doc, by_name=False)
     except Exception as exc:  # the SDK's validation error, whatever its class
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        request_id = doc.get("id") if isinstance(doc, dict) else None
-        return _error_reply(-32600, f"Invalid Request: not a JSON-RPC 2.0 message ({first})", request_id)
+        return _error_reply(-32600, f"Invalid Request: not a JSON-RPC 2.0 message ({_first_error(exc)})", request_id)
     return None
+
+
+def _first_error(exc: Exception) -> str:
+    """The first of a validation error's complaints (its whole text, for a large message, is costly to write)."""
+    errors = getattr(exc, "errors", None)
+    try:
+        first = errors(include_url=False)[0] if callable(errors) else None
+    except Exception:
+        first = None
+    if not isinstance(first, dict):
+        return type(exc).__name__
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    return f"{where}: {first.get('msg', '')}" if where else str(first.get("msg", ""))
 
 
 class _Wire:
@@ -620,7 +636,7 @@ class _Wire:
                 return
             if not line.strip():
                 continue
-            problem = check_line(line)
+            problem = await anyio.to_thread.run_sync(check_line, line)  # (off the loop, as over HTTP)
             if problem is not None:
                 await self.write(problem)
                 continue
@@ -630,11 +646,19 @@ class _Wire:
 def guarded_http_app(server: MCPServer) -> Any:
     """The SDK's streamable HTTP app (``jobtrail mcp --http``), each POSTed message held to what a stdio line is
     (:func:`check_line`: its size, nesting, id, and no key named twice) before the SDK reads it."""
+    import anyio.to_thread
+
     inner = server.streamable_http_app(host="127.0.0.1")
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             await inner(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > MAX_LINE_BYTES:  # refused before a byte of it is asked for
+            await _answer(
+                send, 413, _error_reply(-32600, f"Invalid Request: a message is at most {MAX_LINE_BYTES} bytes")
+            )
             return
         body = bytearray()
         more = True
@@ -644,12 +668,10 @@ def guarded_http_app(server: MCPServer) -> Any:
                 return
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        problem = check_line(bytes(body))
+        # (off the event loop: a large message takes a while to check, and the worker's calls share the loop)
+        problem = await anyio.to_thread.run_sync(check_line, bytes(body))
         if problem is not None:
-            await send(
-                {"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]}
-            )
-            await send({"type": "http.response.body", "body": problem.encode("utf-8")})
+            await _answer(send, 400, problem)
             return
         read = False
 
@@ -663,6 +685,11 @@ def guarded_http_app(server: MCPServer) -> Any:
         await inner(scope, again, send)
 
     return app
+
+
+async def _answer(send: Any, status: int, reply: str) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": reply.encode("utf-8")})
 
 
 async def serve_stdio(server: MCPServer) -> None:

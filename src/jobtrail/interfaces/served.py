@@ -1,14 +1,16 @@
-"""What ``jobtrail webhooks serve`` and ``jobtrail dashboard`` run: uvicorn, with a deadline on each request.
+"""What ``jobtrail webhooks serve``, ``jobtrail dashboard`` and ``jobtrail mcp --http`` run: uvicorn, with
+deadlines on each request's arrival.
 
 uvicorn waits for a request as long as the client keeps the connection open (its
 keep-alive time-out ends only a connection that sends nothing, and any byte
 restarts it). A client that sends a header line every few seconds, or a body a
 byte at a time (slowloris), holds a connection and a file descriptor for good,
 and the application never hears of it or waits with it; enough of them and the
-provider's real deliveries find no room. Here a request must arrive whole,
-headers and body, within a deadline from the connection's start or the last
-answer, or the connection is closed (past an answer given early, a 401 before
-the body, the rest of the body has one deadline more, then the same).
+provider's real deliveries find no room. Here a request's headers must arrive
+whole within :data:`HEADERS_DEADLINE_S` of the connection's start or the last
+answer, and its body within the server's body deadline of the headers (an
+answer given early, a 401 before the body, does not extend it), or the
+connection is closed. The answer itself takes as long as it takes.
 """
 
 from __future__ import annotations
@@ -20,37 +22,52 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-#: how long a client has to send a whole request where the application times no body of its own: a dashboard
-#: form or a webhook delivery's headers are a few kilobytes, sent in milliseconds
-REQUEST_DEADLINE_S = 10.0
+#: how long a client has to send a request's headers: a few hundred bytes, sent in milliseconds
+HEADERS_DEADLINE_S = 10.0
+#: and its body, where the application sets no time of its own: a dashboard form or an MCP message
+BODY_DEADLINE_S = 10.0
 
 
 class DeadlineProtocol(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request has not arrived whole within ``deadline_s``."""
+    """uvicorn's h11 protocol, closing a connection whose request's headers have not arrived whole within
+    :data:`HEADERS_DEADLINE_S`, or its body within ``body_s`` after them."""
 
-    deadline_s = REQUEST_DEADLINE_S
+    body_s = BODY_DEADLINE_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._awaiting_headers = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        self._next_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
         super().connection_lost(exc)
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm()  # the next request on this connection has a deadline of its own
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self._awaiting_headers and self.conn.their_state is not h11.IDLE:
+            self._awaiting_headers = False  # the headers are in: the body (if any) has its own time from now
+            self._set(self.body_s)
 
-    def _arm(self) -> None:
+    def on_response_complete(self) -> None:
+        if self.conn.their_state is not h11.SEND_BODY:  # the request was whole: the next one's headers are due
+            self._next_request()
+        # (answered before its body came: the body's deadline stands.) Pipelined requests are read here
+        super().on_response_complete()
+
+    def _next_request(self) -> None:
+        self._awaiting_headers = True
+        self._set(HEADERS_DEADLINE_S)
+
+    def _set(self, seconds: float) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-        self._deadline = self.loop.call_later(self.deadline_s, self._late)
+        self._deadline = self.loop.call_later(seconds, self._late)
 
     def _late(self) -> None:
         self._deadline = None
@@ -60,18 +77,16 @@ class DeadlineProtocol(H11Protocol):
             self.transport.close()
 
 
-def serve(app: Any, *, host: str, port: int, deadline_s: float = REQUEST_DEADLINE_S, **options: Any) -> None:
-    """``uvicorn.run`` with :class:`DeadlineProtocol` (``deadline_s``: for each whole request)."""
-    uvicorn.run(app, host=host, port=port, http=_protocol(deadline_s), **options)
+def serve(app: Any, *, host: str, port: int, body_s: float = BODY_DEADLINE_S, **options: Any) -> None:
+    """``uvicorn.run`` with :class:`DeadlineProtocol` (``body_s``: each request's body deadline)."""
+    uvicorn.run(app, host=host, port=port, http=_protocol(body_s), **options)
 
 
-async def serve_async(
-    app: Any, *, host: str, port: int, deadline_s: float = REQUEST_DEADLINE_S, **options: Any
-) -> None:
+async def serve_async(app: Any, *, host: str, port: int, body_s: float = BODY_DEADLINE_S, **options: Any) -> None:
     """:func:`serve` on the running event loop."""
-    config = uvicorn.Config(app, host=host, port=port, http=_protocol(deadline_s), **options)
+    config = uvicorn.Config(app, host=host, port=port, http=_protocol(body_s), **options)
     await uvicorn.Server(config).serve()
 
 
-def _protocol(deadline_s: float) -> type[DeadlineProtocol]:
-    return type("DeadlineProtocol", (DeadlineProtocol,), {"deadline_s": deadline_s})
+def _protocol(body_s: float) -> type[DeadlineProtocol]:
+    return type("DeadlineProtocol", (DeadlineProtocol,), {"body_s": body_s})

@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING
 import click
 
 from jobtrail.domain.errors import require_extra
-from jobtrail.interfaces.cli.common import cli, existing_store, secret_from_env
+from jobtrail.interfaces.cli.common import cli, existing_store, log_options, secret_from_env
 
 if TYPE_CHECKING:
     pass
 
 
 @cli.command()
+@log_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (keep it local).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8790, show_default=True)
 @click.option(
@@ -78,4 +79,5 @@ def dashboard(
     )
     click.echo(f"dashboard on http://{host}:{port}/ ({mode})")
     # uvicorn's access log would print every URL; the pages' URLs carry no secret, but its noise helps no one
-    serve(app, host=host, port=port, log_level="warning", access_log=False)
+    # log_config None: uvicorn's lines go through our handler (redacted, as --log-format asks)
+    serve(app, host=host, port=port, log_level="warning", access_log=False, log_config=None)

@@ -21,6 +21,9 @@ from jobtrail.interfaces.cli.common import (
 )
 from jobtrail.runtime.loop import run as run_loop
 
+#: past a webhook body's read_timeout_s, how long its 408 has to be read before the connection is closed
+_ANSWER_READ_S = 5.0
+
 
 @cli.command()
 @log_options
@@ -190,7 +193,7 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
       jobtrail webhooks serve --provider my-api.toml --host 127.0.0.1 --port 8787
     """
     require_extra("webhooks", "jobtrail webhooks serve", "uvicorn", "starlette", "standardwebhooks")
-    from jobtrail.interfaces.served import REQUEST_DEADLINE_S, serve
+    from jobtrail.interfaces.served import serve
     from jobtrail.interfaces.webhooks import webhook_app
     from jobtrail.providers.http import load_provider
 
@@ -202,10 +205,10 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
     app = webhook_app(open_store(ctx), configs)
     click.echo(f"receiving webhooks for {', '.join(sorted(configs))} on http://{host}:{port}/webhooks/<provider>")
     # log_config None: uvicorn's lines go through our handler (redacted, as --log-format asks)
-    # each delivery's headers within REQUEST_DEADLINE_S, and its body within the provider's read_timeout_s after
-    # (the receiver answers 408 then; the connection is closed if the body still does not come)
-    body_s = max((c.read_timeout_s for c in configs.values()), default=0.0)
-    serve(app, host=host, port=port, deadline_s=REQUEST_DEADLINE_S + body_s, log_level="warning", log_config=None)
+    # a delivery's body within the provider's read_timeout_s of its headers (the receiver answers 408 then), and a
+    # few seconds for that answer to be read before a body still coming has its connection closed
+    body_s = max((c.read_timeout_s for c in configs.values()), default=0.0) + _ANSWER_READ_S
+    serve(app, host=host, port=port, body_s=body_s, log_level="warning", log_config=None)
 
 
 @cli.command()
@@ -264,6 +267,7 @@ def mcp(
 
                 # log_config None: uvicorn's lines go through our handler (redacted, as --log-format asks)
                 app = guarded_http_app(server)
+                click.echo(f"MCP over streamable HTTP on http://127.0.0.1:{http_port}/mcp", err=True)
                 await serve_async(app, host="127.0.0.1", port=http_port, log_level="warning", log_config=None)
             else:
                 await serve_stdio(server)

@@ -80,6 +80,7 @@ def dashboard_app(
     require_extra("dashboard", "the dashboard", "starlette", "jinja2", "python_multipart")
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
+    from starlette.requests import ClientDisconnect
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
@@ -108,4 +109,16 @@ def dashboard_app(
         Route("/healthz", pages.healthz, methods=["GET"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(SecurityHeaders)],
+        # a client gone before its form arrived whole (or cut off by the server's deadline): nothing to answer, and
+        # no traceback in the log for anyone who can open a connection
+        exception_handlers={ClientDisconnect: _gone},
+    )
+
+
+async def _gone(request: Any, exc: Exception) -> Any:
+    from starlette.responses import Response
+
+    return Response(status_code=400)
