@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -23,7 +24,7 @@ from test_webhooks import accepted_op, cfg_for, event, new_secret, rows, serve, 
 
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.domain.errors import ConfigError
-from jobtrail.domain.redact import Redactor
+from jobtrail.domain.redact import WITHHELD_SPLIT_CREDENTIAL, Redactor
 from jobtrail.interfaces.webhooks import webhook_app
 from jobtrail.providers.credentials import Credential
 from jobtrail.providers.http import load_provider
@@ -234,11 +235,12 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     return proc.communicate(timeout=20)[1]
 
 
-def test_webhooks_serve_masks_the_providers_credential_when_an_event_echoes_it(
+@contextlib.contextmanager
+def _receiver_knowing_a_credential(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The receiver process never sends the provider's credential, yet an event that carries it (a key of no
-    recognisable form) is kept masked, in the event and in the operation's observation, as the webhook secret is."""
+) -> Iterator[tuple[str, Any, str, str]]:
+    """``jobtrail webhooks serve`` for a provider with a credential (a key of no recognisable form) and one
+    accepted operation: (the delivery URL, the operation, the credential, the webhook secret)."""
     api_key = "r8_" + secrets.token_hex(18)  # a Replicate-style token: no general form gives it away
     whsec = new_secret()
     monkeypatch.setenv("FAKE_API_KEY", api_key)
@@ -255,18 +257,50 @@ def test_webhooks_serve_masks_the_providers_credential_when_an_event_echoes_it(
             op = accepted_op(store, fake.provider_config(**overrides))
         port = free_port()
         proc = _serve_webhooks(db_url, fake.write_provider_file(tmp_path / "fake.toml", **overrides), port)
-        body = {"type": "job.failed", "data": {"id": op.remote_job_id, "echo": api_key, "also": whsec}}
-        got = send_webhook(f"http://127.0.0.1:{port}/webhooks/fake", whsec, body, event_id="evt_echo")
-        assert got[0] == 202 and got[1]["status"] == "accepted"
+        yield f"http://127.0.0.1:{port}/webhooks/fake", op, api_key, whsec
     finally:
         if proc is not None:
             _stop(proc)
         fake.stop()
+
+
+def test_webhooks_serve_masks_the_providers_credential_when_an_event_echoes_it(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver process never sends the provider's credential, yet an event that carries it (a key of no
+    recognisable form) is kept masked, in the event and in the operation's observation, as the webhook secret is."""
+    with _receiver_knowing_a_credential(db_url, tmp_path, monkeypatch) as (url, op, api_key, whsec):
+        body = {"type": "job.failed", "data": {"id": op.remote_job_id, "echo": api_key, "also": whsec}}
+        got = send_webhook(url, whsec, body, event_id="evt_echo")
+        assert got[0] == 202 and got[1]["status"] == "accepted"
     with Store.open(db_url) as store:
         [kept] = webhook_observations(store, op.operation_id)
         assert kept["raw"]["event"]["data"]["echo"] != api_key  # it is there, masked
         held = ledger_bytes(store)
     assert canary_hits(api_key, held) == [] and canary_hits(whsec, held) == []
+
+
+def test_a_delivery_that_carries_the_credential_in_its_id_or_split_in_its_body_keeps_none_of_it(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider that signs correctly but sends its own credential as the event id (stored and shown as it
+    came, so it cannot be masked) is refused; one that splits it across two fields of an event about a job
+    nobody knows yet has the event kept withheld. Before, the ledger file held both in the clear."""
+    with _receiver_knowing_a_credential(db_url, tmp_path, monkeypatch) as (url, op, api_key, whsec):
+        for event_id in (api_key, base64.b64encode(api_key.encode()).decode()):
+            code, answer = send_webhook(url, whsec, event(op.remote_job_id), event_id=event_id)
+            assert code == 400 and answer["title"] == "credential in the event id", answer
+            assert api_key not in json.dumps(answer)
+        half = len(api_key) // 2
+        split = {"type": "job.done", "data": {"id": "job-nobody-knows", "a": api_key[:half], "b": api_key[half:]}}
+        code, answer = send_webhook(url, whsec, split, event_id="evt_split")
+        assert code == 202 and answer["status"] == "orphan"
+    with Store.open(db_url) as store:
+        kept = rows(store, "webhook_events")
+        assert [row["event_id"] for row in kept] == ["evt_split"]
+        assert json.loads(kept[0]["body"]) == {"withheld": WITHHELD_SPLIT_CREDENTIAL}
+        held = ledger_bytes(store)
+    assert canary_hits(api_key, held) == []
 
 
 def test_a_credential_the_receiver_cannot_read_is_named_and_does_not_stop_it(

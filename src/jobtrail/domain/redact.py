@@ -525,6 +525,12 @@ class Redactor:
             return False
         return self.splits_a_credential(document)
 
+    def answer(self, value: Any) -> Any:
+        """A provider's answer (a JSON-like value) as it may be stored: masked string by string, or withheld
+        whole when a credential runs across its strings in pieces too short for :meth:`value` to mask."""
+        masked = self.value(value)
+        return {"withheld": WITHHELD_SPLIT_CREDENTIAL} if self.splits_a_credential(masked) else masked
+
     def splits_a_credential(self, value: Any) -> bool:
         """Does a registered credential run across several strings of ``value`` (a JSON-like value), each
         piece too short to be found on its own, as ``["<first half>", "<second half>"]``? :meth:`value`

@@ -133,6 +133,14 @@ class Receiver:
     def _record(self, provider: str, config: WebhookConfig, event_id: str, timestamp: int, event: Any) -> JSONResponse:
         self.credentials.refresh()  # (read again now and then: a rotated credential is masked too)
         redactor = self.store.redactor
+        if redactor.looks_like_credential(event_id):
+            # the id is the key deliveries are told apart by, kept and shown as it came: masked, two
+            # different ids could read the same; so nothing of such a delivery is kept
+            raise Refused(
+                400,
+                "credential in the event id",
+                "the webhook-id header carries what looks like a credential; nothing of this delivery was kept",
+            )
         job_id = extract(config.job_id, event, {}, redactor)
         reference = extract(config.reference, event, {}, redactor) if config.reference else None
         op = match_operation(self.store, provider, job_id, reference)
@@ -167,7 +175,7 @@ class Receiver:
             "event_type": event_type,
             "remote_job_id": job_id,
             "operation_id": op.operation_id if op else None,
-            "body": compact_json(store.redactor.value(event)),
+            "body": compact_json(store.redactor.answer(event)),
             "expires_at_us": now + int(config.retention_s * _US),
         }
         if not record_event(store, row):

@@ -49,7 +49,7 @@ from jobtrail.domain.evidence import Evidence, OperationCreated, StatusObservati
 from jobtrail.domain.ids import new_idempotency_token, new_operation_id, new_trace_id
 from jobtrail.domain.machine import check_transition
 from jobtrail.domain.record import BODY_NOT_LOADED, Changes, HistoryEntry, Operation, OperationSpec
-from jobtrail.domain.redact import WITHHELD_SPLIT_CREDENTIAL, Redactor, is_secret_name
+from jobtrail.domain.redact import Redactor, is_secret_name
 from jobtrail.domain.states import AUTOMATIC_STATES, CREATE_PHASE, RemoteState, State
 from jobtrail.ledger import schema as t
 from jobtrail.ledger.chain import (
@@ -1124,7 +1124,7 @@ class Store:
             "raw_state": None if item.raw_state is None else redact.text(item.raw_state),
             # a synchronous result is user data: kept byte-exact (or withheld whole), never field-masked
             "raw": compact_json(
-                redact.result_value(item.raw) if item.kind == "synchronous_result" else _masked(redact, item.raw)
+                redact.result_value(item.raw) if item.kind == "synchronous_result" else redact.answer(item.raw)
             ),
             "worker": item.worker,
             "lease_epoch": item.lease_epoch,
@@ -1879,13 +1879,6 @@ def _check_result(change: Change) -> None:
             "names its sha256, size and content type (or a cancelled or expired ending whose status "
             "observation names it as partial output)"
         )
-
-
-def _masked(redact: Redactor, raw: Any) -> Any:
-    """A provider's answer as evidence: masked string by string, or withheld whole when the credential runs
-    across its strings in pieces too short for any one of them to be masked."""
-    masked = redact.value(raw)
-    return {"withheld": WITHHELD_SPLIT_CREDENTIAL} if redact.splits_a_credential(masked) else masked
 
 
 def _result_row(operation_id: str, result: StoredResult, now: int) -> dict[str, Any]:
