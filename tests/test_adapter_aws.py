@@ -653,6 +653,7 @@ def test_providers_check_states_the_guarantee() -> None:
         ('credential = "env:AWS_SECRET_ACCESS_KEY"\n', "signed with botocore's credentials"),
         ('[create]\npath = "/x"\n', "'create' is fixed by kind"),
         ('region = "moon"\n', "region: expected an AWS region"),
+        ('region = "cn-north-1"\n', "in partition 'aws' but region cn-north-1 is in 'aws-cn'"),
     ],
 )
 def test_config_mistakes_are_named(tmp_path: Path, extra: str, message: str) -> None:
@@ -662,6 +663,51 @@ def test_config_mistakes_are_named(tmp_path: Path, extra: str, message: str) -> 
     path.write_text(f'kind = "aws-stepfunctions"\nstate_machine_arn = "{arn}"\n{extra}', encoding="utf-8")
     with pytest.raises(ConfigError, match=message):
         load_provider(path)
+
+
+@pytest.mark.parametrize(
+    ("config", "service", "expected"),
+    [
+        (
+            'state_machine_arn = "arn:aws:states:us-east-1:123456789012:stateMachine:m"',
+            "stepfunctions",
+            "https://states.us-east-1.amazonaws.com",
+        ),
+        (
+            'state_machine_arn = "arn:aws-cn:states:cn-north-1:123456789012:stateMachine:m"',
+            "stepfunctions",
+            "https://states.cn-north-1.amazonaws.com.cn",
+        ),
+        (
+            'state_machine_arn = "arn:aws-us-gov:states:us-gov-west-1:123456789012:stateMachine:m"',
+            "stepfunctions",
+            "https://states.us-gov-west-1.amazonaws.com",
+        ),
+        (
+            'state_machine_arn = "arn:aws-iso:states:us-iso-east-1:123456789012:stateMachine:m"',
+            "stepfunctions",
+            "https://states.us-iso-east-1.c2s.ic.gov",
+        ),
+        ('region = "cn-northwest-1"', "athena", "https://athena.cn-northwest-1.amazonaws.com.cn"),
+        ('region = "us-isob-east-1"', "athena", "https://athena.us-isob-east-1.sc2s.sgov.gov"),
+        ('region = "eusc-de-east-1"', "athena", "https://athena.eusc-de-east-1.amazonaws.eu"),
+    ],
+    ids=["aws", "aws-cn", "aws-us-gov", "aws-iso", "athena-aws-cn", "athena-aws-iso-b", "athena-aws-eusc"],
+)
+def test_the_default_endpoint_is_in_the_region_s_partition(
+    tmp_path: Path, config: str, service: str, expected: str
+) -> None:
+    """Without base_url, requests go to the service's endpoint in the region's partition (amazonaws.com.cn in
+    China, c2s.ic.gov and sc2s.sgov.gov in the ISO regions, amazonaws.eu in the European Sovereign Cloud),
+    the one botocore itself would call."""
+    kind = "aws-stepfunctions" if service == "stepfunctions" else "aws-athena"
+    path = tmp_path / "p.toml"
+    path.write_text(f'kind = "{kind}"\n{config}\n', encoding="utf-8")
+    provider = load_provider(path)
+    assert provider.config.base_url == expected
+    region = expected.split(".")[1]
+    client = boto3.client(service, region_name=region, aws_access_key_id="x", aws_secret_access_key="y")
+    assert client.meta.endpoint_url == expected
 
 
 def test_plain_http_only_to_loopback_and_arn_required(tmp_path: Path) -> None:

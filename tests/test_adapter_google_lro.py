@@ -19,7 +19,7 @@ from jobtrail import Jobtrail, State, Store
 from jobtrail.domain.canonical import parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.ledger.audit import verify
-from jobtrail.providers.adapters.google_lro import request_id
+from jobtrail.providers.adapters.google_lro import request_id, usable_name
 from jobtrail.providers.contract import guarantees
 from jobtrail.providers.kinds import load_provider
 from jobtrail.testing import Fault, provider_toml
@@ -148,6 +148,83 @@ def test_the_name_is_polled_with_its_slashes(db_url: str, tmp_path: Path, fake: 
     assert refused.value.code == 404 and fake.counts["encoded_names"] == 1
 
 
+def test_a_firestore_operation_named_under_default_in_parentheses_is_followed_to_its_end(
+    db_url: str, tmp_path: Path, fake: GoogleLroFake
+) -> None:
+    """Firestore names its operations projects/p/databases/(default)/operations/x: the name is polled (its
+    slashes kept) until the export ends, and the export's response is stored."""
+    provider = provider_file(
+        tmp_path,
+        fake,
+        create_path="/v1/projects/fake-project/databases/(default):exportDocuments",
+        request_id={"in": "none"},  # ExportDocumentsRequest has no request_id field
+    )
+    with Jobtrail(db_url, providers=[provider]) as jt:
+        op_id = jt.submit("gcp", {"outputUriPrefix": "gs://fake-bucket/export-1"}).operation_id
+    run_worker(db_url, provider)
+    op = get(db_url, op_id)
+    assert op.state is State.SUCCEEDED, op.state_reason
+    (name,) = fake.operations
+    assert op.remote_job_id == name and name.startswith("projects/fake-project/databases/(default)/operations/")
+    assert {urllib.parse.unquote(path) for path in fake.get_paths} == {f"/v1/{name}"}
+    assert result(db_url, op_id) == {
+        "@type": "type.googleapis.com/google.firestore.admin.v1.ExportDocumentsResponse",
+        "outputUriPrefix": "gs://fake-bucket/export-1",
+    }
+    assert fake.counts["jobs_created"] == 1 and fake.counts["encoded_names"] == 0, fake.counts
+
+
+def test_an_operation_name_that_could_change_its_path_is_still_refused() -> None:
+    """Google's resource-name characters pass; dot or empty segments, escapes, '?', '#', ':', ';', spaces,
+    controls and non-ASCII do not (the name goes into a request path)."""
+    for name in (
+        "projects/p/databases/(default)/operations/ASA1MDEw",
+        "projects/p/locations/us-central1/operations/operation-1_~x",
+        "projects/p/serviceAccounts/sa@p.iam.gserviceaccount.com/operations/x=",
+    ):
+        assert usable_name(name), name
+    for name in (
+        "",
+        "operations//x",
+        "/operations/x",
+        "operations/x/",
+        "operations/./x",
+        "operations/../x",
+        ".well-known/x",
+        "operations/x?alt=media",
+        "operations/x#y",
+        "operations/%2e%2e",
+        "operations/x:cancel",
+        "operations/x;v=1",
+        "operations/x y",
+        "operations/x\n",
+        "operations/\u00e9",
+        "operations\\x",
+    ):
+        assert not usable_name(name), name
+
+
+def test_a_create_without_a_request_id_field_is_refused_naming_the_fix(
+    db_url: str, tmp_path: Path, fake: GoogleLroFake
+) -> None:
+    """A create whose request message has no request_id (Filestore's) refuses ?requestId= with 400: the
+    operation fails saying to set [request_id] in = "none", and with that set the create goes through."""
+    fake.declares_request_id = False
+    provider = provider_file(tmp_path, fake)
+    op_id = submit(db_url, provider)
+    run_worker(db_url, provider)
+    op = get(db_url, op_id)
+    assert op.state is State.FAILED, op.state_reason
+    assert 'Unknown name "requestId"' in (op.state_reason or "")
+    assert '[request_id] in = "none"' in (op.state_reason or "")
+    assert fake.counts["unknown_parameter"] == 1 and fake.counts["jobs_created"] == 0, fake.counts
+    provider = provider_file(tmp_path, fake, request_id={"in": "none"})
+    op_id = submit(db_url, provider)
+    run_worker(db_url, provider)
+    assert get(db_url, op_id).state is State.SUCCEEDED
+    assert fake.counts["unknown_parameter"] == 1 and fake.counts["jobs_created"] == 1, fake.counts
+
+
 def test_done_with_an_error_ends_failed_with_the_error_recorded(
     db_url: str, tmp_path: Path, fake: GoogleLroFake
 ) -> None:
@@ -219,6 +296,6 @@ def test_the_file_fixes_the_contract_and_check_states_the_guarantees(tmp_path: P
 
 
 def test_the_example_file_loads() -> None:
-    """examples/google-lro.toml is a valid operator file."""
+    """examples/google-lro.toml is a valid operator file (its create, AlloyDB's, has a request_id to replay)."""
     provider = load_provider(Path(__file__).parent.parent / "examples" / "google-lro.toml")
-    assert provider.name == "gcp-filestore" and provider.capabilities.reconcile
+    assert provider.name == "gcp-alloydb" and provider.capabilities.reconcile

@@ -49,9 +49,9 @@ def provider_file(tmp_path: Path, fake: ReplicateFake, **overrides: Any) -> Path
     return path
 
 
-def submit(db_url: str, provider: Path, **inputs: Any) -> str:
+def submit(db_url: str, provider: Path, version: str = VERSION, **inputs: Any) -> str:
     with Jobtrail(db_url, providers=[provider]) as jt:
-        return jt.submit("replicate", {"version": VERSION, "input": {"prompt": "a fake", **inputs}}).operation_id
+        return jt.submit("replicate", {"version": version, "input": {"prompt": "a fake", **inputs}}).operation_id
 
 
 def run_worker(db_url: str, provider: Path, name: str = "w", timeout: str = "30") -> None:
@@ -122,6 +122,27 @@ def test_a_lost_create_names_the_candidate_predictions(db_url: str, tmp_path: Pa
     with Store.open(db_url) as store:
         evidence = store.history(op_id)[-1].to_json()["evidence"]
     assert evidence["reason"] == "no_reconciliation_path" and evidence["candidates"] == [made]
+
+
+@pytest.mark.parametrize(
+    "version",
+    [f"fake-owner/fake-model:{VERSION}", VERSION, "fake-owner/fake-model"],
+    ids=["owner/model:version_id", "version_id", "owner/model"],
+)
+def test_a_lost_create_names_its_prediction_whichever_form_the_version_took(
+    db_url: str, tmp_path: Path, fake: ReplicateFake, version: str
+) -> None:
+    """The create may name owner/model:version_id, the bare id or the model; a listed prediction carries the
+    bare id (and the model): the prediction the lost create made is named as a candidate all the same."""
+    fake.script(Fault.drop(commit=True))
+    provider = provider_file(tmp_path, fake)
+    op_id = submit(db_url, provider, version=version)
+    run_worker(db_url, provider)
+    (made,) = fake.predictions
+    with Store.open(db_url) as store:
+        assert store.get(op_id).state is State.NEEDS_ATTENTION
+        evidence = store.history(op_id)[-1].to_json()["evidence"]
+    assert evidence["candidates"] == [made]
 
 
 def create_directly(fake: ReplicateFake, version: str = VERSION) -> str:
@@ -263,6 +284,36 @@ def test_a_429_s_retry_after_is_honoured(db_url: str, tmp_path: Path, fake: Repl
     run_worker(db_url, provider)
     first, second = fake.create_times
     assert second - first >= 0.9
+
+
+def test_an_aborted_prediction_ends_failed_at_once(db_url: str, tmp_path: Path, fake: ReplicateFake) -> None:
+    """Replicate's "aborted" (its deadline passed before it started) is final: the job never ran, so it ends
+    failed, saying so, instead of being polled until the result deadline."""
+    provider = provider_file(tmp_path, fake, wait_s=0)
+    op_id = submit(db_url, provider, fake_abort=True)
+    run_worker(db_url, provider, timeout="20")
+    op, _, _ = stored(db_url, op_id)
+    assert op.state is State.FAILED and op.remote_state == "aborted", op.state_reason
+    assert "aborted" in (op.state_reason or "")
+    assert op.result_ref is None
+    assert fake.counts["jobs_created"] == 1 and fake.counts["cancels"] == 0, fake.counts
+
+
+def test_an_output_removed_by_data_retention_is_result_unavailable_not_a_null_result(
+    db_url: str, tmp_path: Path, fake: ReplicateFake
+) -> None:
+    """Collected after Replicate's data retention removed it (data_removed, output null), the result is
+    unavailable and the record says why; the emptied output is never stored as the result."""
+    fake.data_retention_s = 0  # removed as soon as it ends: the worker came back after the hour
+    provider = provider_file(tmp_path, fake, wait_s=0)
+    op_id = submit(db_url, provider)
+    run_worker(db_url, provider)
+    op, _, _ = stored(db_url, op_id)
+    assert op.state is State.RESULT_UNAVAILABLE, op.state_reason
+    assert "removed by Replicate's data retention" in (op.state_reason or "")
+    with Store.open(db_url) as store:
+        fetches = [o for o in store.observations(op_id) if o["kind"] == "result_fetch"]
+    assert fetches and fetches[-1]["raw"]["error"]["data_removed"] == "true"
 
 
 def test_a_cancel_ends_cancelled(db_url: str, tmp_path: Path, fake: ReplicateFake) -> None:

@@ -96,7 +96,8 @@ _MALFORMED = frozenset(
 _SM_ARN = re.compile(
     r"^arn:(?P<partition>[a-z-]+):states:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):stateMachine:(?P<name>[^:]+)(:[^:]+)?$"
 )
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+#: a region name: "us-east-1", "cn-north-1", "us-isob-east-1", "eusc-de-east-1" (the sovereign cloud's)
+_REGION = re.compile(r"^[a-z]{2,4}(-[a-z]+)+-\d+$")
 
 
 def aws_error(resp: Response) -> tuple[str | None, str]:
@@ -624,6 +625,30 @@ def _same_json(theirs: Any, ours: str) -> bool:
 _COMMON_ALSO = ("region", "aws_profile", "result")
 
 
+def partition_of(region: str, source: str) -> tuple[str, str]:
+    """The partition ``region`` belongs to and its DNS suffix, as botocore's endpoint rules decide them.
+
+    Endpoints differ by partition (``states.cn-north-1.amazonaws.com.cn``, ``states.us-iso-east-1.c2s.ic.gov``),
+    so ``amazonaws.com`` is right only for some. botocore's partition data (the same file its endpoint
+    resolver reads, updated with botocore) is matched the way that resolver matches it: a region it lists,
+    or one its pattern admits; anything else is the first partition, ``aws``, as in botocore.
+    """
+    from botocore.exceptions import DataNotFoundError
+    from botocore.loaders import create_loader  # type: ignore[import-untyped]
+
+    try:
+        partitions = create_loader().load_data("partitions")["partitions"]
+    except (DataNotFoundError, KeyError, TypeError):
+        raise ConfigError(
+            f"{source}: region {region}: this botocore has no partition data to find its endpoint; set base_url, "
+            "or upgrade botocore"
+        ) from None
+    for partition in partitions:
+        if region in partition["regions"] or re.match(partition["regionRegex"], region):
+            return str(partition["id"]), str(partition["outputs"]["dnsSuffix"])
+    return str(partitions[0]["id"]), str(partitions[0]["outputs"]["dnsSuffix"])
+
+
 def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:  # noqa: PLR0912 - each operator key, checked
     """Build the adapter a ``kind = "aws-stepfunctions"`` or ``"aws-athena"`` file declares."""
     if kind not in ("aws-stepfunctions", "aws-athena"):
@@ -662,6 +687,13 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:  # n
     region = settings.pop("region", None) or (match["region"] if match else None)
     if not isinstance(region, str) or not _REGION.match(region):
         raise ConfigError(f"{source}: region: expected an AWS region such as us-east-1, got {region!r}")
+    partition, dns_suffix = partition_of(region, source)
+    if match is not None and match["partition"] != partition:
+        # the request would be signed for one partition and sent to another's endpoint: refused by AWS
+        raise ConfigError(
+            f"{source}: state_machine_arn is in partition {match['partition']!r} but region {region} is in "
+            f"{partition!r}; the region (or the ARN) is wrong"
+        )
     work_group = settings.pop("work_group", None)
     output_location = settings.pop("output_location", None)
     for key, value in (("work_group", work_group), ("output_location", output_location)):
@@ -670,7 +702,7 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:  # n
     if output_location is not None and not output_location.startswith("s3://"):
         raise ConfigError(f"{source}: output_location: expected s3://bucket/prefix/, got {output_location!r}")
     host = "states" if sfn else "athena"
-    settings.setdefault("base_url", f"https://{host}.{region}.amazonaws.com")
+    settings.setdefault("base_url", f"https://{host}.{region}.{dns_suffix}")
     settings.setdefault("name", kind)
     settings.setdefault("target", arn if sfn else f"athena:{region}:{work_group or 'primary'}")
     parts = urllib.parse.urlsplit(str(settings["base_url"]))

@@ -6,7 +6,8 @@ follows is the generic ``google.longrunning.Operations`` contract (AIP-151):
 
 * the create answers an ``Operation`` ``{name, metadata, done, error?, response?}``; the job id is
   ``name`` (``projects/p/locations/l/operations/op-1``), sent back with its slashes as they are
-  (``/v1/projects%2Fp%2F...`` is a 404);
+  (``/v1/projects%2Fp%2F...`` is a 404); Google decodes any other escape, so Firestore's
+  ``projects/p/databases/(default)/operations/x`` arrives as itself however its parentheses travel;
 * status ``GET /v1/{name}``: ``done`` false is running; ``done`` with ``error`` is failed, or
   cancelled when ``error.code`` is 1 (CANCELLED); ``done`` with ``response`` is succeeded and the
   result is that ``response`` (no separate result endpoint);
@@ -14,7 +15,10 @@ follows is the generic ``google.longrunning.Operations`` contract (AIP-151):
 
 Idempotency (AIP-155): the token travels as a UUID ``requestId`` query parameter by default
 (``[request_id]`` moves it to a body field or header, or turns it off); a create whose answer was
-lost is reconciled by sending it again with the same ``requestId``. OAuth access tokens expire:
+lost is reconciled by sending it again with the same ``requestId``. Not every create has a
+``request_id`` field (Filestore's ``instances.create`` and Firestore's ``exportDocuments`` do not), and
+Google refuses a parameter the method cannot bind with 400 INVALID_ARGUMENT: check the service's
+request message and set ``in = "none"`` where it has none (the refusal says so). OAuth access tokens expire:
 the credential reference is read when a request is sent (again after ``CREDENTIAL_TTL_S`` and at
 once on a 401), so a token file a sidecar rewrites is picked up.
 
@@ -44,8 +48,15 @@ from jobtrail.providers.kinds import operator_settings
 DEFAULT_RETENTION_S = 3600
 #: a uuid5 namespace for tokens that are not 32 hex digits (the token itself is never changed)
 _NAMESPACE = uuid.UUID("6f1c2a3e-9a0b-4c1d-8e2f-3a4b5c6d7e8f")
-#: an operation name: slash-separated segments of URL-safe characters, no "." or ".." segment
-_SEGMENT = re.compile(r"^[A-Za-z0-9_~\-][A-Za-z0-9._~\-]*$")
+#: one segment of an operation name: the characters a path segment holds literally (RFC 3986 pchar:
+#: unreserved and sub-delims, which Google's resource names use, e.g. Firestore's "(default)" database
+#: and "@" in service account names), never starting with "." (no dot segments, nothing a client or
+#: proxy would normalise away). Refused: ":" (Google's custom-method separator, as in "{name}:cancel"),
+#: ";" (path parameters, which some front ends strip), "%" (an escape would reach the server decoded as
+#: something else), "?" and "#" (they end the path), "/" within a segment (so no empty segment), and
+#: spaces, controls and anything outside ASCII. The URL is still built by escaping ({+job_id}); this
+#: decides which answers are names at all.
+_SEGMENT = re.compile(r"[A-Za-z0-9_~\-!$&'()*+,=@][A-Za-z0-9._~\-!$&'()*+,=@]*")
 _API = re.compile(r"^v\d+[a-z0-9]*$")
 
 
@@ -127,8 +138,8 @@ def request_id(token: str) -> str:
 
 
 def usable_name(name: str | None) -> bool:
-    """An operation name we may put into a path: segments of URL-safe characters, no dot segments."""
-    return bool(name) and all(_SEGMENT.match(part) and part not in (".", "..") for part in str(name).split("/"))
+    """An operation name we may put into a path: non-empty segments of path characters, no dot segments."""
+    return bool(name) and all(_SEGMENT.fullmatch(part) for part in str(name).split("/"))
 
 
 class GoogleLroProvider(HttpProvider):
@@ -194,10 +205,26 @@ class GoogleLroProvider(HttpProvider):
                 kind="rejected",
                 response=resp,
                 error_class=outcome.error_class,
-                detail=f"HTTP {status}: {_describe(error, self.redactor)}",
+                detail=f"HTTP {status}: {_describe(error, self.redactor)}{self._no_request_id_hint(status, error)}",
                 declared_non_retryable=outcome.declared_non_retryable,
             )
         return outcome
+
+    def _no_request_id_hint(self, status: int, error: Mapping[str, Any]) -> str:
+        """What to change when the service refused the request id itself: its create has no such field."""
+        message = error.get("message")
+        if (
+            status != 400
+            or self.request_id_in not in ("query", "body")
+            or not isinstance(message, str)
+            or f'Unknown name "{self.request_id_name}"' not in message
+        ):
+            return ""
+        return (
+            f"; this create has no {self.request_id_name!r} field (not every Google API's create has one: see its "
+            'request message): set [request_id] in = "none" in the provider file (a create whose answer is lost '
+            "then stops for a person, as nothing can be replayed)"
+        )
 
     def _operation_url(self, op: Operation, verb: str = "") -> str | None:
         name = op.remote_job_id

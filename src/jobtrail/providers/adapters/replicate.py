@@ -6,7 +6,8 @@ The wire contract (fixed here, not in the operator's file):
   submitted), ``Authorization: Bearer``, and ``Prefer: wait=N`` on the create only; the answer is
   201 with the prediction, which may already be finished when the wait was long enough;
 * status ``GET /v1/predictions/{id}``: ``starting`` / ``processing`` / ``succeeded`` / ``failed`` /
-  ``canceled``; ``output`` is a file URL, a list of file URLs, or any JSON;
+  ``canceled`` / ``aborted`` (its deadline passed before it started: it never ran, and is not
+  billed); ``output`` is a file URL, a list of file URLs, or any JSON;
 * cancel ``POST /v1/predictions/{id}/cancel``;
 * errors are ``{"detail": ..., "status": ...}`` problem bodies; 429 carries ``Retry-After``.
 
@@ -19,6 +20,9 @@ Results: a single file URL (or a list holding one) is downloaded from ``replicat
 WITHOUT the credential and stored byte for byte with its served content type; several file URLs
 are all downloaded and stored as one JSON bundle (the delivery links expire after about an hour,
 so storing only the links would lose the files); any other output is stored as its JSON.
+Replicate removes an API prediction's input, output and files about an hour after it ends and says
+so with ``data_removed``: a prediction collected after that ends ``result_unavailable`` naming the
+cause, never with its emptied ``output`` as the result.
 
 No SDK: the ``replicate`` package would hide the wire (retries we do not control, no hook for
 the credential-free download or the create's ``Prefer`` header); the contract is small HTTP.
@@ -63,7 +67,11 @@ STATES = {
     "failed": ["failed"],
     "cancelling": [],
     "cancelled": ["canceled"],
-    "expired": [],
+    # "aborted": the prediction's deadline passed before it started, so it never ran (and is not billed).
+    # Expired, not failed: the job's time ran out, as an expired batch's did; the state machine ends both
+    # in failed, and the reason keeps the raw "aborted". Not cancelled either: Replicate says "canceled"
+    # for a deadline that passes once it runs, and cancelled here means a cancel took effect
+    "expired": ["aborted"],
 }
 
 _US = 1_000_000
@@ -178,6 +186,17 @@ class ReplicateProvider(HttpProvider):
             return dataclasses.replace(
                 sent, body={"error": "not_succeeded", "detail": f"the prediction is {body.get('status')!r}"}
             )
+        if body.get("data_removed") is True:
+            # Replicate's data retention removed the output (API predictions, about an hour after they end):
+            # the emptied output is not the result, and asking again cannot bring it back
+            return NoAnswer(
+                "refused",
+                "the output was removed by Replicate's data retention (data_removed: true; API predictions "
+                "keep their output about an hour after they end); it can no longer be fetched",
+                # "refused" ends the collect at once (result_unavailable); the prediction read that proves it
+                # is named in the fetch's observation
+                {"http_status": "200", "data_removed": "true", "provider_request_id": sent.provider_request_id or ""},
+            )
         output = body.get("output")
         files = _file_urls(output, self.redactor)
         if files is None:
@@ -256,7 +275,7 @@ class ReplicateProvider(HttpProvider):
                     continue
                 created = _epoch_us(item.get("created_at"))
                 job_id = _usable(item.get("id"), self.redactor)
-                if job_id is None or (version is not None and item.get("version") != version):
+                if job_id is None or (version is not None and not _same_version(version, item)):
                     continue
                 if created is None:
                     found.append(job_id)  # cannot be ruled out by time
@@ -288,6 +307,24 @@ class ReplicateProvider(HttpProvider):
             remote_job_ids=tuple(found),
             detail=f"{len(found)} prediction(s) of {what} created within {CLOCK_SKEW_S} s of the create's window",
         )
+
+
+def _same_version(requested: Any, prediction: Mapping[str, Any]) -> bool:
+    """Is ``prediction`` (as listed) of the version the create asked for?
+
+    The create takes ``{owner}/{model}:{version_id}``, a bare version id, or ``{owner}/{model}`` (the
+    model's latest version), while a listed prediction carries the bare id in ``version`` and
+    ``{owner}/{model}`` in ``model``: compared as strings, the first form would rule out the very
+    prediction a lost create made.
+    """
+    if not isinstance(requested, str):
+        return False
+    _, colon, version_id = requested.rpartition(":")
+    if colon:
+        return prediction.get("version") == version_id
+    if "/" in requested:  # a model, not a version: whichever version it ran
+        return prediction.get("model") == requested
+    return prediction.get("version") == requested
 
 
 def _file_urls(output: Any, redactor: Redactor) -> list[str] | None:

@@ -1,20 +1,26 @@
 """A contract fake of a Google API whose create answers a long-running operation, on loopback.
 
-One aiohttp server in a background thread. The create is
-``POST /v1/projects/{project}/locations/{location}/instances`` (a typical resource create); it
-answers a ``google.longrunning.Operation`` ``{name, metadata, done}``. The operations contract:
-``GET /v1/{name}``, ``POST /v1/{name}:cancel``. Like Google's front ends it routes on the raw
-path, so a name sent with encoded slashes (``projects%2Fp%2F...``) is a 404.
+One aiohttp server in a background thread. Two creates answer a ``google.longrunning.Operation``
+``{name, metadata, done}``: ``POST /v1/projects/{project}/locations/{location}/instances`` (a typical
+resource create) and Firestore Admin's ``POST /v1/projects/{project}/databases/{database}:exportDocuments``
+(a custom method; its operations are named ``projects/{project}/databases/(default)/operations/...``,
+parentheses included). The operations contract: ``GET /v1/{name}``, ``POST /v1/{name}:cancel``. Like
+Google's front ends it routes on the raw path, so a name sent with encoded slashes
+(``projects%2Fp%2F...``) is a 404, and decodes every other escape (``%28default%29`` is ``(default)``),
+as google.api.http prescribes for a multi-segment variable.
 
 AIP-155: the ``requestId`` query parameter (or body field of that name) must be a UUID other than
 the all-zero one (else 400 INVALID_ARGUMENT); a known id answers with the operation it made first
-(counted as ``replayed``). Errors are ``{"error": {"code", "message", "status"}}``. The body may
+(counted as ``replayed``). A create whose request message has no ``request_id`` field (the export
+always; the instances create when ``declares_request_id`` is false, as Filestore's) refuses one with
+400 INVALID_ARGUMENT, as Google's HTTP transcoding refuses a parameter it cannot bind (counted as
+``unknown_parameter``). Errors are ``{"error": {"code", "message", "status"}}``. The body may
 script the operation: ``"fake_outcome": "fail"`` ends with ``error`` (code 3), ``"fake_duration"``
 (seconds). Create faults are :class:`jobtrail.testing.Fault` values (``drop``, ``http``).
 
 Bearer tokens: only those in ``valid_tokens`` are accepted (401 UNAUTHENTICATED otherwise), so a
 test can rotate the token the way OAuth access tokens expire. ``counts``: creates_received,
-jobs_created, replayed, gets, cancels, encoded_names, unauthorized.
+jobs_created, replayed, gets, cancels, encoded_names, unauthorized, unknown_parameter.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import itertools
 import json
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +53,8 @@ class LongRunning:
     duration_s: float
     resource: str
     cancelled_at: float | None = None
+    #: what it makes: "instance" (the resource is its response) or "export" (Firestore's export response)
+    kind: str = "instance"
 
     def outcome(self, now: float) -> str:
         finish = self.created + self.duration_s
@@ -63,6 +72,8 @@ class GoogleLroFake(ServedInThread):
     host: str = "127.0.0.1"
     operation_s: float = 1.0
     valid_tokens: set[str] = field(default_factory=lambda: {"ya29.fake-token-1"})
+    #: does the instances create declare a request_id field? (False: Filestore's, which does not)
+    declares_request_id: bool = True
     counts: Counter[str] = field(default_factory=Counter)
     faults: list[Fault] = field(default_factory=list)
     operations: dict[str, LongRunning] = field(default_factory=dict)
@@ -106,6 +117,7 @@ class GoogleLroFake(ServedInThread):
     async def start_async(self) -> str:
         app = web.Application(middlewares=[self._guard])
         app.router.add_post("/v1/projects/{project}/locations/{location}/instances", self._create)
+        app.router.add_post("/v1/projects/{project}/databases/{database}:exportDocuments", self._export)
         app.router.add_route("*", "/v1/{tail:.*}", self._operations)
         self.base_url, _ = await self.serve(app, self.host)
         return self.base_url
@@ -141,7 +153,12 @@ class GoogleLroFake(ServedInThread):
             },
             "done": outcome != "running",
         }
-        if outcome == "succeeded":
+        if outcome == "succeeded" and op.kind == "export":
+            doc["response"] = {
+                "@type": "type.googleapis.com/google.firestore.admin.v1.ExportDocumentsResponse",
+                "outputUriPrefix": op.body.get("outputUriPrefix"),
+            }
+        elif outcome == "succeeded":
             doc["response"] = {
                 "@type": "type.googleapis.com/fake.v1.Instance",
                 "name": op.resource,
@@ -155,6 +172,24 @@ class GoogleLroFake(ServedInThread):
         return doc
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
+        project, location = request.match_info["project"], request.match_info["location"]
+        return await self._start(
+            request,
+            parent=f"projects/{project}/locations/{location}",
+            resource=f"projects/{project}/locations/{location}/instances/",
+            kind="instance",
+            declares_request_id=self.declares_request_id,
+        )
+
+    async def _export(self, request: web.Request) -> web.StreamResponse:
+        # ExportDocumentsRequest has no request_id field
+        project, database = request.match_info["project"], request.match_info["database"]
+        parent = f"projects/{project}/databases/{database}"
+        return await self._start(request, parent=parent, resource=parent, kind="export", declares_request_id=False)
+
+    async def _start(
+        self, request: web.Request, *, parent: str, resource: str, kind: str, declares_request_id: bool
+    ) -> web.StreamResponse:
         try:
             body = json.loads(await request.read() or b"{}")
         except ValueError:
@@ -164,6 +199,15 @@ class GoogleLroFake(ServedInThread):
             fault = self.faults.pop(0) if self.faults else None
         if not isinstance(body, dict):
             return _error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+        if not declares_request_id and ("requestId" in request.query or "requestId" in body):
+            with self._lock:
+                self.counts["unknown_parameter"] += 1
+            why = (
+                "Cannot bind query parameter. Field 'requestId' could not be found in request message."
+                if "requestId" in request.query
+                else "Cannot find field."
+            )
+            return _error(400, "INVALID_ARGUMENT", f'Invalid JSON payload received. Unknown name "requestId": {why}')
         rid = request.query.get("requestId") or body.get("requestId")
         if rid is not None:
             try:
@@ -185,15 +229,18 @@ class GoogleLroFake(ServedInThread):
                 op = self.operations[known]
             else:
                 n = next(self._ids)
-                project, location = request.match_info["project"], request.match_info["location"]
-                name = f"projects/{project}/locations/{location}/operations/operation-{n:04d}-{uuid.uuid4().hex[:12]}"
-                instance = request.query.get("instanceId", f"instance-{n}")
+                if kind == "export":  # Firestore names its operations with an opaque id
+                    name = f"{parent}/operations/ASA{n:04d}{uuid.uuid4().hex[:20]}"
+                else:
+                    name = f"{parent}/operations/operation-{n:04d}-{uuid.uuid4().hex[:12]}"
+                    resource += request.query.get("instanceId", f"instance-{n}")
                 op = LongRunning(
                     name=name,
                     body=body,
                     created=time.monotonic(),
                     duration_s=float(body.get("fake_duration", self.operation_s)),
-                    resource=f"projects/{project}/locations/{location}/instances/{instance}",
+                    resource=resource,
+                    kind=kind,
                 )
                 self.operations[name] = op
                 self.counts["jobs_created"] += 1
@@ -214,7 +261,8 @@ class GoogleLroFake(ServedInThread):
             with self._lock:
                 self.counts["encoded_names"] += 1
             return _error(404, "NOT_FOUND", f"The requested URL {raw} was not found on this server.")
-        path = raw[len("/v1/") :]
+        # the reverse of the client's encoding, except for the slashes refused above
+        path = urllib.parse.unquote(raw[len("/v1/") :])
         cancel = path.endswith(":cancel")
         name = path[: -len(":cancel")] if cancel else path
         with self._lock:

@@ -2,16 +2,21 @@
 
 Two aiohttp servers in one background thread: the API (``base_url``) and a file "delivery"
 server on another port, i.e. another origin, like ``replicate.delivery``. Shapes follow the
-documented wire contract: predictions ``{id, model, version, input, output, error, logs, status,
-created_at, started_at, completed_at, urls}``, problem bodies ``{"title", "detail", "status"}``,
-``Prefer: wait=N`` honoured on the create, cursor pages ``{next, previous, results}``.
+documented wire contract: predictions ``{id, model, version, input, output, data_removed, error, logs,
+status, created_at, started_at, completed_at, urls}``, problem bodies ``{"title", "detail", "status"}``,
+``Prefer: wait=N`` honoured on the create, cursor pages ``{next, previous, results}``. The create's
+``version`` may be ``{owner}/{model}:{version_id}``, a bare version id or ``{owner}/{model}``; the
+prediction carries the bare version id in ``version`` and the model in ``model``, as Replicate's do.
 
 A prediction's ``input`` may script it: ``fake_output`` = ``"tokens"`` (a JSON list of strings,
 the default), ``"json_file"`` (one URL of a JSON file), ``"png"`` (one URL of PNG bytes),
 ``"pngs"`` (a list of two PNG URLs), ``"png_echoing_token"`` (one URL that carries the API token, as a
-hostile model's output could); ``fake_fail`` = true (ends ``failed``); ``fake_duration``
-(seconds). Create faults are :class:`jobtrail.testing.Fault` values (``drop``, ``http``), one per
-create, in order.
+hostile model's output could); ``fake_fail`` = true (ends ``failed``); ``fake_abort`` = true
+(stays ``starting`` and ends ``aborted``: its deadline passed before it started); ``fake_duration``
+(seconds). ``data_retention_s`` removes a finished prediction's input, output, logs and files that
+many seconds after it ends (``data_removed`` true, ``output`` null), as Replicate does about an hour
+after an API prediction ends. Create faults are :class:`jobtrail.testing.Fault` values (``drop``,
+``http``), one per create, in order.
 
 It counts what it saw (``counts``: creates_received, jobs_created, gets, lists, cancels, downloads,
 unauthorized), the ``Prefer`` header of every request (``prefer_seen``) and the Authorization
@@ -44,9 +49,16 @@ PNG_BYTES = bytes.fromhex(
 JSON_FILE = b'{"caption": "a fake caption", "score": 0.5}\n'
 
 
+#: the model a bare version id belongs to
+FAKE_MODEL = "fake-owner/fake-model"
+#: the statuses a prediction ends in
+FINISHED = ("succeeded", "failed", "canceled", "aborted")
+
+
 @dataclass(slots=True)
 class Prediction:
     id: str
+    model: str
     version: str
     input: dict[str, Any]
     created: float
@@ -58,9 +70,29 @@ class Prediction:
         finish = self.created + self.duration_s
         if self.cancelled_at is not None and self.cancelled_at < finish:
             return "canceled"
+        aborting = bool(self.input.get("fake_abort"))
         if now >= finish:
+            if aborting:
+                return "aborted"
             return "failed" if self.input.get("fake_fail") else "succeeded"
+        if aborting:  # never picked up before its deadline
+            return "starting"
         return "starting" if now - self.created < self.duration_s * 0.1 else "processing"
+
+    def ended(self) -> float:
+        """When it ended (or will): its cancel, or the end of its run."""
+        finish = self.created + self.duration_s
+        return self.cancelled_at if self.cancelled_at is not None and self.cancelled_at < finish else finish
+
+
+def _model_and_version(requested: str) -> tuple[str, str]:
+    """The prediction's ``model`` and bare ``version`` for the create's ``version`` field."""
+    model, colon, version_id = requested.rpartition(":")
+    if colon:
+        return model, version_id
+    if "/" in requested:  # a model: its latest version
+        return requested, hashlib.sha256(requested.encode()).hexdigest()
+    return FAKE_MODEL, requested
 
 
 def _stamp(at: float) -> str:
@@ -81,6 +113,8 @@ class ReplicateFake(ServedInThread):
     page_size: int = 2
     #: added to the wall clock in ``created_at`` (back-date predictions to test time windows)
     clock_offset_s: float = 0.0
+    #: seconds after a prediction ends before its data is removed (None: kept; Replicate: about 3600)
+    data_retention_s: float | None = None
     counts: Counter[str] = field(default_factory=Counter)
     faults: list[Fault] = field(default_factory=list)
     predictions: dict[str, Prediction] = field(default_factory=dict)
@@ -153,30 +187,38 @@ class ReplicateFake(ServedInThread):
         response: web.StreamResponse = await handler(request)
         return response
 
+    def _removed(self, p: Prediction, now: float) -> bool:
+        """Has the data retention removed this prediction's data?"""
+        retention = self.data_retention_s
+        return retention is not None and p.status(now) in FINISHED and now >= p.ended() + retention
+
     def _doc(self, p: Prediction) -> dict[str, Any]:
         now = time.monotonic()
         status = p.status(now)
-        finished = status in ("succeeded", "failed", "canceled")
+        finished = status in FINISHED
+        removed = self._removed(p, now)
         doc: dict[str, Any] = {
             "id": p.id,
-            "model": "fake-owner/fake-model",
+            "model": p.model,
             "version": p.version,
-            "input": p.input,
-            "logs": "",
+            "input": {} if removed else p.input,
+            "logs": None if removed else "",
             "output": None,
-            "data_removed": False,
+            "data_removed": removed,
             "error": "the model raised an error (fake)" if status == "failed" else None,
             "status": status,
             "created_at": p.created_at,
-            "started_at": p.created_at if status != "starting" else None,
+            "started_at": p.created_at if status not in ("starting", "aborted") else None,
             "completed_at": _stamp(time.time()) if finished else None,
             "urls": {
                 "get": f"{self.base_url}/v1/predictions/{p.id}",
                 "cancel": f"{self.base_url}/v1/predictions/{p.id}/cancel",
             },
-            "metrics": {"predict_time": round(min(now - p.created, p.duration_s), 3)} if finished else {},
+            "metrics": {"predict_time": round(min(now - p.created, p.duration_s), 3)}
+            if finished and status != "aborted"
+            else {},
         }
-        if status == "succeeded":
+        if status == "succeeded" and not removed:
             doc["output"] = self._output(p)
         return doc
 
@@ -215,9 +257,11 @@ class ReplicateFake(ServedInThread):
         now = time.monotonic()
         with self._lock:
             pid = f"fk{next(self._ids):04d}" + hashlib.sha256(str(now).encode()).hexdigest()[:20]
+            model, version = _model_and_version(body["version"])
             prediction = Prediction(
                 id=pid,
-                version=body["version"],
+                model=model,
+                version=version,
                 input=body["input"],
                 created=now,
                 created_at=_stamp(time.time() + self.clock_offset_s),
@@ -235,7 +279,7 @@ class ReplicateFake(ServedInThread):
         if wait:
             # Prefer: wait=N holds the answer until the prediction finishes, at most N seconds
             until = now + wait
-            while time.monotonic() < until and prediction.status(time.monotonic()) in ("starting", "processing"):
+            while time.monotonic() < until and prediction.status(time.monotonic()) not in FINISHED:
                 await asyncio.sleep(0.02)
         with self._lock:
             doc = self._doc(prediction)
@@ -285,7 +329,8 @@ class ReplicateFake(ServedInThread):
             self.delivery_auth.append(request.headers.get("Authorization"))
             p = self.predictions.get(request.match_info["id"])
         name = request.match_info["file"]
-        if p is None or p.status(time.monotonic()) != "succeeded":
+        now = time.monotonic()
+        if p is None or p.status(now) != "succeeded" or self._removed(p, now):
             return web.Response(status=404, text="Not Found")
         if name.endswith(".json"):
             return web.Response(body=JSON_FILE, content_type="application/json")
