@@ -67,17 +67,23 @@ def obs(state: RemoteState) -> StatusObservation:
     return StatusObservation(remote_state=state, raw_state=state.value, http_status=200)
 
 
+def job_of(op: Operation) -> str:
+    """The remote job id a test's provider gives ``op``: its own, as a real provider's are (the ledger never
+    gives one job to two operations)."""
+    return f"job-{op.operation_id[-10:].lower()}"
+
+
 def valid_evidence(frm: State, to: State, op: Operation) -> Evidence:
     """Evidence that satisfies the rule for frm -> to on this record."""
     now = op.updated_at_us + 10**12
     if to in (S.FAILED,) and frm is S.CREATE_PENDING:
         return DefinitiveRejection(http_status=422, problem={"title": "bad input"})
     if frm is S.NEEDS_ATTENTION:
-        return HumanDecision(decided_by="alice", reason="checked the console", remote_job_id="job-h")
+        return HumanDecision(decided_by="alice", reason="checked the console", remote_job_id=job_of(op))
     if frm is S.FAILED:
         return ResumeRequested(requested_by="alice", reason="transient", provider_supports_resume=True)
     if to is S.ACCEPTED:
-        return ConfirmedCreate(remote_job_id="job-1", http_status=201, provider_request_id="req-1")
+        return ConfirmedCreate(remote_job_id=job_of(op), http_status=201, provider_request_id="req-1")
     if to is S.CREATE_UNKNOWN:
         return AmbiguousCreate(error_class="timeout", attempt=op.attempts)
     if to is S.RECONCILIATION:
@@ -150,7 +156,7 @@ def drive(store: Store, op: Operation, to: State) -> Operation:
         if nxt is S.SUCCEEDED:
             op = succeed(store, op)
             continue
-        changes = {"remote_job_id": "job-1"} if nxt is S.ACCEPTED else {}
+        changes = {"remote_job_id": job_of(op)} if nxt is S.ACCEPTED else {}
         op = store.transition(op, nxt, valid_evidence(op.state, nxt, op), actor="worker", changes=changes)
     return op
 

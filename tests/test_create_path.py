@@ -237,6 +237,28 @@ def test_a_new_job_id_for_the_same_token_stops_everything(
     assert fake.counts["creates_received"] == creates
 
 
+def test_a_job_id_another_operation_holds_is_never_given_to_a_second_one(
+    make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
+) -> None:
+    """The provider answers a second, different request with the first one's job id (it mixed the two up):
+    the second request may never have run, and one remote job cannot be two operations'. Before, both were
+    accepted and both ended succeeded with the one job's result; nothing asked for a person."""
+    jt = make_client(fake)
+    first = submit_and_drive(jt, {"prompt": "translate the report"})
+    fake.script(Fault.previous_job())
+    second = submit_and_drive(jt, {"prompt": "delete the account"})
+    assert first.state is S.ACCEPTED and second.state is S.NEEDS_ATTENTION
+    assert second.remote_job_id is None and jt.store.get(first.operation_id).remote_job_id == first.remote_job_id
+    reason = second.state_reason or ""
+    assert first.operation_id in reason and first.remote_job_id in reason and "a person decides" in reason
+    evidence = jt.store.history(second.operation_id)[-1].to_json()["evidence"]
+    assert evidence["kind"] == "cannot_tell" and evidence["reason"] == "job_id_taken"
+    assert evidence["candidates"] == [first.remote_job_id]
+    assert fake.counts["creates_received"] == 2 and fake.counts["jobs_created"] == 1
+    again = run(jt.advance_create(second.operation_id))  # no further automatic action
+    assert again.state is S.NEEDS_ATTENTION and fake.counts["creates_received"] == 2
+
+
 def test_no_reconciliation_path_says_so_plainly_and_never_resends(
     make_client: Callable[..., AsyncJobtrail],
 ) -> None:

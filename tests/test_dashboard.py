@@ -92,7 +92,8 @@ def test_the_list_filters_counts_and_searches(store: Store) -> None:
         assert listed_ids(call(base, "GET", "/?caller=bob&state=failed").text) == [failed.operation_id]
         assert listed_ids(call(base, "GET", "/?q=nightly-").text) == [failed.operation_id, done.operation_id]
         assert listed_ids(call(base, "GET", f"/?q={done.operation_id[:20]}").text) == [done.operation_id]
-        assert listed_ids(call(base, "GET", "/?q=job-1").text) == [running.operation_id]  # its remote job id
+        assert running.remote_job_id  # found by its remote job id
+        assert listed_ids(call(base, "GET", f"/?q={running.remote_job_id}").text) == [running.operation_id]
         assert listed_ids(call(base, "GET", "/?provider=nobody").text) == []
         assert call(base, "GET", "/?state=bogus").status == 400
         rows = call(base, "GET", "/?state=failed&part=rows", HX_Request="true")

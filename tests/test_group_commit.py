@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobtrail import AsyncJobtrail, OperationKeyConflict, State, Store, TransitionRefused
-from jobtrail.domain.evidence import DefinitiveRejection
-from jobtrail.ledger.store import Change, Observe
+from jobtrail import AsyncJobtrail, JobIdTaken, Operation, OperationKeyConflict, State, Store, TransitionRefused
+from jobtrail.domain.evidence import ConfirmedCreate, DefinitiveRejection
+from jobtrail.ledger.store import Change, Moved, Observe
 from jobtrail.ledger.writer import BatchWriter
 
 from helpers import spec
@@ -125,6 +125,30 @@ def test_writes_asked_for_together_land_together_or_not_at_all(store: Store, com
     assert store.get(op_a.operation_id) == op_a
     assert isinstance(neighbour, int)
     assert [row["raw"] for row in store.observations(op_b.operation_id)] == [{"b": 1}]
+
+
+def test_one_job_id_is_never_given_to_two_operations_in_one_group_or_later(store: Store) -> None:
+    """A provider that names one job for two different requests lies about one of them. The first write that
+    gives the job to an operation lands; another one comes back JobIdTaken naming both operations, in the
+    same group or in a later one, and its neighbours land. Another provider's job of that name is its own."""
+    a, b, c, d = (store.create_operation(spec(body={"n": n}))[0] for n in range(4))
+    (elsewhere, _) = store.create_operation(spec(provider="other", body={"n": 4}))
+
+    def confirm(op: Operation, job: str) -> Change:
+        evidence = ConfirmedCreate(remote_job_id=job, http_status=201)
+        return Change(op=op, to=State.ACCEPTED, evidence=evidence, actor="w", changes={"remote_job_id": job})
+
+    first, second, neighbour = store.apply([confirm(a, "job-x"), confirm(b, "job-x"), confirm(c, "job-y")])
+    assert isinstance(first, Operation) and first.remote_job_id == "job-x"
+    assert isinstance(second, Moved) and isinstance(second.error, JobIdTaken)
+    assert a.operation_id in str(second.error) and b.operation_id in str(second.error)
+    assert isinstance(neighbour, Operation) and neighbour.remote_job_id == "job-y"
+    assert store.get(b.operation_id) == b and [e.cause for e in store.history(b.operation_id)] == ["operation_created"]
+    [later] = store.apply([confirm(d, "job-x")])
+    assert isinstance(later, Moved) and isinstance(later.error, JobIdTaken)
+    assert later.error.details == {"operation_id": d.operation_id, "holder": a.operation_id, "remote_job_id": "job-x"}
+    [own] = store.apply([confirm(elsewhere, "job-x")])
+    assert isinstance(own, Operation) and own.remote_job_id == "job-x"
 
 
 def test_processes_racing_for_one_key_in_their_groups_all_get_the_one_operation(open_store: Any, fake: Any) -> None:

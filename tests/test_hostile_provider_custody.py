@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp.abc
 import pytest
+import sqlalchemy as sa
 from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
@@ -29,7 +30,9 @@ from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract
 from jobtrail.domain.redact import Redactor, Secret
+from jobtrail.ledger.audit import verify
 from jobtrail.ledger.results import read_result
+from jobtrail.ledger.store import MAX_OBSERVED_CHARS
 from jobtrail.providers.contract import NoAnswer, guarantees
 from jobtrail.providers.egress import (
     AddressRefused,
@@ -154,6 +157,7 @@ class Hostile:
         self.job_id = "job-1"
         self.state = "succeeded"
         self.redirect_to = ""
+        self.status_padding = 0  # characters of filler in each status answer
         self.server = HttpListener("127.0.0.1", self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -163,7 +167,8 @@ class Hostile:
                 return web.Response(status=self.create_status, headers={"Location": self.location})
             return web.json_response({"id": self.job_id, "status": "queued"}, status=self.create_status)
         if request.method == "GET" and path == f"/v1/jobs/{self.job_id}":
-            return web.json_response({"id": self.job_id, "status": self.state, "result_url": self.result_url})
+            status = {"id": self.job_id, "status": self.state, "result_url": self.result_url}
+            return web.json_response(status | ({"filler": "x" * self.status_padding} if self.status_padding else {}))
         if request.method == "GET" and path == "/v1/redirect":
             return web.Response(status=302, headers={"Location": self.redirect_to})
         if request.method == "GET" and path == f"/v1/jobs/{self.job_id}/result":
@@ -438,6 +443,37 @@ def test_a_state_carrying_the_credential_is_not_stored(store: Store, canary: str
     assert polls and op.state is State.OBSERVING and op.remote_state is None
     assert all(o["remote_state"] == "unknown" and o["raw_state"] is None for o in polls)
     assert len([m for m, _, _ in w.hostile.server.requests if m == "GET"]) == len(polls)
+
+
+def test_a_status_answer_of_megabytes_is_kept_as_its_size_and_digest_and_polling_goes_on(
+    store: Store, canary: str
+) -> None:
+    """A provider that answers every status read with megabytes (2 MiB of JSON here, the job running): each
+    poll's observation keeps the answer's small parts and its body as the body's size and sha256, so the ledger
+    grows by kilobytes a poll. Before, each poll stored the whole body (15 MB a poll, in a probe)."""
+
+    async def go() -> str:
+        async with world() as w:
+            w.hostile.state, w.hostile.status_padding = "running", 2 * 1024 * 1024
+            jt = AsyncJobtrail(store=store, providers=[w.config()])
+            op = await jt.submit("hostile", {"input": "x"})
+            await jt.aclose()
+            worker = Worker(store, {"hostile": load_provider(w.config())}, worker_id="w1", idle_s=0.02)
+            await worker.run(timeout=1.5)
+            return op.operation_id
+
+    op_id = asyncio.run(go())
+    op = store.get(op_id)
+    polls = [o for o in store.observations(op_id) if o["kind"] == "status_poll"]
+    assert len(polls) >= 2 and op.state is State.OBSERVING and op.remote_state == "running"
+    for poll in polls:
+        body = poll["raw"]["body"]
+        assert body["withheld"].startswith("too large to keep") and body["bytes"] > 2 * 1024 * 1024
+        assert len(body["sha256"]) == 64 and poll["raw"]["http_status"] == 200 and poll["raw"]["headers"]
+    with store.engine.connect() as conn:
+        largest = conn.execute(sa.text("SELECT max(length(raw)) FROM observations")).scalar_one()
+    assert largest <= MAX_OBSERVED_CHARS
+    assert verify(store).ok
 
 
 def test_extract_refuses_values_carrying_a_registered_credential() -> None:

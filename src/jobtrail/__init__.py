@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from jobtrail.domain.backoff import Backoff
     from jobtrail.domain.errors import (
         ConfigError,
+        JobIdTaken,
         JobtrailError,
         OperationalError,
         OperationKeyConflict,
@@ -92,6 +93,7 @@ _WHERE = {
     "HttpProvider": "jobtrail.providers.http",
     "HumanDecision": "jobtrail.domain.evidence",
     "Jobtrail": "jobtrail.runtime.client",
+    "JobIdTaken": "jobtrail.domain.errors",
     "JobtrailError": "jobtrail.domain.errors",
     "LookupOutcome": "jobtrail.providers.contract",
     "Operation": "jobtrail.domain.record",
@@ -166,6 +168,7 @@ __all__ = [
     "HistoryEntry",
     "HttpProvider",
     "HumanDecision",
+    "JobIdTaken",
     "Jobtrail",
     "JobtrailError",
     "LookupOutcome",

@@ -11,6 +11,7 @@
     └── OperationalError               the world did not cooperate
         ├── StorageError               the database is locked, gone or refused a write
         ├── StaleRecord                another writer (or a newer lease) changed the record first
+        ├── JobIdTaken                 the provider named a job another operation already holds
         └── OperationNotFound          no record with that id
 
 Every error keeps its constructor arguments as attributes, so it can be stored
@@ -73,6 +74,11 @@ class StorageError(OperationalError):
 
 class StaleRecord(OperationalError):
     """The record changed since it was read (another writer, or a newer lease)."""
+
+
+class JobIdTaken(OperationalError):
+    """The provider answered with a remote job id that another operation of the same provider already holds:
+    one remote job cannot be two operations' (the write that would have given it to this one did not land)."""
 
 
 class OperationNotFound(OperationalError):

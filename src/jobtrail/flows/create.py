@@ -16,6 +16,7 @@ import random
 from typing import Any
 
 from jobtrail.domain.canonical import canonical_bytes, compact_json, rfc3339, span_text
+from jobtrail.domain.errors import JobIdTaken
 from jobtrail.domain.evidence import (
     AmbiguousCreate,
     CannotTell,
@@ -321,20 +322,23 @@ class CreateFlow:
             }
             if outcome.remote_job_id:
                 changes["remote_job_id"] = outcome.remote_job_id
-            op = await self.writer.transition(
-                op,
-                State.RESULT_COLLECTING,
-                SynchronousResult(
-                    http_status=resp.http_status or 200,
-                    provider_request_id=resp.provider_request_id,
-                    remote_job_id=outcome.remote_job_id,
-                    observation_id=result_obs,
-                    result_sha256=hashlib.sha256(canonical_bytes(outcome.result)).hexdigest(),
-                ),
-                actor=self.actor,
-                changes=changes,
-                request_ids=_ids(resp.provider_request_id),
-            )
+            try:
+                op = await self.writer.transition(
+                    op,
+                    State.RESULT_COLLECTING,
+                    SynchronousResult(
+                        http_status=resp.http_status or 200,
+                        provider_request_id=resp.provider_request_id,
+                        remote_job_id=outcome.remote_job_id,
+                        observation_id=result_obs,
+                        result_sha256=hashlib.sha256(canonical_bytes(outcome.result)).hexdigest(),
+                    ),
+                    actor=self.actor,
+                    changes=changes,
+                    request_ids=_ids(resp.provider_request_id),
+                )
+            except JobIdTaken as taken:  # (the result stays stored as its observation, for the person)
+                return await self._job_id_taken(op, taken, resp)
             if outcome.remote_job_id:
                 op = await self._adopt_orphans(op, provider, outcome.remote_job_id)
             return op
@@ -503,27 +507,43 @@ class CreateFlow:
                 },
                 request_ids=_ids(resp.provider_request_id),
             )
-        op = await self.writer.transition(
-            op,
-            State.ACCEPTED,
-            ConfirmedCreate(
-                remote_job_id=job_id,
-                http_status=resp.http_status,
-                provider_request_id=resp.provider_request_id,
-                status_url=status_url,
-                via=via,
-            ),
-            actor=self.actor,
-            # the first status read waits one poll interval: the job was created a moment ago
-            changes={
-                "remote_job_id": job_id,
-                "state_reason": None,
-                "next_action_at_us": self._now() + int(provider.poll_backoff.delay(1, self.rng) * _US),
-            },
-            request_ids=_ids(resp.provider_request_id),
-        )
+        try:
+            op = await self.writer.transition(
+                op,
+                State.ACCEPTED,
+                ConfirmedCreate(
+                    remote_job_id=job_id,
+                    http_status=resp.http_status,
+                    provider_request_id=resp.provider_request_id,
+                    status_url=status_url,
+                    via=via,
+                ),
+                actor=self.actor,
+                # the first status read waits one poll interval: the job was created a moment ago
+                changes={
+                    "remote_job_id": job_id,
+                    "state_reason": None,
+                    "next_action_at_us": self._now() + int(provider.poll_backoff.delay(1, self.rng) * _US),
+                },
+                request_ids=_ids(resp.provider_request_id),
+            )
+        except JobIdTaken as taken:
+            return await self._job_id_taken(op, taken, resp)
         failpoint("create.after_job_id")
         return await self._adopt_orphans(op, provider, job_id)
+
+    async def _job_id_taken(self, op: Operation, taken: JobIdTaken, resp: Response) -> Operation:
+        """The provider named a job another operation holds: nothing automatic can settle which operation the
+        job is (nor whether this request ever ran), so a person decides, with both operations named."""
+        job_id, holder = taken.details["remote_job_id"], taken.details["holder"]
+        return await self.writer.transition(
+            op,
+            State.NEEDS_ATTENTION,
+            CannotTell(reason="job_id_taken", detail=f"job {job_id} is operation {holder}'s", candidates=(job_id,)),
+            actor=self.actor,
+            changes={"next_action_at_us": None, "state_reason": str(taken)},
+            request_ids=_ids(resp.provider_request_id),
+        )
 
     async def _adopt_orphans(self, op: Operation, provider: Provider, job_id: str) -> Operation:
         """Attach the webhook events that came before the operation knew ``job_id`` (now recorded).

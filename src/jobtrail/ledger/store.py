@@ -36,6 +36,7 @@ from jobtrail.domain.builders import builder
 from jobtrail.domain.canonical import compact_json, floatless_json, request_fingerprint, to_us
 from jobtrail.domain.errors import (
     ConfigError,
+    JobIdTaken,
     JobtrailError,
     OperationKeyConflict,
     OperationNotFound,
@@ -250,10 +251,11 @@ Write = Create | Change | Reschedule | Observe | Release
 @dataclass(frozen=True, slots=True)
 class Moved:
     """A write that did not land: a change or reschedule whose record moved on (version or lease epoch)
-    since it was read, or a create whose key already names a different request. The others of its
-    batch still land; the caller raises :attr:`error` (or reads it again)."""
+    since it was read, or that would give its operation a job id another operation holds; or a create
+    whose key already names a different request. The others of its batch still land; the caller raises
+    :attr:`error` (or reads it again)."""
 
-    error: StaleRecord | OperationKeyConflict
+    error: StaleRecord | OperationKeyConflict | JobIdTaken
 
 
 #: what one write of a batch came to, in order: :class:`Created` for a create, the new record for a
@@ -787,9 +789,11 @@ class Store:
             _RAW_INSERT_OBSERVATION.run_many(conn, [row for _, row in observations])
         covered: dict[str, int] = {}
         windows = self._windows(conn, [e["operation_id"] for _, _, _, e in prepared if e is not None])
-        updates = [
-            (slot, item, row, entry) for slot, item, row, entry in prepared if isinstance(item, Change | Reschedule)
-        ]
+        updates = self._without_taken_job_ids(
+            conn,
+            [(slot, item, row, entry) for slot, item, row, entry in prepared if isinstance(item, Change | Reschedule)],
+            results,
+        )
         landed: set[str] | None = None
         if updates and len({u["b_operation_id"] for _, _, u, _ in updates}) == len(updates):
             # one write per operation: no entry depends on another's outcome, so every entry is
@@ -827,6 +831,80 @@ class Store:
         releases = [row for _, item, row, _ in prepared if isinstance(item, Release)]
         if releases:
             _RELEASE.run_many(conn, releases)
+
+    def _without_taken_job_ids(
+        self,
+        conn: Connection,
+        updates: list[tuple[int, Write, dict[str, Any], Any]],
+        results: list[Applied],
+    ) -> list[tuple[int, Write, dict[str, Any], Any]]:
+        """``updates`` but those that would give an operation a job id another operation of its provider
+        holds (in the ledger, or by an earlier write of this batch): each of those comes back as
+        :class:`Moved` with :class:`JobIdTaken`. One remote job is never two operations': a provider that
+        answers two different requests with one job id lies about one of them, and the second request
+        may never have run. On PostgreSQL, a transaction-scoped lock per job id makes two workers that
+        are handed the same job id at once take turns, so the second one sees the first."""
+        naming = [
+            (slot, item, update)
+            for slot, item, update, _ in updates
+            if update["remote_job_id"] is not None
+            and isinstance(item, Change | Reschedule)
+            and update["remote_job_id"] != item.op.remote_job_id
+        ]
+        if not naming:
+            return updates
+        asked: dict[str, set[str]] = {}
+        for _, item, update in naming:
+            asked.setdefault(item.op.provider, set()).add(update["remote_job_id"])
+        holders: dict[tuple[str, str], str] = {}
+        for provider, job_ids in sorted(asked.items()):
+            for op_id, job_id in self._job_id_holders(conn, provider, sorted(job_ids)):
+                holders.setdefault((provider, job_id), op_id)
+        refused: set[int] = set()
+        for slot, item, update in naming:
+            op_id, key = item.op.operation_id, (item.op.provider, update["remote_job_id"])
+            holder = holders.setdefault(key, op_id)
+            if holder != op_id:
+                refused.add(slot)
+                results[slot] = Moved(
+                    JobIdTaken(
+                        f"provider {key[0]!r} named job {key[1]!r} for operation {op_id}, but operation "
+                        f"{holder} already holds that job: one remote job cannot be two operations'. The "
+                        f"provider mixed up two requests (this one may never have run), or the job is "
+                        f"{holder}'s; a person decides (jobtrail ops show {op_id}; jobtrail ops show {holder})",
+                        operation_id=op_id,
+                        holder=holder,
+                        remote_job_id=key[1],
+                    )
+                )
+        return [u for u in updates if u[0] not in refused] if refused else updates
+
+    def _job_id_holders(self, conn: Connection, provider: str, job_ids: list[str]) -> list[tuple[str, str]]:
+        """(operation id, job id) of the operations of ``provider`` that hold one of ``job_ids``."""
+        found: list[tuple[str, str]] = []
+        params: Any
+        for start in range(0, len(job_ids), _IN_CHUNK):
+            chunk = job_ids[start : start + _IN_CHUNK]
+            if self.dialect == "postgresql":
+                _driver_rows(
+                    conn,
+                    "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
+                    "FROM (SELECT %(p)s || chr(1) || unnest(%(ids)s::text[]) AS k ORDER BY 1) AS keys",
+                    {"p": provider, "ids": chunk},
+                )
+                sql, params = (
+                    "SELECT operation_id, remote_job_id FROM operations "
+                    "WHERE provider = %(p)s AND remote_job_id = ANY(%(ids)s)",
+                    {"p": provider, "ids": chunk},
+                )
+            else:  # the only text put into it is placeholders
+                sql = (
+                    "SELECT operation_id, remote_job_id FROM operations "  # noqa: S608
+                    f"WHERE provider = ? AND remote_job_id IN ({','.join('?' * len(chunk))})"
+                )
+                params = (provider, *chunk)
+            found.extend((str(op_id), str(job_id)) for op_id, job_id in _driver_rows(conn, sql, params))
+        return found
 
     def _observation_ids(self, conn: Connection, n: int) -> list[int]:
         """Ids for ``n`` new observations, ascending, taken before the rows are written: one plain
@@ -1122,10 +1200,7 @@ class Store:
             "provider_request_id": None if item.provider_request_id is None else redact.text(item.provider_request_id),
             "remote_state": item.remote_state,
             "raw_state": None if item.raw_state is None else redact.text(item.raw_state),
-            # a synchronous result is user data: kept byte-exact (or withheld whole), never field-masked
-            "raw": compact_json(
-                redact.result_value(item.raw) if item.kind == "synchronous_result" else redact.answer(item.raw)
-            ),
+            "raw": _kept_raw(redact, item),
             "worker": item.worker,
             "lease_epoch": item.lease_epoch,
             "progress": item.progress,
@@ -1802,6 +1877,10 @@ class _Prepared:
             cursor.close()
 
 
+#: most values one ``IN`` list of a group commit's reads holds
+_IN_CHUNK = 500
+
+
 def _driver_rows(conn: Connection, sql: str, params: Any) -> list[Any]:
     """The rows of ``sql`` (the driver's own placeholders), as tuples straight from the DBAPI cursor: a group
     commit's reads, without SQLAlchemy's result object and a call per row."""
@@ -1879,6 +1958,47 @@ def _check_result(change: Change) -> None:
             "names its sha256, size and content type (or a cancelled or expired ending whose status "
             "observation names it as partial output)"
         )
+
+
+#: most characters of JSON an observation keeps of a provider's answer, and of each of its parts (see _abridged)
+MAX_OBSERVED_CHARS = 64 * 1024
+_MAX_PART_CHARS = 16 * 1024
+
+
+def _kept_raw(redact: Redactor, item: Observe) -> str:
+    """What an observation keeps of the answer: all of it, masked, up to :data:`MAX_OBSERVED_CHARS`."""
+    if item.kind == "synchronous_result":
+        # a result is user data: kept byte-exact (or withheld whole), never field-masked, and bounded as
+        # results are (the create's answer it came in is read up to the provider's limit)
+        return compact_json(redact.result_value(item.raw))
+    masked = redact.answer(item.raw)
+    text = compact_json(masked)
+    return text if len(text) <= MAX_OBSERVED_CHARS else compact_json(_abridged(masked))
+
+
+def _abridged(masked: Any) -> Any:
+    """An answer too large to keep whole (a provider answering each status read with megabytes would grow the
+    ledger by that much a poll): its small parts as they are, each large one as its size and the sha256 of
+    its masked JSON. Whatever was decided from the answer was decided on all of it, before this."""
+    parts = masked.items() if isinstance(masked, dict) else ()
+    out = {key: _part(value) for key, value in parts}
+    if isinstance(masked, dict) and len(compact_json(out)) <= MAX_OBSERVED_CHARS:
+        return out
+    return _withheld_part(compact_json(masked))
+
+
+def _part(value: Any) -> Any:
+    text = compact_json(value)
+    return value if len(text) <= _MAX_PART_CHARS else _withheld_part(text)
+
+
+def _withheld_part(text: str) -> dict[str, Any]:
+    data = text.encode("utf-8", "surrogatepass")
+    return {
+        "withheld": f"too large to keep: {len(data)} bytes of JSON (an observation keeps {MAX_OBSERVED_CHARS} at most)",
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
 
 
 def _result_row(operation_id: str, result: StoredResult, now: int) -> dict[str, Any]:

@@ -60,6 +60,12 @@ class Fault:
         return cls("replay_new_id")
 
     @classmethod
+    def previous_job(cls) -> Fault:
+        """Lie: make no job and answer 201 with the job of the create before this one, as a provider that
+        mixes up two requests (or takes two different ones for one) would."""
+        return cls("previous_job", commit=False)
+
+    @classmethod
     def synchronous(cls) -> Fault:
         """Finish at once and answer 200 with the result itself."""
         return cls("sync")
@@ -416,7 +422,7 @@ class FakeProvider(ServedInThread):
             doc["effects"] = {"items_processed": int(job.progress(now) * 100)}
         return doc
 
-    async def _create(self, request: web.Request) -> web.StreamResponse:  # noqa: PLR0911, PLR0912 - every scripted fault
+    async def _create(self, request: web.Request) -> web.StreamResponse:  # noqa: PLR0911, PLR0912, PLR0915 - every scripted fault
         raw = await request.read()
         try:
             body = json.loads(raw) if raw else None
@@ -460,7 +466,9 @@ class FakeProvider(ServedInThread):
             if fault is not None and fault.kind == "http" and not fault.commit:
                 return _http_fault(fault)
             drop_now = fault is not None and fault.kind in ("drop", "delay") and not fault.commit
-            if not drop_now:
+            if fault is not None and fault.kind == "previous_job":
+                job = next(reversed(self.jobs.values()))
+            elif not drop_now:
                 job = self._new_job(key, reference or key, body)
         if drop_now:
             # the request arrived and was not processed: the connection just ends
