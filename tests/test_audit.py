@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from jobtrail import Operation, Secret, Store
 from jobtrail.domain.canonical import canonical_bytes
+from jobtrail.domain.errors import ConfigError
 from jobtrail.ledger.audit import make_anchor, verify
-from jobtrail.ledger.chain import entry_hash, field_digest
+from jobtrail.ledger.chain import entry_hash, field_digest, window_digest
 
 from helpers import S, drop_guards, op_in, sql, succeed, valid_evidence
 
@@ -198,6 +199,52 @@ def test_anchor_without_the_key_that_made_it_cannot_be_rewritten_silently(store:
     anchor = make_anchor(store)
     anchor["root"] = "0" * 64
     assert first_bad(store, anchor=anchor)[0] == "anchor_mismatch"
+
+
+def stored_digests(store: Store, op: Operation) -> list[tuple[int, str]]:
+    with store.engine.connect() as conn:
+        query = "SELECT observation_id, digest FROM observations WHERE operation_id = :i ORDER BY observation_id"
+        return [(int(i), d) for i, d in conn.execute(sa.text(query), {"i": op.operation_id})]
+
+
+def test_an_anchor_holds_each_operations_unentried_observations(store: Store) -> None:
+    """Per operation, besides its head: the highest observation id it had, and how many observations after its
+    last entry's coverage (no entry covers them yet) and their digest; none for one at rest. `audit verify`'s
+    head is the root an anchor taken now holds."""
+    resting = op_in(store, S.SUCCEEDED)
+    watched = op_in(store, S.OBSERVING)
+    polls = [store.add_observation(watched.operation_id, kind="status_poll", raw={"n": n}) for n in range(2)]
+    anchor = make_anchor(store)
+    assert anchor["format"] == "jobtrail-anchor/v2"
+    heads = {h[0]: h for h in anchor["heads"]}
+    covered = store.history(resting.operation_id)[-1].obs_upto
+    assert heads[resting.operation_id][1:] == [resting.version, resting.history_head, covered, 0, None]
+    tail = [item for item in stored_digests(store, watched) if item[0] in polls]
+    assert heads[watched.operation_id][3:] == [polls[-1], 2, window_digest(tail)]
+    assert verify(store, anchor=anchor).ok
+    assert verify(store).root == anchor["root"]
+
+
+def test_a_keyed_anchors_hmac_and_root_cover_the_tails(store: Store) -> None:
+    """An anchored tail edited in the file (to match a ledger rewritten after it) is the file's own alteration."""
+    op = op_in(store, S.OBSERVING)
+    store.add_observation(op.operation_id, kind="status_poll", raw={"status": "running"})
+    key = Secret("anchor-key-0123456789", redactor=store.redactor)
+    for anchor, says in ((make_anchor(store, key=key, key_name="K"), "HMAC"), (make_anchor(store), "root")):
+        verified = verify(store, anchor=anchor, key=key if anchor["hmac"] else None)
+        assert verified.ok
+        (head,) = anchor["heads"]
+        head[4:] = [0, None]  # "nothing followed its last entry"
+        bad = verify(store, anchor=anchor, key=key if anchor["hmac"] else None).findings
+        assert bad[0].kind == "anchor_mismatch" and says in bad[0].detail
+
+
+def test_a_file_that_is_no_anchor_is_refused_before_the_ledger_is_read(store: Store) -> None:
+    op_in(store, S.SUCCEEDED)
+    anchor = make_anchor(store)
+    for forged in ({**anchor, "format": "jobtrail-anchor/v9"}, {**anchor, "heads": [h[:3] for h in anchor["heads"]]}):
+        with pytest.raises(ConfigError, match="not a jobtrail anchor"):
+            verify(store, anchor=forged)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -568,3 +568,191 @@ def test_mcp_get_result_refuses_a_forged_result(db_url: str, fake: FakeProvider,
     assert honest.get("sha256") and "error" not in honest
     assert "forged-by-mallory" not in json.dumps(answer)
     assert "does not match its sha256" in answer["error"]
+
+
+# -- observations after the last entry: no entry covers them yet, a keyed anchor does -------------------
+
+ANCHOR_KEY = {"ANCHOR_KEY": "k-0123456789abcdef"}
+
+
+@dataclass
+class Watched:
+    """Two jobs being polled (their observations' ids interleave), none of their polls covered by an entry
+    yet, and a keyed anchor taken by `jobtrail audit anchor` then; the history's guards dropped."""
+
+    store: Store
+    db_url: str
+    cfg: Any
+    anchor: Path
+    watched: str
+    other: str
+
+    def tail(self, op_id: str) -> list[dict[str, Any]]:
+        """The operation's observations after its last entry's coverage."""
+        covered = history(self.store, op_id)[-1]["obs_upto"]
+        return [o for o in observations(self.store, op_id) if o["observation_id"] > covered]
+
+    def verify(self, anchor: Path | None = None) -> tuple[int, dict[str, Any]]:
+        """`jobtrail audit verify --anchor A --key-env ANCHOR_KEY --json`, as its own process."""
+        args = ("--anchor", str(anchor or self.anchor), "--key-env", "ANCHOR_KEY", "--json")
+        code, out, err = jobtrail(self.db_url, "audit", "verify", *args, env=ANCHOR_KEY)
+        assert code in (0, 1), f"audit verify exited {code}: {out}{err}"
+        return code, json.loads(out)
+
+    def work(self, **kwargs: Any) -> None:
+        worker = Worker(self.store, {"fake": load_provider(self.cfg)}, worker_id="w1", idle_s=0.02)
+        asyncio.run(worker.run(**kwargs))
+
+
+def findings_of(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(f["operation_id"], f["field"], f["kind"]) for f in doc["findings"]]
+
+
+@pytest.fixture
+def watched(db_url: str, fake: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("JOBTRAIL_DATA_DIR", str(tmp_path / "results"))
+    store = Store.open(db_url)
+    cfg = fake.provider_config(**FAST)
+    jt = AsyncJobtrail(store=store, providers=[cfg])
+
+    async def submit() -> list[str]:
+        return [(await jt.submit("fake", {"n": n, "fake": {"duration": 4}})).operation_id for n in (1, 2)]
+
+    led = Watched(store, db_url, cfg, tmp_path / "anchor.json", *asyncio.run(submit()))
+    led.work(timeout=1.2)  # polled about ten times each; the jobs run on
+    for op_id in (led.watched, led.other):
+        assert store.get(op_id).state is State.OBSERVING
+        assert len(led.tail(op_id)) >= 3, "polls after the last entry, which no entry covers yet"
+    made = jobtrail(db_url, "audit", "anchor", "--out", str(led.anchor), "--key-env", "ANCHOR_KEY", env=ANCHOR_KEY)
+    assert made[0] == 0, made
+    code, doc = led.verify()
+    assert code == 0 and doc["ok"] is True, doc["findings"]
+    drop_guards(store)
+    yield led
+    store.close()
+
+
+def test_an_unentried_observation_rewritten_with_its_digest_recomputed_is_caught_by_the_keyed_anchor(
+    watched: Watched,
+) -> None:
+    """Its own digest is public, and no entry covers it yet: the anchor's record of the tail does."""
+    victim = watched.tail(watched.watched)[1]
+    forged = {**victim, "remote_state": "succeeded", "raw": '{"status": "succeeded"}'}
+    sql(
+        watched.store,
+        "UPDATE observations SET remote_state = 'succeeded', raw = :r, digest = :d WHERE observation_id = :o",
+        r=forged["raw"],
+        d=observation_digest(forged),
+        o=victim["observation_id"],
+    )
+    assert verify(watched.store).ok  # without an anchor: the documented limit
+    code, doc = watched.verify()
+    assert code == 1 and findings_of(doc) == [(watched.watched, "observations", "edited")]
+    detail = doc["first_bad"]["detail"]
+    assert "they were rewritten" in detail and "restore its observations from a backup older than the anchor" in detail
+
+
+def test_unentried_observations_deleted_are_caught_by_the_keyed_anchor(watched: Watched) -> None:
+    gone = [o["observation_id"] for o in watched.tail(watched.watched)[-2:]]
+    sql(watched.store, "DELETE FROM observations WHERE observation_id IN (:a, :b)", a=gone[0], b=gone[1])
+    assert verify(watched.store).ok  # without an anchor: the documented limit
+    code, doc = watched.verify()
+    assert code == 1 and findings_of(doc) == [(watched.watched, "observations", "deleted")]
+    assert "2 of them are gone" in doc["first_bad"]["detail"]
+
+
+def test_an_observation_forged_inside_the_anchored_range_is_caught_by_the_keyed_anchor(watched: Watched) -> None:
+    """The only free ids below the watched job's newest are ones the forger frees: the other job's, polled in
+    between. Both tails then differ from what the anchor recorded."""
+    tail = watched.tail(watched.watched)
+    first, newest = tail[0]["observation_id"], tail[-1]["observation_id"]
+    freed = next(o for o in watched.tail(watched.other) if first < o["observation_id"] < newest)
+    sql(watched.store, "DELETE FROM observations WHERE observation_id = :o", o=freed["observation_id"])
+    row = {**tail[0], "observation_id": freed["observation_id"], "remote_state": "failed", "raw": '{"status": "x"}'}
+    row["digest"] = observation_digest(row)
+    sql(watched.store, f"INSERT INTO observations ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})", **row)
+    assert verify(watched.store).ok  # without an anchor: the documented limit
+    code, doc = watched.verify()
+    assert code == 1
+    assert sorted(findings_of(doc)) == sorted(
+        [(watched.watched, "observations", "inserted"), (watched.other, "observations", "deleted")]
+    )
+    inserted = next(f for f in doc["findings"] if f["operation_id"] == watched.watched)
+    covered = history(watched.store, watched.watched)[-1]["obs_upto"]
+    assert f"ids {covered + 1}..{newest}" in inserted["detail"]
+    assert "1 more are there now, with ids inside that range" in inserted["detail"]
+
+
+def anchor_in_the_v1_format(store: Store, key: str, key_name: str) -> dict[str, Any]:
+    """What `jobtrail audit anchor` wrote before it held tails: [operation id, seq, head] per operation."""
+    import hmac
+
+    from jobtrail.domain.canonical import canonical_bytes, rfc3339
+    from jobtrail.ledger.chain import leaf_bytes, merkle_root
+
+    with store.engine.connect() as conn:
+        query = "SELECT operation_id, version, history_head FROM operations ORDER BY operation_id"
+        heads = [list(row) for row in conn.execute(sa.text(query))]
+    anchor: dict[str, Any] = {
+        "format": "jobtrail-anchor/v1",
+        "created_at": rfc3339(store.clock()),
+        "operations": len(heads),
+        "entries": sum(h[1] for h in heads),
+        "root": merkle_root([leaf_bytes(*h) for h in heads]),
+        "heads": heads,
+        "hmac_key": key_name,
+        "hmac": None,
+    }
+    body = {name: value for name, value in anchor.items() if name != "hmac"}
+    anchor["hmac"] = hmac.new(key.encode(), canonical_bytes(body), hashlib.sha256).hexdigest()
+    return anchor
+
+
+def test_a_ledger_that_keeps_working_after_the_anchor_still_verifies_against_it(watched: Watched) -> None:
+    """New polls, the entries that then cover the anchored ones, a result and a new operation: none is a
+    finding, against the keyed anchor or against one in the earlier format (heads only)."""
+    old = watched.anchor.with_name("anchor-v1.json")
+    old.write_text(json.dumps(anchor_in_the_v1_format(watched.store, ANCHOR_KEY["ANCHOR_KEY"], "ANCHOR_KEY")))
+    anchored = json.loads(watched.anchor.read_text())
+    assert anchored["format"] == "jobtrail-anchor/v2"
+    newest = max(h[3] for h in anchored["heads"])
+    jt = AsyncJobtrail(store=watched.store, providers=[watched.cfg])
+
+    async def another() -> str:
+        return (await jt.submit("fake", {"n": 3})).operation_id
+
+    new_op = asyncio.run(another())
+    watched.work(until_settled=True, timeout=30)
+    for op_id in (watched.watched, watched.other, new_op):
+        assert watched.store.get(op_id).state is State.SUCCEEDED
+    assert max(o["observation_id"] for o in observations(watched.store, watched.watched)) > newest  # polled since
+    assert watched.tail(watched.watched) == []  # the anchored tail is covered by an entry now
+    for anchor in (watched.anchor, old):
+        code, doc = watched.verify(anchor)
+        assert (code, doc["ok"], doc["anchor_checked"]) == (0, True, True), doc["findings"]
+
+
+def test_an_anchor_in_the_earlier_format_is_checked_as_before(watched: Watched) -> None:
+    """Heads only: a rewritten tail goes unseen by it (the limit it always had), a re-chained history does not."""
+    old = watched.anchor.with_name("anchor-v1.json")
+    old.write_text(json.dumps(anchor_in_the_v1_format(watched.store, ANCHOR_KEY["ANCHOR_KEY"], "ANCHOR_KEY")))
+    assert watched.verify(old)[0] == 0
+    newest = watched.tail(watched.watched)[-1]["observation_id"]
+    sql(watched.store, "DELETE FROM observations WHERE observation_id = :o", o=newest)
+    assert watched.verify(old)[0] == 0
+    assert findings_of(watched.verify()[1]) == [(watched.watched, "observations", "deleted")]
+    _rechain_first_entry(watched)
+    code, doc = watched.verify(old)
+    assert code == 1 and (watched.other, "history", "anchor_mismatch") in findings_of(doc)
+
+
+def _rechain_first_entry(led: Watched) -> None:
+    """The other job's chain rewritten consistently from its first entry on, its head fixed: only an anchor sees it."""
+    entries = history(led.store, led.other)
+    sql(led.store, "DELETE FROM history WHERE operation_id = :i", i=led.other)
+    prev = "0" * 64
+    for n, row in enumerate(entries):
+        new = forge(row, prev_hash=prev, **({"actor": "mallory"} if n == 0 else {}))
+        insert_entry(led.store, new)
+        prev = new["entry_hash"]
+    sql(led.store, "UPDATE operations SET history_head = :h WHERE operation_id = :i", h=prev, i=led.other)

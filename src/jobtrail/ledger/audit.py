@@ -19,12 +19,13 @@ or ``result``):
 ``inserted``
     an entry that is not part of the original chain (it does not link, or
     it lies beyond the head the operation row records), or observations
-    the history never covered inside a covered range;
+    the history never covered inside a covered range, or the anchor's
+    record of a tail did not hold (see below);
 ``truncated``
     entries are missing from the end (against the row's head or the anchor);
 ``deleted``
     an operation the anchor knows is gone, or has no history at all; a
-    covered observation or a recorded result that is gone;
+    covered (or anchored) observation or a recorded result that is gone;
 ``anchor_mismatch``
     the chain is internally consistent but differs from what the anchor
     recorded (a re-chained history), or the anchor's own HMAC does not match,
@@ -35,12 +36,36 @@ every chain head and their Merkle root, optionally HMAC-keyed. Changes made
 after the newest anchor, by someone able to rewrite a whole chain and its row
 consistently, are not detectable: export anchors often and keep them where the
 database's writers cannot reach.
+
+An anchor (format ``jobtrail-anchor/v2``) also holds, per operation, its *tail*:
+the observations stored after its last entry's coverage, which no entry covers
+yet and whose own digest anyone can recompute. ``verify`` with that anchor
+reports, as ``deleted``, ``inserted`` or ``edited`` with field
+``observations``, a tail that no longer digests as anchored: the operation's
+observations with ids above the anchored entry's coverage and up to the highest
+id it had then. What it cannot cover:
+
+- observations stored after the anchor (higher ids, on a running operation or
+  an ended one): it does not cover them, and one forged there reads as a poll
+  made since; the operation's next entry, or the next anchor, covers it as it
+  finds it. Export anchors often;
+- the row's seal (``row_seal``, the fields a reschedule writes without an entry:
+  remote state, state reason, partial effects, next action time, polls,
+  ``updated_at``): a reschedule after the anchor changes them legitimately,
+  sometimes without storing any observation (a worker's back-off), so a seal
+  that differs from an anchored one would prove nothing; the anchor does not
+  hold it. Those fields, edited and resealed (the seal is unkeyed) while the
+  operation is worked on, stay undetectable with or without an anchor; once it
+  rests, its last entry covers them;
+- an anchor in the earlier format (``jobtrail-anchor/v1``, heads only) is still
+  read, and checked exactly as before: it holds no tails.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -69,12 +94,17 @@ from jobtrail.ledger.chain import (
     leaf_bytes,
     merkle_root,
     observation_digest,
+    tail_digest,
+    tail_leaf_bytes,
     window_digest,
 )
 from jobtrail.ledger.files import data_dir
 from jobtrail.ledger.store import Store
 
-ANCHOR_FORMAT = "jobtrail-anchor/v1"
+#: what :func:`make_anchor` writes: each head also holds its operation's tail of observations
+ANCHOR_FORMAT = "jobtrail-anchor/v2"
+#: what it wrote before: chain heads only; still read and checked as it always was
+ANCHOR_FORMAT_V1 = "jobtrail-anchor/v1"
 #: rows per fetch while streaming; results carry their bytes, so fewer of them at once
 _BATCH = 2000
 _RESULT_BATCH = 16
@@ -652,11 +682,35 @@ def _check_operation(op_id: str, op: _Operation, results_dir: Path) -> list[Find
     return findings
 
 
+#: an operation's tail as stored now: (where its entry's coverage ends, its highest id, count, digest); None where
+#: an id or the coverage has a form the ledger never writes (named on its own), so it cannot be compared
+_TailNow = tuple[int, int, int, str | None] | None
+#: a tail's digest where one of its digests is a value of a form the ledger never writes (named on its own):
+#: the anchor and the check agree on it, so that one edit is not reported twice
+_UNDIGESTIBLE = ""
+
+
+@dataclass(slots=True)
+class _Current:
+    """What the anchor check needs of one operation as the database holds it now."""
+
+    seq: int
+    entries: list[dict[str, Any]]
+    #: per anchored (seq, upto) of a version-2 head: the observations of that range now
+    tails: dict[tuple[int, int], _TailNow] = field(default_factory=dict)
+
+
 def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | None = None) -> VerifyReport:
     """Check every chain, every row, observation and result against its chain, and (optionally) an anchor."""
+    # read first, so a file that is no anchor is said before the whole ledger is read through
+    anchored = None if anchor is None else _anchor_heads(anchor)
+    with_tails: dict[str, list[list[Any]]] = {}
+    for head in anchored or ():
+        if len(head) == _TAIL_HEAD_LEN:
+            with_tails.setdefault(head[0], []).append(head)
     results_dir = data_dir(store)
     report = VerifyReport()
-    heads: dict[str, tuple[int, str, list[dict[str, Any]]] | None] = {}
+    heads: dict[str, _Current | None] = {}
     leaves: list[bytes] = []
     for op_id, op in _gather(store):
         report.operations += 0 if op.row is None else 1
@@ -667,18 +721,61 @@ def verify(store: Store, *, anchor: dict[str, Any] | None = None, key: Secret | 
         if op.entries and op.row is not None:
             last = op.entries[-1]
             try:
-                leaves.append(leaf_bytes(op_id, last["seq"], last["entry_hash"]))
+                leaf = leaf_bytes(op_id, last["seq"], last["entry_hash"])
             except _UNREADABLE:  # named above; the anchor cannot be compared with what is not a head
                 heads[op_id] = None
                 continue
-            heads[op_id] = (last["seq"], last["entry_hash"], op.entries)
+            current = heads[op_id] = _Current(last["seq"], op.entries)
+            for _, seq, _, upto, _, _ in with_tails.get(op_id, ()):
+                if seq <= len(op.entries):
+                    current.tails[(seq, upto)] = _tail_now(op.entries[seq - 1], op.observations, upto)
+            # the leaf an anchor taken now holds, so this report's head is that anchor's root (an id of a form
+            # the ledger never writes, named above, leaves the head alone in it)
+            now = _tail_now(last, op.observations)
+            leaves.append(leaf if now is None else tail_leaf_bytes(op_id, last["seq"], last["entry_hash"], *now[1:]))
     report.root = merkle_root(leaves)
-    if anchor is not None:
+    if anchor is not None and anchored is not None:
         report.anchor_checked = True
-        for finding in _check_anchor(anchor, heads, key):
+        for finding in _check_anchor(anchor, anchored, heads, key):
             finding.field = finding.field or "history"
             report.findings.append(finding)
     return report
+
+
+def _tail(entry: dict[str, Any], observations: list[dict[str, Any]], upto: int | None = None) -> tuple[int, list[Any]]:
+    """Where ``entry``'s coverage of the operation's observations ends, and the (id, digest) of those after it
+    (up to ``upto``, when given): what :func:`make_anchor` reads with SQL, read from what was gathered."""
+    covered = entry["obs_upto"]
+    if covered is not None and type(covered) is not int:
+        raise TypeError(f"obs_upto holds {_kind(covered)}")
+    floor = covered or 0  # a version-1 entry covers no observation: they all follow it
+    items = [
+        (obs["observation_id"], obs["digest"])
+        for obs in observations
+        if obs["observation_id"] > floor and (upto is None or obs["observation_id"] <= upto)
+    ]
+    return floor, items
+
+
+def _tail_now(entry: dict[str, Any], observations: list[dict[str, Any]], upto: int | None = None) -> _TailNow:
+    """The observations after ``entry``'s coverage (up to ``upto``, when given), as :func:`make_anchor` records
+    them for the last entry."""
+    try:
+        floor, items = _tail(entry, observations, upto)
+    except _UNREADABLE:  # an id or a coverage of a form never written: named on its own
+        return None
+    return floor, items[-1][0] if items else floor, len(items), _tail_digest(items)
+
+
+def _tail_digest(items: list[tuple[Any, Any]]) -> str | None:
+    try:
+        return tail_digest(items)
+    except _UNREADABLE:
+        return _UNDIGESTIBLE
+
+
+#: the length of a version-2 head: [operation id, seq, head, upto, count, digest]
+_TAIL_HEAD_LEN = 6
 
 
 def _is_head(item: Any) -> bool:
@@ -692,17 +789,38 @@ def _is_head(item: Any) -> bool:
     )
 
 
+def _is_tail_head(item: Any) -> bool:
+    if not (isinstance(item, list) and len(item) == _TAIL_HEAD_LEN and _is_head(item[:3])):
+        return False
+    upto, count, digest = item[3:]
+    return (
+        type(upto) is int
+        and upto >= 0
+        and type(count) is int
+        and count >= 0
+        and (digest is None if count == 0 else isinstance(digest, str))
+    )
+
+
+def _anchor_heads(anchor: dict[str, Any]) -> list[list[Any]]:
+    """The anchor's heads, each checked for its format's shape (not yet for its root or HMAC)."""
+    shapes: dict[Any, Callable[[Any], bool]] = {ANCHOR_FORMAT: _is_tail_head, ANCHOR_FORMAT_V1: _is_head}
+    shape = shapes.get(anchor.get("format"))
+    heads = anchor.get("heads")
+    if shape is None or not isinstance(heads, list) or not all(shape(h) for h in heads):
+        raise ConfigError(
+            f"not a jobtrail anchor (expected format {ANCHOR_FORMAT!r}, or the earlier {ANCHOR_FORMAT_V1!r}); "
+            "give the file `jobtrail audit anchor --out` wrote"
+        )
+    return heads
+
+
 def _check_anchor(
     anchor: dict[str, Any],
-    heads: dict[str, tuple[int, str, list[dict[str, Any]]] | None],
+    anchored: list[list[Any]],
+    heads: dict[str, _Current | None],
     key: Secret | None,
 ) -> list[Finding]:
-    if (
-        anchor.get("format") != ANCHOR_FORMAT
-        or not isinstance(anchor.get("heads"), list)
-        or not all(_is_head(h) for h in anchor["heads"])
-    ):
-        raise ConfigError(f"not a jobtrail anchor (expected format {ANCHOR_FORMAT!r})")
     findings: list[Finding] = []
     if anchor.get("hmac") is None and key is not None:
         # fail closed: someone who rewrote the ledger can write a fresh unkeyed anchor of it, not a keyed one
@@ -730,27 +848,26 @@ def _check_anchor(
                     f"{named}, or the anchor file was altered",
                 )
             ]
-    anchored_leaves = [leaf_bytes(h[0], h[1], h[2]) for h in anchor["heads"]]
+    anchored_leaves = [tail_leaf_bytes(*h) if len(h) == _TAIL_HEAD_LEN else leaf_bytes(*h) for h in anchored]
     if merkle_root(anchored_leaves) != anchor.get("root"):
         findings.append(Finding("*", 0, "anchor_mismatch", "the anchor's heads do not hash to its root"))
-    for op_id, seq, head in anchor["heads"]:
+    for op_id, seq, head, *tail in anchored:
         if op_id not in heads:
             findings.append(Finding(op_id, seq, "deleted", "the anchor knows this operation; the database does not"))
             continue
         current = heads[op_id]
         if current is None:  # its head is not one (a value of another type): already named
             continue
-        cur_seq, _cur_head, entries = current
-        if cur_seq < seq:
+        if current.seq < seq:
             findings.append(
                 Finding(
                     op_id,
-                    cur_seq + 1,
+                    current.seq + 1,
                     "truncated",
-                    f"the anchor recorded {seq} entries, the database has {cur_seq}",
+                    f"the anchor recorded {seq} entries, the database has {current.seq}",
                 )
             )
-        elif entries[seq - 1]["entry_hash"] != head:
+        elif seq > len(current.entries) or current.entries[seq - 1]["entry_hash"] != head:
             findings.append(
                 Finding(
                     op_id,
@@ -759,8 +876,12 @@ def _check_anchor(
                     f"entry {seq} differs from the anchored head: the history was rewritten",
                 )
             )
+        elif tail:  # the entry is the anchored one, so where its coverage ends is as it was
+            finding = _check_tail(op_id, seq, tail, current.tails[(seq, tail[0])], anchor.get("created_at"))
+            if finding is not None:
+                findings.append(finding)
     gone = [f for f in findings if f.kind == "deleted"]
-    if heads and gone and len(gone) == len(anchor["heads"]):
+    if heads and gone and len(gone) == len(anchored):
         # every anchored operation is missing, and the ledger holds others: a wiped and refilled ledger
         # reads the same (the verdict stands), but so does another ledger's anchor, the likelier mistake
         gone[0].detail += (
@@ -770,19 +891,69 @@ def _check_anchor(
     return findings
 
 
+def _check_tail(op_id: str, seq: int, tail: list[Any], now: _TailNow, taken: Any) -> Finding | None:
+    """The observations no entry covered when the anchor was taken, against what it recorded of them."""
+    upto, count, digest = tail
+    floor, count_now, digest_now = (0, count, None) if now is None else (now[0], now[2], now[3])
+    if now is not None and (count_now, digest_now) == (count, digest):
+        return None
+    if now is None:
+        kind, what = "edited", "an id among them, or where the entry's coverage ends, holds a value never written"
+    elif count_now < count:
+        kind, what = "deleted", f"{count - count_now} of them are gone"
+    elif count_now > count:
+        kind, what = "inserted", f"{count_now - count} more are there now, with ids inside that range"
+    else:
+        kind, what = "edited", "they were rewritten (their own digests recomputed to match)"
+    when = f" ({taken})" if isinstance(taken, str) else ""
+    ids = f"ids {floor + 1}..{upto}" if now is not None else f"ids up to {upto}"
+    return Finding(
+        op_id,
+        seq,
+        kind,
+        f"observations: when the anchor was taken{when}, {count} observations no entry covered yet followed "
+        f"entry {seq} ({ids}); {what}. Someone with write access to the database changed "
+        "this operation's polls after the anchor, so what `ops show` and `explain` say of them may be forged: "
+        "restore its observations from a backup older than the anchor, and find out who can write to the database",
+        "observations",
+    )
+
+
 def make_anchor(store: Store, *, key: Secret | None = None, key_name: str | None = None) -> dict[str, Any]:
-    """Every chain head and their Merkle root, to be stored outside the database."""
+    """Every chain head with its operation's tail of observations, and their Merkle root, to be kept outside
+    the database. Observations stored after it are covered by the next entry of their operation, or the next
+    anchor: export anchors often."""
+    ops, hist, obs = t.operations.c, t.history.c, t.observations.c
+    floor = sa.func.coalesce(hist.obs_upto, 0)  # a version-1 entry covers no observation: they all follow it
+    # One statement, so one snapshot (PostgreSQL gives each statement of a transaction its own unless told
+    # otherwise): every head and the tail its own entry leaves uncovered, as of one instant. Each operation
+    # reaches its last entry by primary key and its tail by the (operation_id, observation_id) index; one
+    # resting or unpolled operation is one row, so 10^6 of them are a streamed scan, not 10^6 queries.
+    query = (
+        sa.select(ops.operation_id, ops.version, ops.history_head, floor, obs.observation_id, obs.digest)
+        .select_from(
+            t.operations.outerjoin(
+                t.history, sa.and_(hist.operation_id == ops.operation_id, hist.seq == ops.version)
+            ).outerjoin(t.observations, sa.and_(obs.operation_id == ops.operation_id, obs.observation_id > floor))
+        )
+        .order_by(ops.operation_id, obs.observation_id)
+    )
     heads: list[list[Any]] = []
-    ops = t.operations.c
     with store._read() as conn:
-        for row in conn.execute(sa.select(ops.operation_id, ops.version, ops.history_head).order_by(ops.operation_id)):
-            heads.append([row.operation_id, row.version, row.history_head])
+        rows = conn.execution_options(yield_per=_BATCH).execute(query)
+        for op_id, group in itertools.groupby(rows, key=lambda row: row[0]):
+            found = list(group)  # one row, or one per tail observation
+            _, version, head, covered = found[0][:4]
+            items = [(oid, digest) for *_, oid, digest in found if oid is not None]
+            # (a coverage of a form the ledger never writes reads as none; the audit names it)
+            upto = items[-1][0] if items else (covered if type(covered) is int else 0)
+            heads.append([op_id, version, head, upto, len(items), _tail_digest(items)])
     anchor: dict[str, Any] = {
         "format": ANCHOR_FORMAT,
         "created_at": rfc3339(store.clock()),
         "operations": len(heads),
         "entries": sum(h[1] for h in heads),
-        "root": merkle_root([leaf_bytes(*h) for h in heads]),
+        "root": merkle_root([tail_leaf_bytes(*h) for h in heads]),
         "heads": heads,
         "hmac_key": key_name,
         "hmac": None,

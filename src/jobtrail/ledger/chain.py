@@ -33,7 +33,21 @@ ledger to the chain:
 
 Every entry is verified by its own ``hash_version``. Merkle tree over chain
 heads: RFC 9162 (leaf = sha256(0x00 || leaf), node = sha256(0x01 || left ||
-right)), leaves sorted by operation id.
+right)), leaves sorted by operation id. An anchor's leaf, per operation:
+
+version 1 (:func:`leaf_bytes`)::
+
+    canonical_json([operation_id, seq, head])
+
+version 2 (:func:`tail_leaf_bytes`), which also binds the operation's *tail*, the
+observations stored after its last entry's coverage (ids above its ``obs_upto``,
+or every one of them under a version-1 entry), which no entry covers yet::
+
+    canonical_json([operation_id, seq, head, upto, count, digest])
+
+``upto`` is the operation's highest observation id (when the tail is empty, the
+last entry's ``obs_upto``, or 0), ``count`` the tail's length and ``digest`` its
+:func:`window_digest` (null for an empty tail).
 """
 
 from __future__ import annotations
@@ -219,7 +233,19 @@ def seal(row: Mapping[str, Any], digests: Mapping[str, str] | None = None) -> st
 
 
 def leaf_bytes(operation_id: str, seq: int, head: str) -> bytes:
+    """An anchor's leaf, version 1: the chain head alone."""
     return canonical_bytes([operation_id, seq, head])
+
+
+def tail_digest(items: Sequence[tuple[int, str | None]]) -> str | None:
+    """The digest of an operation's tail (see :func:`window_digest`); None when it is empty, the common case
+    (an operation resting, or not polled since its last entry), so an anchor of many is no larger for it."""
+    return window_digest(items) if items else None
+
+
+def tail_leaf_bytes(operation_id: str, seq: int, head: str, upto: int, count: int, digest: str | None) -> bytes:
+    """An anchor's leaf, version 2: the chain head and the operation's tail (see the module docstring)."""
+    return canonical_bytes([operation_id, seq, head, upto, count, digest])
 
 
 def merkle_root(leaves: Sequence[bytes]) -> str:
