@@ -373,7 +373,7 @@ class CreateFlow:
                 changes={
                     "next_action_at_us": None,
                     "state_reason": (
-                        f"rejected by the provider: {outcome.detail}{_in_its_words(resp.body)}; "
+                        f"rejected by the provider: {outcome.detail}{_in_its_words(resp.body, outcome.detail)}; "
                         "a changed request is a new operation"
                     ),
                 },
@@ -679,9 +679,10 @@ _WHY_FIELDS = ("detail", "message", "Message", "title", "error_description")
 _WHY_MAX = 300
 
 
-def _in_its_words(body: object) -> str:
+def _in_its_words(body: object, said: str = "") -> str:
     """``: "<what the provider said>"`` from a refusal's body, or nothing: a reason that says only "HTTP 400"
-    sends a person to the raw answer to learn that a field was misspelled."""
+    sends a person to the raw answer to learn that a field was misspelled. Nothing either when ``said`` (the
+    adapter's own account of the refusal) quotes those words already."""
     for holder in (body, body.get("error") if isinstance(body, dict) else None):
         if isinstance(holder, str) and holder.strip():
             words = holder
@@ -696,4 +697,6 @@ def _in_its_words(body: object) -> str:
     # whitespace and control characters as single spaces: a NUL would make PostgreSQL refuse the whole write
     kept = " ".join("".join(c if c.isprintable() else " " for c in words[: 4 * _WHY_MAX]).split())
     more = len(kept) > _WHY_MAX or len(words) > 4 * _WHY_MAX
+    if kept and kept[:_WHY_MAX] in said:
+        return ""
     return f': "{kept[:_WHY_MAX]}{"..." if more else ""}"'
