@@ -340,6 +340,32 @@ def test_sfn_lost_create_response_is_replayed_by_name_one_execution(
         assert confirmed and confirmed[0]["via"] == "replay"
 
 
+def test_sfn_each_operation_runs_on_the_state_machine_its_record_names(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The target a submit names is the machine its execution starts on, on every attempt: the replay after
+    a lost answer goes there too, whichever state machine the provider file names (an execution name is
+    unique per machine only). Before, the target was recorded and ignored, and a replay after the file
+    changed started a second execution on the other machine. A target that is no state machine of the
+    provider's region is refused at submit."""
+    named, other = state_machine(moto_url, wait_s=1), state_machine(moto_url)
+    proxy.plan = lambda seen: "drop" if seen.target.endswith(".StartExecution") and not proxy.dropped else "forward"
+    provider_file = sfn_file(tmp_path / "sfn.toml", proxy.url, other)
+    store, (op_id,) = run_in_process(db_url, provider_file, [{"n": 1}], target=named)
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED and op.target == named, op.state_reason
+        assert op.remote_job_id == f"{named.replace(':stateMachine:', ':execution:')}:{op.idempotency_token}"
+        assert len(executions(moto_url, named)) == 1 and executions(moto_url, other) == []
+        starts = proxy.targets("StartExecution")
+        assert len(starts) == 2 and {json.loads(s.body)["stateMachineArn"] for s in starts} == {named}
+        jt = AsyncJobtrail(store=store, providers=[load_provider(provider_file)])
+        for target in ("arn:aws:states:eu-west-1:123456789012:stateMachine:x", "sm-by-name"):
+            with pytest.raises(ConfigError, match="is not a state machine of this provider's region"):
+                asyncio.run(jt.submit("sfn", {"n": 2}, target=target))
+        assert store.count() == 1
+
+
 def test_sfn_replay_after_the_execution_closed_is_adopted_not_rejected(
     db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -565,6 +565,10 @@ class HttpProvider:
             return with_token(request, self.config.token.name, "", provider=self.name)
         return request
 
+    def check_target(self, target: str) -> None:
+        """Refuse (ConfigError) a submit's target the provider cannot act on, at submit, as
+        :meth:`check_request` does a request. A target is a label here; adapters whose calls name it check it."""
+
     async def create(self, op: Operation) -> CreateOutcome:
         cfg = self.config
         body = op.request_body

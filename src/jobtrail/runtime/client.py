@@ -201,6 +201,7 @@ class AsyncJobtrail:
         spec.check_deadlines()
         if isinstance(adapter, HttpProvider):
             try:
+                adapter.check_target(spec.target)
                 adapter.check_request(request)
             except ConfigError as exc:
                 raise ConfigError(

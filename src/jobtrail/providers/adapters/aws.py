@@ -280,18 +280,38 @@ class StepFunctionsProvider(AwsJsonProvider):
 
     def __init__(self, config: Any, *, region: str, profile: str | None, state_machine_arn: str) -> None:
         super().__init__(config, region=region, profile=profile)
+        #: the provider file's state machine: a submit's target when it names none
         self.state_machine_arn = state_machine_arn
         m = _SM_ARN.match(state_machine_arn)
         assert m is not None
-        self._execution_prefix = f"arn:{m['partition']}:states:{m['region']}:{m['account']}:execution:{m['name']}:"
+        self._partition = m["partition"]
 
     def check_request(self, request: Any) -> Any:
         """Any JSON value: it is the execution's input (the name, jobtrail's token, is set beside it)."""
         return request
 
+    def check_target(self, target: str) -> None:
+        """A state machine ARN in this provider's partition and region (the endpoint and the signature are
+        the region's): each operation's execution is started on the machine its record names, on every
+        attempt, whatever the provider file says by then."""
+        if self._machine(target) is None:
+            raise ConfigError(
+                f"target {target!r} is not a state machine of this provider's region: expected "
+                f"arn:{self._partition}:states:{self.region}:<account>:stateMachine:<name> (the default is the "
+                "provider file's state_machine_arn)"
+            )
+
+    def _machine(self, target: str) -> re.Match[str] | None:
+        m = _SM_ARN.match(target)
+        return m if m is not None and (m["partition"], m["region"]) == (self._partition, self.region) else None
+
     def execution_arn(self, op: Operation) -> str:
-        """The execution our token names (a version or alias ARN starts executions of the same machine)."""
-        return self._execution_prefix + op.idempotency_token
+        """The execution our token names on the operation's own state machine (a version or alias ARN starts
+        executions of the same machine)."""
+        m = self._machine(op.target)
+        if m is None:  # (recorded before targets were checked at submit; create refuses it first)
+            return ""
+        return f"arn:{m['partition']}:states:{m['region']}:{m['account']}:execution:{m['name']}:{op.idempotency_token}"
 
     @staticmethod
     def execution_input(op: Operation) -> str:
@@ -299,11 +319,22 @@ class StepFunctionsProvider(AwsJsonProvider):
         return compact_json(op.request_body)
 
     async def create(self, op: Operation) -> CreateOutcome:
+        if self._machine(op.target) is None:
+            return CreateOutcome(
+                kind="ambiguous",
+                error_class="target_not_a_state_machine",
+                detail=f"the operation's target {op.target!r} names no state machine of region {self.region}; "
+                "nothing was sent. A person decides: cancel it, and submit again with a state machine ARN as "
+                "its target",
+                person_must_decide=True,
+            )
         sent = await self._call(
             "StartExecution",
             op,
             {
-                "stateMachineArn": self.state_machine_arn,
+                # the machine the record names: a replay after the provider file changed still goes where
+                # the first attempt went (an execution name is unique per state machine only)
+                "stateMachineArn": op.target,
                 "name": op.idempotency_token,
                 "input": self.execution_input(op),
             },
