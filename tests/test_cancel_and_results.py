@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 
 from jobtrail import AsyncJobtrail, State, Store
+from jobtrail.domain.explain import advice as explain_advice
 from jobtrail.domain.results import ResultCorrupted
+from jobtrail.flows import observe
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.flows.escalation import bundle_markdown, escalation_bundle
+from jobtrail.flows.observe import MAX_RESULT_ATTEMPTS
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.files import data_dir
 from jobtrail.ledger.results import INLINE_MAX_BYTES, read_result, stored_result
@@ -341,13 +344,37 @@ def test_a_named_check_from_the_provider_file(
     assert checks == {"size": True, "checksum": True, "caller_check": True}
 
 
-def test_a_missing_result_is_unavailable_after_its_retries(ledger: Store, fake: FakeProvider) -> None:
+def test_a_missing_result_is_fetched_again_until_the_result_deadline(ledger: Store, fake: FakeProvider) -> None:
+    """A finished job whose result the provider does not serve (404) is fetched again with back-off until the
+    result deadline, however many attempts that takes: a provider may serve it only a while after its status
+    says succeeded. Before, five fetches in about three seconds ended it, with a result deadline a day away,
+    and the advice was to submit it again, which runs the job a second time."""
     cfg = config(fake)
-    op_id = submit(ledger, cfg, {"fake": {"result": "missing"}})
+    op_id = submit(ledger, cfg, {"fake": {"result": "missing"}}, result_deadline=timedelta(seconds=4))
     work(ledger, cfg)
     op = ledger.get(op_id)
-    assert op.state is S.RESULT_UNAVAILABLE and "gave up after 5 attempts" in (op.state_reason or "")
-    assert "the remote job finished" in (op.state_reason or "") and fake.counts["results"] == 5
+    reason = op.state_reason or ""
+    assert op.state is S.RESULT_UNAVAILABLE and "the result deadline" in reason
+    assert "comes before the next try" in reason
+    assert "the remote job finished" in reason and fake.counts["results"] > MAX_RESULT_ATTEMPTS
+    fetched = [e.at_us for e in ledger.history(op_id)]
+    assert (fetched[-1] - op.created_at_us) / 1e6 > 2  # tried for as long as the deadline allowed, not 5 times
+    advice = explain_advice(op)
+    assert op.remote_job_id in advice and "rather than submitting again" in advice
+
+
+def test_a_result_the_provider_serves_late_is_collected(ledger: Store) -> None:
+    """The status says succeeded, the result endpoint answers 404 for a while, then serves it: collected."""
+    late = FakeProvider(job_duration_s=0.2).start()
+    try:
+        cfg = config(late)
+        op_id = submit(ledger, cfg, {"fake": {"result": "flaky", "flaky": MAX_RESULT_ATTEMPTS + 3}})
+        work(ledger, cfg)
+        op = ledger.get(op_id)
+        assert op.state is S.SUCCEEDED, op.state_reason
+        assert late.counts["results"] == MAX_RESULT_ATTEMPTS + 4
+    finally:
+        late.stop()
 
 
 def test_a_result_that_fails_twice_then_arrives(ledger: Store, fake: FakeProvider) -> None:
@@ -484,7 +511,26 @@ def test_a_result_on_standard_output_arrives_whole_when_the_command_is_stopped_m
     assert len(out) == len(data) and out == data, f"{len(out)} of {len(data)} bytes"
 
 
-def test_no_result_says_why(db_url: str, ledger: Store, fake: FakeProvider) -> None:
+@pytest.fixture
+def impatient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker in this process that gives a result up after a second of fetching, not ten minutes."""
+    monkeypatch.setattr(observe, "RESULT_PATIENCE_S", 1)
+
+
+def test_a_result_never_served_is_given_up_after_its_patience(
+    ledger: Store, fake: FakeProvider, impatient: None
+) -> None:
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"fake": {"result": "missing"}})
+    work(ledger, cfg)
+    op = ledger.get(op_id)
+    assert op.state is S.RESULT_UNAVAILABLE and "gave up after" in (op.state_reason or "")
+    assert fake.counts["results"] >= MAX_RESULT_ATTEMPTS
+    fetches = [e.at_us for e in ledger.history(op_id) if e.to_state == S.RESULT_COLLECTING.value]
+    assert (ledger.history(op_id)[-1].at_us - fetches[-1]) / 1e6 >= 1  # fetched for its patience, not 5 quick times
+
+
+def test_no_result_says_why(db_url: str, ledger: Store, fake: FakeProvider, impatient: None) -> None:
     cfg = config(fake)
     op_id = submit(ledger, cfg, {"fake": {"result": "missing"}})
     work(ledger, cfg)

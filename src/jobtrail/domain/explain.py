@@ -70,6 +70,13 @@ def advice(op: Operation) -> str:
         return f"fetch the result (get_result, or jobtrail result){late}"
     if s in PERSON_DECIDES:
         return f"a person must decide: {op.state_reason or s.value}; tell them, and do not retry it yourself"
+    if s is State.RESULT_UNAVAILABLE and op.remote_job_id:
+        # the job ran and finished: submitting again would run it again, and the provider may still hold the result
+        return (
+            f"nothing automatic: the remote job {op.remote_job_id} finished but its result could not be collected "
+            "(the reason says why); fetch it from the provider yourself if it still holds it, rather than "
+            "submitting again, which runs the job a second time"
+        )
     if s in (State.FAILED, State.CANCELLED, State.RESULT_UNAVAILABLE, State.RESULT_VALIDATION_FAILED):
         # (the same key and request answer with this very operation: trying again is a new one)
         return (

@@ -46,8 +46,11 @@ from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, StatusOutcome
 
 _US = 1_000_000
-#: a result fetch that keeps failing is given up after this many attempts
+#: a finished job's result that is not served is fetched again, with back-off, at least this many times
+#: and for at least RESULT_PATIENCE_S (a provider may serve it a while after its status says succeeded),
+#: never past the operation's result deadline, before it is given up
 MAX_RESULT_ATTEMPTS = 5
+RESULT_PATIENCE_S = 600
 #: a result in memory up to this size may be checked on the loop (see _checked_on_the_loop): its
 #: credential scan takes well under a millisecond even when every byte looks encoded
 _CHECKED_ON_THE_LOOP = 1024
@@ -465,17 +468,30 @@ class CollectFlow:
         why = f"result fetch {attempts} failed ({got})"
         # an error answer, or a connection that was never made, handed nothing over; silence or 410 may have
         maybe_consumed = status == 410 or (isinstance(resp, NoAnswer) and not resp.not_sent)
-        if (one_time and maybe_consumed) or attempts >= MAX_RESULT_ATTEMPTS:
-            give_up = (
-                "a one-time result may have been handed over and cannot be fetched again"
-                if one_time and maybe_consumed
-                else f"gave up after {attempts} attempts"
-            )
+        deadline = op.result_deadline_us
+        give_up = None
+        if one_time and maybe_consumed:
+            give_up = "a one-time result may have been handed over and cannot be fetched again"
+        elif status == 410:
+            give_up = "the provider says the result is gone (410)"
+        elif deadline is not None and next_at >= deadline:
+            give_up = f"the result deadline ({rfc3339(deadline)}) comes before the next try, after {attempts} attempts"
+        elif attempts >= MAX_RESULT_ATTEMPTS:
+            since = await self._collecting_since(op)
+            if self.store.clock() - since >= RESULT_PATIENCE_S * _US:
+                give_up = f"gave up after {attempts} attempts since {rfc3339(since)}"
+        if give_up is not None:
             return await self._unavailable(op, f"{why}; {give_up}", status)
         return await self.writer.reschedule(
             op,
             {"polls": attempts, "next_action_at_us": next_at, "state_reason": f"{why}; retrying at {rfc3339(next_at)}"},
         )
+
+    async def _collecting_since(self, op: Operation) -> int:
+        """When ``op`` last entered result_collecting (read only once its fetches have failed a few times)."""
+        entries = await self.io(self.store.history, op.operation_id)
+        entered = [e.at_us for e in entries if e.to_state == State.RESULT_COLLECTING.value != e.from_state]
+        return entered[-1] if entered else op.created_at_us
 
     async def _synchronous(self, op: Operation, provider: Provider, observation_id: int) -> Operation:
         stored = await self.io(self.store.observation, observation_id)
