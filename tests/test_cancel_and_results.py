@@ -108,6 +108,28 @@ def test_cancel_is_recorded_first_sent_once_and_confirmed_by_the_provider(ledger
     assert verify(ledger).ok
 
 
+def test_a_cancel_answered_not_now_is_sent_again_after_retry_after_and_nothing_comes_sooner(
+    ledger: Store, fake: FakeProvider
+) -> None:
+    """An idempotent cancel answered 503 with Retry-After: 2 is sent again once those seconds have passed, and
+    no request about the job (no poll either) goes out before then. Before, the next poll went out at once,
+    the cancel was never sent again, and the job ran on to cancellation_unconfirmed."""
+    fake.job_duration_s = 30
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"task": "long"})
+    work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING))
+    fake.busy_cancels, fake.busy_retry_after = 1, "2"
+    request_cancel(ledger, op_id, requested_by="alice", reason="wrong input")
+    work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLED))
+    assert ledger.get(op_id).state is S.CANCELLED and fake.counts["cancels"] == 2
+    job = ledger.get(op_id).remote_job_id
+    about_it = [(at, method) for at, method, path in fake.requests if job and job in path]
+    refused = next(at for at, method in about_it if method == "POST")
+    after = [(round(at - refused, 2), method) for at, method in about_it if at > refused]
+    assert after and all(gap >= 2 for gap, _ in after), after
+    assert after[0][1] == "POST"  # the cancel again, first
+
+
 def test_concurrent_cancels_and_several_workers_send_one_cancel(ledger: Store, fake: FakeProvider) -> None:
     fake.job_duration_s = 30
     cfg = config(fake)

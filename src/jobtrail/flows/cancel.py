@@ -102,6 +102,10 @@ def _record_intent(store: Store, op: Operation, intent: CancelIntent, actor: str
     )
 
 
+#: answers that say a request was not taken now, and may be sent again later
+_NOT_NOW = frozenset({408, 425, 429})
+
+
 class CancelFlow:
     """Sends a recorded cancel, once, from the lease owner."""
 
@@ -134,8 +138,10 @@ class CancelFlow:
         failpoint("cancel.after_response")
         # the next request is timed from the answer (a slow answer must not bring it forward)
         answered = self.store.clock()
-        first_poll = answered + int(provider.poll_backoff.delay(1, self.rng) * _US)
         answer = sent if isinstance(sent, Response) else None
+        retry_after = answer.retry_after_s if answer else None
+        # and no request to the job before the time the provider asked for
+        first_poll = answered + int(provider.poll_backoff.after(retry_after, 1, self.rng) * _US)
         request_id = answer.provider_request_id if answer else None
         await self.writer.observe(
             op.operation_id,
@@ -162,15 +168,19 @@ class CancelFlow:
                     ),
                 },
             )
-        if answer is None and provider.capabilities.cancel_idempotent:
-            retry = answered + int(provider.backoff.after(None, 1, self.rng) * _US)
+        # no answer, or one saying "not now" (a rate limit, an overloaded or failing server): an idempotent cancel
+        # is sent again, once the provider's Retry-After has passed
+        not_now = answer is None or status in _NOT_NOW or status >= 500
+        if not_now and provider.capabilities.cancel_idempotent:
+            retry = answered + int(provider.backoff.after(retry_after, 1, self.rng) * _US)
+            got = "no answer" if answer is None else f"HTTP {status}"
             return await self.writer.reschedule(
                 op,
                 {
                     "polls": 0,
                     "next_action_at_us": retry,
                     "state_reason": (
-                        "the cancel got no answer; the provider's cancel is idempotent, so it is sent again at "
+                        f"the cancel got {got}; the provider's cancel is idempotent, so it is sent again at "
                         f"{rfc3339(retry)}"
                     ),
                 },

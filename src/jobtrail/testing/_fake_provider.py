@@ -232,6 +232,9 @@ class FakeProvider(ServedInThread):
     traceparents: list[tuple[str, str, str | None]] = field(default_factory=list)
     #: (job id, X-Jobtrail-Lease header, time) of every status poll
     status_leases: list[tuple[str, str | None, float]] = field(default_factory=list)
+    #: the next this many cancels are answered 503 with ``Retry-After: busy_retry_after`` (shedding load)
+    busy_cancels: int = 0
+    busy_retry_after: str = "1"
     #: where to deliver signed Standard Webhooks events on every job state change (None: no webhooks)
     webhook_url: str | None = None
     webhook_secret: str | None = None
@@ -519,6 +522,14 @@ class FakeProvider(ServedInThread):
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
         with self._lock:
             self.counts["cancels"] += 1
+            if self.busy_cancels > 0:
+                self.busy_cancels -= 1
+                return web.json_response(
+                    {"type": "about:blank", "title": "busy", "status": 503},
+                    status=503,
+                    headers={"Retry-After": self.busy_retry_after},
+                    content_type="application/problem+json",
+                )
             job = self.jobs.get(request.match_info["id"])
             if job is None:
                 return _problem(404, "no such job")
