@@ -30,6 +30,7 @@ from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract
 from jobtrail.domain.redact import Redactor, Secret
+from jobtrail.flows import observe
 from jobtrail.ledger.audit import verify
 from jobtrail.ledger.results import read_result
 from jobtrail.ledger.store import MAX_OBSERVED_CHARS
@@ -300,8 +301,11 @@ def read_result_or_none(store: Store, op_id: str) -> bytes | None:
         return None
 
 
-def test_a_userinfo_reference_stays_on_the_providers_host(store: Store, canary: str) -> None:
+def test_a_userinfo_reference_stays_on_the_providers_host(
+    store: Store, canary: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``@127.0.0.2:PORT/steal`` joined onto base_url once moved the request (and X-Api-Key) there."""
+    monkeypatch.setattr(observe, "RESULT_PATIENCE_S", 0)  # a 404 is fetched again only its five times
 
     async def go() -> tuple[str, World]:
         async with world() as w:

@@ -474,6 +474,8 @@ class CollectFlow:
             give_up = "a one-time result may have been handed over and cannot be fetched again"
         elif status == 410:
             give_up = "the provider says the result is gone (410)"
+        elif status is not None and 300 <= status < 400:
+            give_up = "the provider redirects the fetch, and a redirect is never followed (asking again gets the same)"
         elif deadline is not None and next_at >= deadline:
             give_up = f"the result deadline ({rfc3339(deadline)}) comes before the next try, after {attempts} attempts"
         elif attempts >= MAX_RESULT_ATTEMPTS:
