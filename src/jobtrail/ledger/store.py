@@ -1973,18 +1973,18 @@ def _kept_raw(redact: Redactor, item: Observe) -> str:
         return compact_json(redact.result_value(item.raw))
     masked = redact.answer(item.raw)
     text = compact_json(masked)
-    return text if len(text) <= MAX_OBSERVED_CHARS else compact_json(_abridged(masked))
+    return text if len(text) <= MAX_OBSERVED_CHARS else compact_json(_abridged(masked, text))
 
 
-def _abridged(masked: Any) -> Any:
-    """An answer too large to keep whole (a provider answering each status read with megabytes would grow the
-    ledger by that much a poll): its small parts as they are, each large one as its size and the sha256 of
-    its masked JSON. Whatever was decided from the answer was decided on all of it, before this."""
-    parts = masked.items() if isinstance(masked, dict) else ()
-    out = {key: _part(value) for key, value in parts}
-    if isinstance(masked, dict) and len(compact_json(out)) <= MAX_OBSERVED_CHARS:
-        return out
-    return _withheld_part(compact_json(masked))
+def _abridged(masked: Any, text: str) -> Any:
+    """An answer too large to keep whole (``text``, its JSON; a provider answering each status read with
+    megabytes would grow the ledger by that much a poll): its small parts as they are, each large one as its
+    size and the sha256 of its masked JSON. Whatever was decided from the answer was decided on all of it."""
+    if isinstance(masked, dict):
+        out = {key: _part(value) for key, value in masked.items()}
+        if len(compact_json(out)) <= MAX_OBSERVED_CHARS:
+            return out
+    return _withheld_part(text)
 
 
 def _part(value: Any) -> Any:

@@ -278,13 +278,10 @@ class StepFunctionsProvider(AwsJsonProvider):
         "Requests are signed with botocore's SigV4 over the exact bytes sent; credentials from botocore's chain."
     )
 
-    def __init__(self, config: Any, *, region: str, profile: str | None, state_machine_arn: str) -> None:
+    def __init__(self, config: Any, *, region: str, profile: str | None, partition: str) -> None:
+        # (the provider file's state machine is the config's target: a submit's when it names none)
         super().__init__(config, region=region, profile=profile)
-        #: the provider file's state machine: a submit's target when it names none
-        self.state_machine_arn = state_machine_arn
-        m = _SM_ARN.match(state_machine_arn)
-        assert m is not None
-        self._partition = m["partition"]
+        self._partition = partition
 
     def check_request(self, request: Any) -> Any:
         """Any JSON value: it is the execution's input (the name, jobtrail's token, is set beside it)."""
@@ -792,7 +789,7 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:  # n
     config = dataclasses.replace(config, credential=Credential(described, "aws-sigv4"))
     if sfn:
         assert isinstance(arn, str)
-        return StepFunctionsProvider(config, region=region, profile=profile, state_machine_arn=arn)
+        return StepFunctionsProvider(config, region=region, profile=profile, partition=partition)
     return AthenaProvider(
         config, region=region, profile=profile, work_group=work_group, output_location=output_location
     )
