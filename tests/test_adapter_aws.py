@@ -577,6 +577,34 @@ def test_sfn_bad_request_is_a_definitive_rejection(
         assert "StateMachineDoesNotExist" in (op.state_reason or "")
 
 
+def test_sfn_a_failed_execution_says_its_error_and_cause_in_the_reason(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """DescribeExecution of a failed execution names its error and cause (moto leaves them out, so the proxy
+    answers as AWS does): the reason quotes them, plain, with a credential the cause echoes masked."""
+    arn = state_machine(moto_url, wait_s=30)
+    cause = f'{{"errorMessage": "Task timed out", "key": "{aws_env["AWS_SECRET_ACCESS_KEY"]}"}}\u0000\u202e'
+
+    def plan(seen: Seen) -> str | bytes:
+        if not seen.target.endswith(".DescribeExecution"):
+            return "forward"
+        arn_asked = json.loads(seen.body)["executionArn"]
+        body = {"executionArn": arn_asked, "stateMachineArn": arn, "name": arn_asked.rsplit(":", 1)[1]}
+        body |= {"status": "FAILED", "startDate": 1796600000.0, "stopDate": 1796600010.5, "input": "{}"}
+        return aws_answer(200, body | {"error": "States.Timeout", "cause": cause})
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 1}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.FAILED, op.state_reason
+        reason = op.state_reason or ""
+        assert reason.startswith('the provider reports the job FAILED: "States.Timeout: {"errorMessage": "Task timed')
+        assert aws_env["AWS_SECRET_ACCESS_KEY"] not in reason and "[REDACTED]" in reason
+        assert all(c.isprintable() for c in reason)
+        assert canary_hits(aws_env["AWS_SECRET_ACCESS_KEY"], ledger_bytes(store)) == []
+
+
 def test_sfn_cancel_stops_the_execution(db_url: str, moto_url: str, aws_env: dict[str, str], tmp_path: Path) -> None:
     """A cancel sends StopExecution once; moto reports ABORTED, which ends the operation cancelled."""
     arn = state_machine(moto_url, wait_s=30)
@@ -652,6 +680,36 @@ def test_athena_create_status_results_against_moto(
         held = ledger_bytes(store)
         assert canary_hits(aws_env["AWS_SECRET_ACCESS_KEY"], held) == []
         assert canary_hits(aws_env["AWS_SESSION_TOKEN"], held) == []
+
+
+def test_athena_a_failed_query_says_why_in_the_reason(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """GetQueryExecution of a failed query gives its StateChangeReason (moto never fails a query, so the proxy
+    answers as AWS does): the reason quotes it."""
+
+    def plan(seen: Seen) -> str | bytes:
+        if not seen.target.endswith(".GetQueryExecution"):
+            return "forward"
+        status = {"State": "FAILED", "SubmissionDateTime": 1796600000.0, "CompletionDateTime": 1796600001.0}
+        status["StateChangeReason"] = "line 1:8: Column 'idd' cannot be resolved"
+        status["AthenaError"] = {"ErrorCategory": 2, "ErrorType": 1006, "Retryable": False, "ErrorMessage": "idd"}
+        query_id = json.loads(seen.body)["QueryExecutionId"]
+        return aws_answer(200, {"QueryExecution": {"QueryExecutionId": query_id, "Status": status}})
+
+    proxy.plan = plan
+    path = tmp_path / "athena.toml"
+    path.write_text(
+        f'kind = "aws-athena"\nname = "athena"\nregion = "{REGION}"\nbase_url = "{proxy.url}"\n'
+        'work_group = "primary"\noutput_location = "s3://jobtrail-results/q/"\n' + FAST,
+        encoding="utf-8",
+    )
+    store, (op_id,) = run_in_process(db_url, path, [{"QueryString": "SELECT idd FROM t"}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.FAILED, op.state_reason
+        assert op.state_reason == 'the provider reports the job FAILED: "line 1:8: Column \'idd\' cannot be resolved"'
+        assert proxy.targets("GetQueryResults") == []
 
 
 # -- configuration and the contract check -----------------------------------------------------------

@@ -234,6 +234,7 @@ def test_done_with_an_error_ends_failed_with_the_error_recorded(
     run_worker(db_url, provider)
     op = get(db_url, op_id)
     assert op.state is State.FAILED and op.remote_state == "FAILED", op.state_reason
+    assert op.state_reason == 'the provider reports the job FAILED: "the machine image is missing (fake)"'
     with Store.open(db_url) as store:
         last = [o for o in store.observations(op_id) if o["kind"] == "status_poll"][-1]
     assert last["raw"]["body"]["error"] == {"code": 3, "message": "the machine image is missing (fake)", "details": []}

@@ -455,6 +455,8 @@ def test_a_batch_that_fails_validation_ends_failed_without_a_fetch(db_url: str, 
     op = settle(db_url, fake, {"input_file_id": file_id})
     record, _history, _obs, result = stored(db_url, op.operation_id)
     assert record.state is S.FAILED and "failed" in (record.state_reason or "")
+    # why, in OpenAI's words: the batch's errors list (its first, here its only, entry)
+    assert (record.state_reason or "").endswith(': "Invalid JSON"'), record.state_reason
     assert result is None and fake.counts["content_reads"] == 0
 
 

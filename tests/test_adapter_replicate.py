@@ -273,6 +273,7 @@ def test_a_429_on_create_is_retried_and_a_failed_prediction_ends_failed(
     run_worker(db_url, provider)
     op, _, _ = stored(db_url, op_id)
     assert op.state is State.FAILED, op.state_reason
+    assert op.state_reason == 'the provider reports the job failed: "the model raised an error (fake)"'
     assert fake.counts["creates_received"] == 2 and fake.counts["jobs_created"] == 1, fake.counts
 
 

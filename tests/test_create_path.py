@@ -14,6 +14,7 @@ from conftest import FakeClock
 
 from jobtrail import AsyncJobtrail, OperationKeyConflict, State, Store
 from jobtrail.domain.evidence import DefinitiveRejection
+from jobtrail.domain.words import in_their_words
 from jobtrail.ledger.audit import verify
 from jobtrail.testing import FakeProvider, Fault
 
@@ -444,12 +445,10 @@ def test_sync_facade_for_scripts(db_url: str, fake: FakeProvider) -> None:
 def test_a_refusals_words_that_no_database_takes_are_made_plain(store: Store) -> None:
     """A lying provider's sentence may carry NULs, control characters and megabytes: the reason keeps
     printable words, bounded, and both databases store it (PostgreSQL refuses a NUL in text outright)."""
-    from jobtrail.flows.create import _in_its_words
-
-    said = _in_its_words({"error": {"message": "bad\x00field\r\n\tname\x1b[31m" + "x" * 10_000}})
+    said = in_their_words({"error": {"message": "bad\x00field\r\n\tname\x1b[31m" + "x" * 10_000}})
     assert said.startswith(': "bad field name [31mxxx') and said.endswith('..."') and len(said) < 320
     assert all(c.isprintable() for c in said)
-    assert _in_its_words({"detail": "\x00\n"}) == ': ""' and _in_its_words([1, 2]) == _in_its_words(None) == ""
+    assert in_their_words({"detail": "\x00\n"}) == in_their_words([1, 2]) == in_their_words(None) == ""
     op = op_in(store, S.CREATE_PENDING)
     failed = store.transition(
         op,

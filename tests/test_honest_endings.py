@@ -15,6 +15,7 @@ from test_cancel_and_results import FAST, config, state_is, submit, work
 
 from jobtrail import AsyncJobtrail, ConfigError, State, Store
 from jobtrail.domain.record import Operation
+from jobtrail.domain.words import their_words
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.flows.escalation import escalation_bundle
 from jobtrail.ledger.audit import verify
@@ -70,6 +71,60 @@ def test_partial_output_that_cannot_be_fetched_does_not_hold_the_ending(ledger: 
     assert "could not be fetched (HTTP 404)" in (op.state_reason or "") and op.result_ref
     with pytest.raises(Exception, match="no result"):
         read_result(ledger, op_id)
+
+
+# -- a failed job says why ------------------------------------------------------------------------------
+
+
+def test_a_failed_job_says_why_in_the_providers_own_words(ledger: Store, fake: FakeProvider) -> None:
+    """The reason quotes the provider's error message (``[status] error``), so a person reads why without
+    digging in the raw answer: printable, on one line, bounded, and the evidence keeps the whole answer."""
+    said = "CUDA out of memory\u202e\x00 at layer 7\r\n(worker gpu-3)\x1b[2J " + "x" * 5000
+    op_id = submit(ledger, config(fake), {"fail": True, "fake": {"failure": said}})
+    work(ledger, config(fake))
+    op = ledger.get(op_id)
+    assert op.state is S.FAILED and op.remote_state == "failed"
+    reason = op.state_reason or ""
+    assert reason.startswith('the provider reports the job failed: "CUDA out of memory at layer 7 (worker gpu-3) [2J x')
+    assert reason.endswith('..."') and len(reason) < 360 and all(c.isprintable() for c in reason)
+    kept = [o for o in ledger.observations(op_id) if o["kind"] == "status_poll"][-1]["raw"]["body"]["error"]
+    assert kept["message"] == said  # the whole answer stays the evidence
+    assert verify(ledger).ok
+
+
+def test_an_expired_job_says_so_and_a_provider_file_without_an_error_path_says_only_the_state(
+    ledger: Store, fake: FakeProvider
+) -> None:
+    expired = submit(ledger, config(fake), {"fake": {"ending": "expired"}})
+    work(ledger, config(fake))
+    assert ledger.get(expired).state_reason == (
+        'the provider reports the job expired: "the job expired before it finished"'
+    )
+    silent = config(fake, status={"error": None})
+    failed = submit(ledger, silent, {"fail": True})
+    work(ledger, silent)
+    assert ledger.get(failed).state_reason == "the provider reports the job failed"
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        ("the model raised an error", "the model raised an error"),  # Replicate's error
+        ({"code": 3, "message": "image missing", "status": "INVALID_ARGUMENT"}, "image missing"),  # google.rpc.Status
+        ({"error": {"type": "invalid_request_error", "message": "bad model"}}, "bad model"),  # nested once
+        (  # OpenAI's errors.data: the first, and how many more
+            [{"code": "invalid_json_line", "line": n, "message": f"Invalid JSON on line {n}"} for n in (1, 2, 3)],
+            "Invalid JSON on line 1 (and 2 more)",
+        ),
+        ({"object": "list", "data": [{"message": "only one"}]}, "only one"),  # errors itself
+        ({"ErrorCategory": 2, "ErrorMessage": "Column 'x' cannot be resolved"}, "Column 'x' cannot be resolved"),
+        ({"code": 500}, ""),  # no words at all
+        ([None, 7], ""),
+        ({"error": {"error": {"error": {"error": {"message": "too deep"}}}}}, ""),  # a lying provider's nesting
+    ],
+)
+def test_their_words_are_found_where_apis_put_them(answer: Any, words: str) -> None:
+    assert their_words(answer) == words
 
 
 class ListingProvider(HttpProvider):

@@ -59,6 +59,12 @@ def why_unusable(path: str | None, body: Any, headers: Mapping[str, str], redact
     return None if text is None else unusable_id(text, redactor)
 
 
+def value_at(path: str | None, body: Any, headers: Mapping[str, str]) -> Any:
+    """The value at ``path`` as it is (any JSON value; a header's text), or None: for words shown to a person
+    after :func:`~jobtrail.domain.words.their_words` has made them plain, never for an id or a state."""
+    return _found(path, body, headers)
+
+
 def _extract(path: str | None, body: Any, headers: Mapping[str, str]) -> str | None:
     return _text(_found(path, body, headers))
 

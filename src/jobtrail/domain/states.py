@@ -98,3 +98,5 @@ class RemoteState(StrEnum):
 TERMINAL_REMOTE_STATES = frozenset(
     {RemoteState.SUCCEEDED, RemoteState.FAILED, RemoteState.CANCELLED, RemoteState.EXPIRED}
 )
+#: the remote states a job ends in without a result: an answer in one of these may say why
+ENDED_WITHOUT_RESULT = TERMINAL_REMOTE_STATES - {RemoteState.SUCCEEDED}

@@ -35,6 +35,7 @@ from jobtrail.domain.failpoints import failpoint
 from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.redact import REDACTED
 from jobtrail.domain.states import CREATE_PHASE, State
+from jobtrail.domain.words import in_their_words
 from jobtrail.flows.observe import adopt_orphans
 from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.store import Store
@@ -373,7 +374,7 @@ class CreateFlow:
                 changes={
                     "next_action_at_us": None,
                     "state_reason": (
-                        f"rejected by the provider: {outcome.detail}{_in_its_words(resp.body, outcome.detail)}; "
+                        f"rejected by the provider: {outcome.detail}{in_their_words(resp.body, outcome.detail)}; "
                         "a changed request is a new operation"
                     ),
                 },
@@ -670,33 +671,3 @@ def _stored_outcome(stored: dict[str, Any]) -> CreateOutcome:
 
 def _ids(request_id: str | None) -> tuple[str, ...]:
     return (request_id,) if request_id else ()
-
-
-#: where APIs put the one sentence that says why they refused (RFC 9457 problem details, and the error
-#: objects of OpenAI, Anthropic, Google, AWS and the like), in the order they are looked for
-_WHY_FIELDS = ("detail", "message", "Message", "title", "error_description")
-#: the most of the provider's own words kept in a state reason (the whole answer is in the evidence)
-_WHY_MAX = 300
-
-
-def _in_its_words(body: object, said: str = "") -> str:
-    """``: "<what the provider said>"`` from a refusal's body, or nothing: a reason that says only "HTTP 400"
-    sends a person to the raw answer to learn that a field was misspelled. Nothing either when ``said`` (the
-    adapter's own account of the refusal) quotes those words already."""
-    for holder in (body, body.get("error") if isinstance(body, dict) else None):
-        if isinstance(holder, str) and holder.strip():
-            words = holder
-            break
-        if isinstance(holder, dict):
-            found = next((holder[k] for k in _WHY_FIELDS if isinstance(holder.get(k), str) and holder[k].strip()), None)
-            if found is not None:
-                words = found
-                break
-    else:
-        return ""
-    # whitespace and control characters as single spaces: a NUL would make PostgreSQL refuse the whole write
-    kept = " ".join("".join(c if c.isprintable() else " " for c in words[: 4 * _WHY_MAX]).split())
-    more = len(kept) > _WHY_MAX or len(words) > 4 * _WHY_MAX
-    if kept and kept[:_WHY_MAX] in said:
-        return ""
-    return f': "{kept[:_WHY_MAX]}{"..." if more else ""}"'

@@ -206,7 +206,7 @@ class ObserveFlow:
                         "remote_state": status.raw_state,
                         "result_ref": status.result_ref,
                         **effects,
-                        "state_reason": _ending_reason(op, ending, status.raw_state, status.remote_state),
+                        "state_reason": _ending_reason(op, ending, status),
                     },
                 )
             op = await self.writer.transition(
@@ -274,7 +274,7 @@ class ObserveFlow:
         observed: Observe | None,
     ) -> Operation:
         """The provider's terminal word, with the partial output a cancelled or expired job left."""
-        reason = _ending_reason(op, ending, status.raw_state, status.remote_state)
+        reason = _ending_reason(op, ending, status)
         partial = None
         partial_ref = _partial_output_ref(status)
         if partial_ref is not None:
@@ -357,18 +357,24 @@ def _partial_output_ref(status: StatusOutcome) -> str | None:
     return None
 
 
-def _ending_reason(op: Operation, ending: State, raw_state: str | None, remote: RemoteState) -> str:
+def _ending_reason(op: Operation, ending: State, status: StatusOutcome) -> str:
+    """Why the operation ends where it does: the provider's state, and its own words on why (its error
+    message), which a person would otherwise dig out of the raw answer."""
     after_cancel = op.state in _CANCEL_STATES
     if ending is State.RESULT_COLLECTING:
         if after_cancel:
             return "the job finished before the cancel took effect; collecting its result"
         return "the provider reports the job finished; collecting the result"
+    raw_state, remote = status.raw_state, status.remote_state
+    words = f': "{status.failure}"' if status.failure else ""
     if ending is State.FAILED:
         said = raw_state if raw_state and raw_state.lower() == remote.value else f"{raw_state} ({remote.value})"
-        return f"the provider reports the job {said}" + (" (after the cancel was requested)" if after_cancel else "")
+        return f"the provider reports the job {said}{words}" + (
+            " (after the cancel was requested)" if after_cancel else ""
+        )
     if after_cancel:
         return "the provider reports the job cancelled, as asked"
-    return "the provider reports the job cancelled (not by us)"
+    return f"the provider reports the job cancelled (not by us){words}"
 
 
 class CollectFlow:

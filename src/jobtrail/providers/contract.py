@@ -271,6 +271,9 @@ class StatusOutcome:
     error_class: str = ""
     #: what ``error_class`` leaves out (where a redirect pointed), for a person; never the provider's bytes unmasked
     detail: str = ""
+    #: the provider's own words on why the job ended without a result (its error message), through
+    #: :func:`~jobtrail.domain.words.their_words`: quoted in the state reason, masked as it is written
+    failure: str = ""
 
 
 class Provider(Protocol):

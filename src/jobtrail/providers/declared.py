@@ -112,6 +112,8 @@ class HttpProviderConfig:
     result_ref_path: str | None
     time_path: str | None
     effects_path: str | None
+    #: where a failed job's answer says why (a message, an error object or a list of them)
+    failure_path: str | None
     states: dict[str, RemoteState]
     cancel: Endpoint | None
     cancel_idempotent: bool
@@ -298,6 +300,7 @@ def _status(section: Section | None, base_url: str) -> dict[str, Any]:
         "result_ref_path": None,
         "time_path": None,
         "effects_path": None,
+        "failure_path": None,
         "state_rules": (),
     }
     if section is None:
@@ -309,6 +312,9 @@ def _status(section: Section | None, base_url: str) -> dict[str, Any]:
         "time_path": _json_path(section, "time", expected="a JSON path to the provider's timestamp of this status"),
         "effects_path": _json_path(
             section, "effects", expected="a JSON path to the partial effects the provider reports"
+        ),
+        "failure_path": _json_path(
+            section, "error", expected="a JSON path to why a job failed (a message, an error object or a list of them)"
         ),
         "state_rules": _state_rules(section),
     }

@@ -97,6 +97,7 @@ KEYS: tuple[Key, ...] = (
     Key("status", "result_ref", _PATH, _NONE, "the result's URL or id"),
     Key("status", "time", _PATH, _NONE, "the provider's timestamp of this status"),
     Key("status", "effects", _PATH, _NONE, "partial effects the provider reports"),
+    Key("status", "error", _PATH, _NONE, "why a job failed (a message, error object or list): quoted in its reason"),
     Key("status", "rules", "list of tables", "[]", "states no single field holds, decided before state"),
     Key("status.rules[]", "if", _PATH, "required", "the rule holds when this selects a (non-empty) value"),
     Key("status.rules[]", "state", "normalised state", "required", "the state when the rule holds"),

@@ -30,11 +30,21 @@ from aiohttp.http_exceptions import HttpProcessingError
 from jobtrail.domain.backoff import parse_retry_after
 from jobtrail.domain.canonical import canonical_bytes, parse_answer
 from jobtrail.domain.errors import ConfigError
-from jobtrail.domain.jsonpath import extract, extract_any, job_id, reference, unusable, unusable_id, why_unusable
+from jobtrail.domain.jsonpath import (
+    extract,
+    extract_any,
+    job_id,
+    reference,
+    unusable,
+    unusable_id,
+    value_at,
+    why_unusable,
+)
 from jobtrail.domain.machine import AMBIGUOUS_HTTP_STATUSES
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
-from jobtrail.domain.states import RemoteState
+from jobtrail.domain.states import ENDED_WITHOUT_RESULT, RemoteState
+from jobtrail.domain.words import their_words
 from jobtrail.providers.contract import (
     Capabilities,
     CreateOutcome,
@@ -745,8 +755,10 @@ class HttpProvider:
             progress = None
         if progress is not None and not math.isfinite(progress):  # "NaN", "inf", 10**400: no share of anything
             progress = None
+        remote = remote if sent.http_status == 200 else RemoteState.UNKNOWN
+        ended_why = value_at(cfg.failure_path, sent.body, sent.headers) if remote in ENDED_WITHOUT_RESULT else None
         return StatusOutcome(
-            remote_state=remote if sent.http_status == 200 else RemoteState.UNKNOWN,
+            remote_state=remote,
             raw_state=raw,
             response=sent,
             progress=progress,
@@ -755,6 +767,7 @@ class HttpProvider:
             effects=extract_any(cfg.effects_path, sent.body),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
             detail=self._redirect(sent) if 300 <= (sent.http_status or 0) < 400 else "",
+            failure=their_words(ended_why),
         )
 
     def _redirect(self, sent: Response) -> str:

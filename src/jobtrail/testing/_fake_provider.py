@@ -103,6 +103,7 @@ FAKE_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("effects", "bool", "false", "every status reports partial effects (items processed)"),
     ("ending", "expired", "succeeded", "expired: the job expires instead of finishing"),
     ("partial", "bool", "false", "a cancelled or expired batch serves the half of its items it finished"),
+    ("failure", "text", "the job failed", 'a failed job\'s `error.message` (a body with `"fail": true` fails)'),
 )
 
 
@@ -282,6 +283,7 @@ class FakeProvider(ServedInThread):
                 "effects": "$.effects",
                 "progress": "$.progress",
                 "result_ref": "$.result_url",
+                "error": "$.error",
             },
             "cancel": {"path": "/v1/jobs/{job_id}/cancel", "idempotent": True},
             "result": {"path": "/v1/jobs/{job_id}/result", "checksum": "header:X-Result-SHA256"},
@@ -421,6 +423,9 @@ class FakeProvider(ServedInThread):
         }
         if job.has_result(state):
             doc["result_url"] = f"/v1/jobs/{job.id}/result"
+        if state in ("failed", "expired"):  # why, as providers say it: an error object with a message
+            said = "the job failed" if state == "failed" else "the job expired before it finished"
+            doc["error"] = {"code": f"job_{state}", "message": job.options.get("failure", said)}
         if job.options.get("effects"):
             doc["effects"] = {"items_processed": int(job.progress(now) * 100)}
         return doc

@@ -38,7 +38,8 @@ from jobtrail.domain.canonical import compact_json, parse_answer, parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Secret
-from jobtrail.domain.states import RemoteState, State
+from jobtrail.domain.states import ENDED_WITHOUT_RESULT, RemoteState, State
+from jobtrail.domain.words import their_words
 from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, Spooled, StatusOutcome, WireAnswer
 from jobtrail.providers.credentials import Credential
 from jobtrail.providers.declared import is_loopback
@@ -413,11 +414,15 @@ class StepFunctionsProvider(AwsJsonProvider):
             )
         raw = body.get("status") if isinstance(body.get("status"), str) else None
         when = body.get("stopDate") or body.get("redriveDate") or body.get("startDate")
+        remote = self.capabilities.normalise(raw)
+        # a failed, timed-out or aborted execution names its error and cause (States.TaskFailed: ...)
+        said = [text for text in (body.get("error"), body.get("cause")) if isinstance(text, str) and text]
         return StatusOutcome(
-            remote_state=self.capabilities.normalise(raw),
+            remote_state=remote,
             raw_state=raw,
             response=kept,
             provider_time=None if when is None else str(when),
+            failure=their_words(": ".join(said)) if remote in ENDED_WITHOUT_RESULT else "",
         )
 
     async def cancel(self, op: Operation) -> Response | NoAnswer:
@@ -552,11 +557,15 @@ class AthenaProvider(AwsJsonProvider):
         status_block: dict[str, Any] = state_block if isinstance(state_block, dict) else {}
         raw = status_block.get("State") if isinstance(status_block.get("State"), str) else None
         when = status_block.get("CompletionDateTime") or status_block.get("SubmissionDateTime")
+        remote = self.capabilities.normalise(raw)
+        # a failed or cancelled query says why: the state change's reason, else its error's message
+        why = status_block.get("StateChangeReason") or status_block.get("AthenaError")
         return StatusOutcome(
-            remote_state=self.capabilities.normalise(raw),
+            remote_state=remote,
             raw_state=raw,
             response=sent,
             provider_time=None if when is None else str(when),
+            failure=their_words(why) if remote in ENDED_WITHOUT_RESULT else "",
         )
 
     async def cancel(self, op: Operation) -> Response | NoAnswer:

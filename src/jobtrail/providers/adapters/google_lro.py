@@ -40,6 +40,7 @@ from jobtrail.domain.jsonpath import extract, parse_path, unusable
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
+from jobtrail.domain.words import their_words
 from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, StatusOutcome
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
@@ -261,6 +262,7 @@ class GoogleLroProvider(HttpProvider):
             remote_state=state,
             raw_state=raw,
             response=sent,
+            failure=their_words(body.get("error")) if state is RemoteState.FAILED else "",
             progress=progress,
             provider_time=extract("$.metadata.endTime", body, {}, self.redactor)
             or extract("$.metadata.updateTime", body, {}, self.redactor),

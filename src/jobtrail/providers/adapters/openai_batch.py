@@ -143,7 +143,8 @@ def contract(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
             # documentation only: create() puts it there (the declarative form sets top-level fields)
             "token": {"in": "body", "name": f"metadata.{TOKEN_KEY}"},
         },
-        "status": {"path": "/v1/batches/{job_id}", "state": "$.status"},
+        # a failed batch says why in its errors list (the input file's lines it refused)
+        "status": {"path": "/v1/batches/{job_id}", "state": "$.status", "error": "$.errors.data"},
         "states": _STATES,
         "cancel": {"path": "/v1/batches/{job_id}/cancel", "idempotent": True},
         "result": {

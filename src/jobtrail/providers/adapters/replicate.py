@@ -105,7 +105,12 @@ def build(kind: str, data: Mapping[str, Any], source: str) -> HttpProvider:
         **settings,
         "auth": "bearer",
         "create": {"path": "/v1/predictions", "token": {"in": "none"}, "job_id": "$.id"},
-        "status": {"path": "/v1/predictions/{job_id}", "state": "$.status", "time": "$.completed_at"},
+        "status": {
+            "path": "/v1/predictions/{job_id}",
+            "state": "$.status",
+            "time": "$.completed_at",
+            "error": "$.error",  # a failed prediction's message (the model's exception)
+        },
         "states": STATES,
         "cancel": {"path": "/v1/predictions/{job_id}/cancel", "idempotent": True},
         "result": result,

@@ -1,0 +1,68 @@
+"""A provider's own words on why it refused a request or why a job failed, fit for a state reason.
+
+A reason that says only "HTTP 400" or "the provider reports the job failed" sends a person to the raw
+answer to learn that a field was misspelled or the model ran out of memory. These words are foreign
+input: a lying provider may send NULs (PostgreSQL refuses a NUL in text outright), terminal escapes,
+bidirectional controls and megabytes, so only printable words are kept, bounded. (A credential among
+them is masked when the reason is written, as in every stored reason.)
+"""
+
+from __future__ import annotations
+
+#: where APIs put the one sentence that says why (RFC 9457 problem details, and the error objects of
+#: OpenAI, Anthropic, Google, AWS, Replicate and the like), in the order they are looked for
+WHY_FIELDS = ("detail", "message", "Message", "ErrorMessage", "title", "error_description", "cause", "reason")
+#: where an answer nests its error object, or a list of them (OpenAI's ``errors.data``)
+_NESTED = ("error", "errors", "data")
+#: the most of the provider's own words kept in a state reason (the whole answer is in the evidence)
+WHY_MAX = 300
+#: how deep nested error objects are followed
+_DEPTH = 4
+
+
+def their_words(value: object) -> str:
+    """The provider's sentence in ``value`` (a string; an error object; a list of them, the first one
+    counted with the rest), printable and at most :data:`WHY_MAX` characters; "" when there is none."""
+    found = _sentence(value, _DEPTH)
+    if found is None:
+        return ""
+    words, more = found
+    # whitespace and control characters (bidirectional ones too) as single spaces
+    kept = " ".join("".join(c if c.isprintable() else " " for c in words[: 4 * WHY_MAX]).split())
+    if not kept:
+        return ""
+    cut = len(kept) > WHY_MAX or len(words) > 4 * WHY_MAX
+    return f"{kept[:WHY_MAX]}{'...' if cut else ''}{f' (and {more} more)' if more else ''}"
+
+
+def in_their_words(value: object, said: str = "") -> str:
+    """``: "<their words>"`` to end a reason with, or nothing: nothing either when ``said`` (our own account,
+    already in the reason) quotes those words already."""
+    words = their_words(value)
+    if not words or words.removesuffix("...")[:WHY_MAX] in said:
+        return ""
+    return f': "{words}"'
+
+
+def _sentence(value: object, depth: int) -> tuple[str, int] | None:
+    """The first sentence found in ``value``, and how many more errors a list held besides its own."""
+    if isinstance(value, str):
+        return (value, 0) if value.strip() else None
+    if depth <= 0:
+        return None
+    if isinstance(value, list):
+        items = [item for item in value[:1000] if item is not None]
+        first = _sentence(items[0], depth - 1) if items else None
+        return None if first is None else (first[0], first[1] + len(items) - 1)
+    if not isinstance(value, dict):
+        return None
+    for key in WHY_FIELDS:
+        words = value.get(key)
+        if isinstance(words, str) and words.strip():
+            return words, 0
+    for key in _NESTED:
+        if key in value:
+            found = _sentence(value[key], depth - 1)
+            if found is not None:
+                return found
+    return None
