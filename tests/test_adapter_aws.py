@@ -708,7 +708,7 @@ def test_athena_a_failed_query_says_why_in_the_reason(
     with store:
         op = store.get(op_id)
         assert op.state is State.FAILED, op.state_reason
-        assert op.state_reason == 'the provider reports the job FAILED: "line 1:8: Column \'idd\' cannot be resolved"'
+        assert op.state_reason == "the provider reports the job FAILED: \"line 1:8: Column 'idd' cannot be resolved\""
         assert proxy.targets("GetQueryResults") == []
 
 
