@@ -106,6 +106,26 @@ def test_an_expired_job_says_so_and_a_provider_file_without_an_error_path_says_o
     assert ledger.get(failed).state_reason == "the provider reports the job failed"
 
 
+def test_a_job_the_provider_no_longer_knows_is_not_assumed_gone_and_the_reason_says_what_it_may_mean(
+    ledger: Store, fake: FakeProvider
+) -> None:
+    cfg = config(fake)
+    op_id = submit(ledger, cfg, {"fake": {"duration": 30}})
+    work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING))
+    job_id = ledger.get(op_id).remote_job_id
+    assert job_id is not None
+    del fake.jobs[job_id]  # deleted at the provider: its status now answers 404
+    polls = fake.counts["status"]
+    work(ledger, cfg, until=lambda: fake.counts["status"] >= polls + 2, seconds=5)
+    op = ledger.get(op_id)
+    assert op.state is S.OBSERVING  # a 404 proves nothing: polling goes on until the result deadline
+    reason = op.state_reason or ""
+    assert reason.startswith(
+        f'status poll failed (http_404): "no such job": the provider says it does not know job {job_id}.'
+    )
+    assert "check its console" in reason and "NOT assumed stopped or failed" in reason
+
+
 @pytest.mark.parametrize(
     ("answer", "words"),
     [

@@ -38,6 +38,7 @@ from jobtrail.domain.results import (
     validate,
 )
 from jobtrail.domain.states import ESCALATED_STATES, RemoteState, State
+from jobtrail.domain.words import in_their_words
 from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.results import carries_secret, prepare_result
 from jobtrail.ledger.store import FollowUp, Moved, Observe, Reschedule, Store, StoredResult
@@ -173,10 +174,7 @@ class ObserveFlow:
                     "polls": polls,
                     "next_action_at_us": next_at,
                     **effects,
-                    "state_reason": (
-                        f"status poll failed ({status.error_class}{': ' + status.detail if status.detail else ''}); "
-                        f"next poll at {rfc3339(next_at)}"
-                    ),
+                    "state_reason": f"{_poll_failed(op, status)}; next poll at {rfc3339(next_at)}",
                 },
                 observed=observed,
             )
@@ -355,6 +353,22 @@ def _partial_output_ref(status: StatusOutcome) -> str | None:
     if status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
         return status.result_ref
     return None
+
+
+def _poll_failed(op: Operation, status: StatusOutcome) -> str:
+    """Why a status read told nothing, and, where the provider says it does not know the job, what that
+    may mean: nothing is assumed from it (the job may be gone, or not listed yet), but a person should know."""
+    said = f"status poll failed ({status.error_class}{': ' + status.detail if status.detail else ''})"
+    code = status.response.http_status
+    if code not in (404, 410) or op.remote_job_id is None:
+        return said
+    words = in_their_words(status.response.body)
+    return (
+        f"{said}{words}: the provider says it does not know job {op.remote_job_id}"
+        f"{' any more' if code == 410 else ''}. Just after a create some APIs take a moment to list a job; if this "
+        "goes on, it may have been deleted or dropped after the provider's retention, so check its console. It is "
+        "NOT assumed stopped or failed: polling goes on until the result deadline"
+    )
 
 
 def _ending_reason(op: Operation, ending: State, status: StatusOutcome) -> str:
