@@ -238,6 +238,47 @@ def test_a_new_job_id_for_the_same_token_stops_everything(
     assert fake.counts["creates_received"] == creates
 
 
+def test_a_replay_that_keeps_answering_a_stored_500_is_settled_by_the_other_declared_path(
+    make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
+) -> None:
+    """Stripe stores a create's outcome once it began executing and replays it, a 500 included: every replay
+    answers the same. A listing by the token finds the job the first create made, at the first replay that
+    settles nothing, instead of replaying until the create deadline and then asking a person."""
+    fake.script(Fault.stored_error(500))
+    jt = make_client(
+        fake,
+        reconcile={"modes": ["replay", "list_by_reference"], "list_path": "/v1/jobs?client_reference={token}"},
+    )
+    op = submit_and_drive(jt)
+    assert op.state is S.ACCEPTED and op.remote_job_id == fake.jobs_for(op.idempotency_token)[0]
+    assert fake.counts["creates_received"] == 2 and fake.counts["jobs_created"] == 1
+    assert fake.counts["replayed"] == 1 and fake.counts["lists"] == 1
+    assert causes(jt, op.operation_id)[-3:] == [
+        "reconciliation:create_attempt",
+        "reconciliation:ambiguous_create",
+        "accepted:confirmed_create",
+    ]
+    assert jt.store.history(op.operation_id)[-1].to_json()["evidence"]["via"] == "list_by_reference"
+    assert verify(jt.store).ok
+
+
+def test_a_replay_that_settles_nothing_is_tried_again_when_the_other_path_finds_no_job(
+    make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
+) -> None:
+    """An absence proves nothing here (the first create may still run at the provider): the replay is tried
+    again, under the same token, and settles it."""
+    fake.script(Fault.http(500), Fault.http(503))
+    jt = make_client(
+        fake,
+        reconcile={"modes": ["replay", "list_by_reference"], "list_path": "/v1/jobs?client_reference={token}"},
+    )
+    op = submit_and_drive(jt)
+    assert op.state is S.ACCEPTED and fake.counts["jobs_created"] == 1
+    # one listing after the 503 (no job yet), one to cross-check the replay that confirmed it
+    assert fake.counts["creates_received"] == 3 and fake.counts["lists"] == 2
+    assert jt.store.history(op.operation_id)[-1].to_json()["evidence"]["via"] == "replay"
+
+
 def test_a_job_id_another_operation_holds_is_never_given_to_a_second_one(
     make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
 ) -> None:

@@ -421,8 +421,25 @@ class CreateFlow:
             retry_after_s=resp.retry_after_s,
             provider_request_id=resp.provider_request_id,
         )
-        return await self._wait(
+        op = await self._wait(
             op, provider, f"attempt {attempt} ambiguous: {outcome.error_class}", resp.retry_after_s, evidence
+        )
+        return await self._found_another_way(op, provider) if reason == "replay" else op
+
+    async def _found_another_way(self, op: Operation, provider: Provider) -> Operation:
+        """After a replay that settled nothing, ask the provider's other declared path (a read) whether the job
+        exists. A provider that stores a create's outcome replays it, a 500 included (Stripe does): every replay
+        would answer the same until the create deadline, while a listing by our reference can find the job at
+        once. Only a find settles anything here: an absence may be a create still running there, and the token
+        already keeps a re-send from making a second job, so the replay is simply tried again later."""
+        mode = next((m for m in provider.capabilities.reconcile if m is not ReconcileMode.REPLAY), None)
+        if mode is None:
+            return op
+        found = await self._looked_up(op, provider, mode)
+        if found.kind != "found":
+            return op
+        return await self._confirm_or_conflict(
+            op, provider, found.remote_job_ids[0], found, via=mode.value, others=found.remote_job_ids[1:]
         )
 
     async def _candidates(self, op: Operation, provider: Provider, now: int) -> tuple[tuple[str, ...], str]:

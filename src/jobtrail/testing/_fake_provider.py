@@ -50,6 +50,12 @@ class Fault:
         return cls("http", commit=commit, status=status, retry_after=retry_after)
 
     @classmethod
+    def stored_error(cls, status: int = 500) -> Fault:
+        """Commit the job, answer ``status``, and keep that answer as the key's outcome: every replay gets it
+        again, as Stripe replays a stored 500 (the request had begun executing)."""
+        return cls("stored_error", commit=True, status=status)
+
+    @classmethod
     def reject(cls, status: int = 400, *, echo_auth: bool = False) -> Fault:
         """Refuse the request (nothing committed); optionally echo the credential back, as bad APIs do."""
         return cls("reject", commit=False, status=status, echo_auth=echo_auth)
@@ -489,6 +495,8 @@ class FakeProvider(ServedInThread):
                 status, doc = 200, {"id": job.id, "status": "succeeded", "result": job.result()}
             elif fault is not None and fault.kind == "malformed":
                 status, doc = 201, {"status": "queued"}
+            elif fault is not None and fault.kind == "stored_error":
+                status, doc = fault.status, {"type": "about:blank", "title": "internal error", "status": fault.status}
             else:
                 status, doc = 201, self._job_doc(job)
             if key and self.idempotency:
@@ -509,6 +517,8 @@ class FakeProvider(ServedInThread):
             with self._lock:
                 if key and key in self._keys:
                     self._keys[key].in_flight = False
+        if status >= 400:  # (a stored error names no job)
+            return web.json_response(doc, status=status, content_type="application/problem+json")
         return web.json_response(
             doc, status=status, headers={"Location": f"/v1/jobs/{job.id}", "X-Request-Id": f"req_{job.id}"}
         )
