@@ -16,8 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 from jobtrail import Store
+from jobtrail.domain.states import RemoteState
 
-from helpers import S, ctrl_c_as_from_a_terminal, op_in
+from helpers import S, ctrl_c_as_from_a_terminal, obs, op_in
 
 
 def jobtrail(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -49,6 +50,28 @@ def test_ops_show_into_a_pipe_prints_every_value_whole(tmp_path: Path) -> None:
         out = jobtrail("--db", db, *command, env={"COLUMNS": "80"})
         assert out.returncode == 0 and "\u2026" not in out.stdout, out.stdout
         assert key in out.stdout or command[1] == "history"
+
+
+def test_provider_words_and_keys_in_brackets_are_shown_as_written_never_read_as_markup(tmp_path: Path) -> None:
+    """A provider's error message (quoted in the reason) and a caller's key are foreign text: Rich must not take
+    ``[/tmp/x]`` for a closing tag (it raised MarkupError) nor ``[link=...]`` for a hyperlink escape."""
+    db = str(tmp_path / "ops.db")
+    store = Store.open(db)
+    key = "[bold]q3[/bold]-report"
+    op = op_in(store, S.OBSERVING, body={"i": 1}, operation_key=key)
+    said = 'the provider reports the job failed: "no such file [/tmp/x] [link=https://evil.example]click[/link]"'
+    failed = store.transition(
+        op, S.FAILED, obs(RemoteState.FAILED), actor="worker", changes={"state_reason": said, "remote_state": "failed"}
+    )
+    store.close()
+
+    for command in (("ops", "show", failed.operation_id), ("ops", "list"), ("explain", failed.operation_id)):
+        out = jobtrail("--db", db, *command, env={"COLUMNS": "300"})
+        assert out.returncode in (0, 3), out.stderr
+        assert "MarkupError" not in out.stderr and "\x1b" not in out.stdout
+        assert key in out.stdout or command[0] == "explain"
+        if command[0] != "ops" or command[1] == "show":
+            assert "[/tmp/x] [link=https://evil.example]click[/link]" in out.stdout
 
 
 def test_ops_list_show_history_json(tmp_path: Path) -> None:

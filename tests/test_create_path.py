@@ -14,6 +14,7 @@ from conftest import FakeClock
 
 from jobtrail import AsyncJobtrail, OperationKeyConflict, State, Store
 from jobtrail.domain.evidence import DefinitiveRejection
+from jobtrail.domain.redact import Redactor
 from jobtrail.domain.words import in_their_words
 from jobtrail.ledger.audit import verify
 from jobtrail.testing import FakeProvider, Fault
@@ -253,11 +254,8 @@ def test_a_replay_that_keeps_answering_a_stored_500_is_settled_by_the_other_decl
     assert op.state is S.ACCEPTED and op.remote_job_id == fake.jobs_for(op.idempotency_token)[0]
     assert fake.counts["creates_received"] == 2 and fake.counts["jobs_created"] == 1
     assert fake.counts["replayed"] == 1 and fake.counts["lists"] == 1
-    assert causes(jt, op.operation_id)[-3:] == [
-        "reconciliation:create_attempt",
-        "reconciliation:ambiguous_create",
-        "accepted:confirmed_create",
-    ]
+    # the replay's answer settled nothing; the listing, asked under the same lease, found the job
+    assert causes(jt, op.operation_id)[-2:] == ["reconciliation:create_attempt", "accepted:confirmed_create"]
     assert jt.store.history(op.operation_id)[-1].to_json()["evidence"]["via"] == "list_by_reference"
     assert verify(jt.store).ok
 
@@ -267,7 +265,7 @@ def test_a_replay_that_settles_nothing_is_tried_again_when_the_other_path_finds_
 ) -> None:
     """An absence proves nothing here (the first create may still run at the provider): the replay is tried
     again, under the same token, and settles it."""
-    fake.script(Fault.http(500), Fault.http(503))
+    fake.script(Fault.http(500), Fault.http(500))
     jt = make_client(
         fake,
         reconcile={"modes": ["replay", "list_by_reference"], "list_path": "/v1/jobs?client_reference={token}"},
@@ -277,6 +275,21 @@ def test_a_replay_that_settles_nothing_is_tried_again_when_the_other_path_finds_
     # one listing after the 503 (no job yet), one to cross-check the replay that confirmed it
     assert fake.counts["creates_received"] == 3 and fake.counts["lists"] == 2
     assert jt.store.history(op.operation_id)[-1].to_json()["evidence"]["via"] == "replay"
+
+
+def test_a_replay_answered_later_please_is_not_taken_for_a_stored_outcome(
+    make_client: Callable[..., AsyncJobtrail], fake: FakeProvider
+) -> None:
+    """A 503 with Retry-After (shed load), a 429, a time-out: no outcome the provider could have stored, so
+    nothing else is asked before the replay goes again once Retry-After has passed."""
+    fake.script(Fault.http(500), Fault.http(503, retry_after="0"), Fault.drop(commit=False))
+    jt = make_client(
+        fake,
+        reconcile={"modes": ["replay", "list_by_reference"], "list_path": "/v1/jobs?client_reference={token}"},
+    )
+    op = submit_and_drive(jt)
+    assert op.state is S.ACCEPTED and fake.counts["jobs_created"] == 1
+    assert fake.counts["creates_received"] == 4 and fake.counts["lists"] == 1  # the replay's cross-check only
 
 
 def test_a_job_id_another_operation_holds_is_never_given_to_a_second_one(
@@ -486,10 +499,11 @@ def test_sync_facade_for_scripts(db_url: str, fake: FakeProvider) -> None:
 def test_a_refusals_words_that_no_database_takes_are_made_plain(store: Store) -> None:
     """A lying provider's sentence may carry NULs, control characters and megabytes: the reason keeps
     printable words, bounded, and both databases store it (PostgreSQL refuses a NUL in text outright)."""
-    said = in_their_words({"error": {"message": "bad\x00field\r\n\tname\x1b[31m" + "x" * 10_000}})
+    said = in_their_words({"error": {"message": "bad\x00field\r\n\tname\x1b[31m" + "x" * 10_000}}, Redactor())
     assert said.startswith(': "bad field name [31mxxx') and said.endswith('..."') and len(said) < 320
     assert all(c.isprintable() for c in said)
-    assert in_their_words({"detail": "\x00\n"}) == in_their_words([1, 2]) == in_their_words(None) == ""
+    nothing = [in_their_words(value, Redactor()) for value in ({"detail": "\x00\n"}, [1, 2], None)]
+    assert nothing == ["", "", ""]
     op = op_in(store, S.CREATE_PENDING)
     failed = store.transition(
         op,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import os
 import subprocess
@@ -15,6 +16,7 @@ from test_cancel_and_results import FAST, config, state_is, submit, work
 
 from jobtrail import AsyncJobtrail, ConfigError, State, Store
 from jobtrail.domain.record import Operation
+from jobtrail.domain.redact import Redactor
 from jobtrail.domain.words import their_words
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.flows.escalation import escalation_bundle
@@ -71,6 +73,25 @@ def test_partial_output_that_cannot_be_fetched_does_not_hold_the_ending(ledger: 
     assert "could not be fetched (HTTP 404)" in (op.state_reason or "") and op.result_ref
     with pytest.raises(Exception, match="no result"):
         read_result(ledger, op_id)
+
+
+# -- a create settled another way -----------------------------------------------------------------------
+
+
+def test_a_stored_500_is_settled_by_the_listing_under_the_workers_own_lease(ledger: Store, fake: FakeProvider) -> None:
+    """A worker replays the create, gets the 500 the provider stored for the token, and asks the listing at
+    once, under the lease the replay went out under (a write made without it would not be fenced)."""
+    fake.script(Fault.stored_error(500))
+    listed = {"modes": ["replay", "list_by_reference"], "list_path": "/v1/jobs?client_reference={token}"}
+    cfg = config(fake, reconcile=listed)
+    op_id = submit(ledger, cfg, {"prompt": "x"})
+    work(ledger, cfg, until=state_is(ledger, op_id, S.OBSERVING, S.RESULT_COLLECTING, S.SUCCEEDED))
+    assert fake.counts["creates_received"] == 2 and fake.counts["jobs_created"] == 1 and fake.counts["lists"] == 1
+    replay_lease = fake.create_headers[-1]["X-Jobtrail-Lease"]
+    assert replay_lease and fake.list_leases == [replay_lease]
+    confirmed = next(e for e in ledger.history(op_id) if e.cause == "confirmed_create").to_json()
+    assert confirmed["evidence"]["via"] == "list_by_reference" and confirmed["actor"].startswith("worker:")
+    assert verify(ledger).ok
 
 
 # -- a failed job says why ------------------------------------------------------------------------------
@@ -144,7 +165,20 @@ def test_a_job_the_provider_no_longer_knows_is_not_assumed_gone_and_the_reason_s
     ],
 )
 def test_their_words_are_found_where_apis_put_them(answer: Any, words: str) -> None:
-    assert their_words(answer) == words
+    assert their_words(answer, Redactor()) == words
+
+
+def test_their_words_mask_a_credential_before_its_line_breaks_are_made_spaces() -> None:
+    """base64 wrapped in lines (MIME's 76 characters) is found across its breaks: the words are masked while
+    the breaks are there, not after they became spaces."""
+    redactor = Redactor()
+    redactor.register_basic("svc-user", "s3cr3t-" + "p" * 60)
+    wrapped = base64.encodebytes(("svc-user:s3cr3t-" + "p" * 60).encode()).decode()
+    assert "\n" in wrapped.strip()
+    words = their_words({"message": f"refused Basic {wrapped} for this job"}, redactor)
+    assert words.startswith("refused Basic [REDACTED]") and "cDM" not in words, words
+    first_line = wrapped.splitlines()[0]
+    assert first_line[:16] not in words
 
 
 class ListingProvider(HttpProvider):

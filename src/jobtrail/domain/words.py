@@ -3,11 +3,14 @@
 A reason that says only "HTTP 400" or "the provider reports the job failed" sends a person to the raw
 answer to learn that a field was misspelled or the model ran out of memory. These words are foreign
 input: a lying provider may send NULs (PostgreSQL refuses a NUL in text outright), terminal escapes,
-bidirectional controls and megabytes, so only printable words are kept, bounded. (A credential among
-them is masked when the reason is written, as in every stored reason.)
+bidirectional controls and megabytes, so only printable words are kept, bounded. A credential among them
+is masked first, while its line breaks are still there (base64 wrapped in lines is read across them), and
+again when the reason is written, as every stored reason is.
 """
 
 from __future__ import annotations
+
+from jobtrail.domain.redact import Redactor
 
 #: where APIs put the one sentence that says why (RFC 9457 problem details, and the error objects of
 #: OpenAI, Anthropic, Google, AWS, Replicate and the like), in the order they are looked for
@@ -20,10 +23,11 @@ WHY_MAX = 300
 _DEPTH = 4
 
 
-def their_words(value: object) -> str:
-    """The provider's sentence in ``value`` (a string; an error object; a list of them, the first one
-    counted with the rest), printable and at most :data:`WHY_MAX` characters; "" when there is none."""
-    found = _sentence(value, _DEPTH)
+def their_words(value: object, redactor: Redactor) -> str:
+    """The provider's sentence in ``value`` (a string; an error object; a list of them, the first that says
+    something, counted with the rest), masked by ``redactor`` (the provider's: it knows its credential),
+    printable and at most :data:`WHY_MAX` characters; "" when there is none."""
+    found = _sentence(redactor.value(value), _DEPTH)
     if found is None:
         return ""
     words, more = found
@@ -35,10 +39,10 @@ def their_words(value: object) -> str:
     return f"{kept[:WHY_MAX]}{'...' if cut else ''}{f' (and {more} more)' if more else ''}"
 
 
-def in_their_words(value: object, said: str = "") -> str:
+def in_their_words(value: object, redactor: Redactor, said: str = "") -> str:
     """``: "<their words>"`` to end a reason with, or nothing: nothing either when ``said`` (our own account,
     already in the reason) quotes those words already."""
-    words = their_words(value)
+    words = their_words(value, redactor)
     if not words or words.removesuffix("...")[:WHY_MAX] in said:
         return ""
     return f': "{words}"'
@@ -51,9 +55,9 @@ def _sentence(value: object, depth: int) -> tuple[str, int] | None:
     if depth <= 0:
         return None
     if isinstance(value, list):
-        items = [item for item in value[:1000] if item is not None]
-        first = _sentence(items[0], depth - 1) if items else None
-        return None if first is None else (first[0], first[1] + len(items) - 1)
+        # the first of the first thousand that says something; every other one counts as one more
+        first = next((s for s in (_sentence(item, depth - 1) for item in value[:1000]) if s is not None), None)
+        return None if first is None else (first[0], first[1] + len(value) - 1)
     if not isinstance(value, dict):
         return None
     for key in WHY_FIELDS:

@@ -345,6 +345,7 @@ class CreateFlow:
             return op
         if outcome.kind == "rejected":
             problem = resp.body if isinstance(resp.body, dict) else {"body": resp.body}
+            said = in_their_words(resp.body, provider.redactor, outcome.detail)
             if op.state is State.RECONCILIATION:
                 # IETF semantics replay the stored outcome, errors included: the original was refused too
                 return await self.writer.transition(
@@ -374,8 +375,7 @@ class CreateFlow:
                 changes={
                     "next_action_at_us": None,
                     "state_reason": (
-                        f"rejected by the provider: {outcome.detail}{in_their_words(resp.body, outcome.detail)}; "
-                        "a changed request is a new operation"
+                        f"rejected by the provider: {outcome.detail}{said}; a changed request is a new operation"
                     ),
                 },
                 request_ids=_ids(resp.provider_request_id),
@@ -413,6 +413,17 @@ class CreateFlow:
                 },
                 request_ids=_ids(resp.provider_request_id),
             )
+        return await self._ambiguous(op, provider, outcome, attempt=attempt, reason=reason)
+
+    async def _ambiguous(
+        self, op: Operation, provider: Provider, outcome: CreateOutcome, *, attempt: int, reason: str
+    ) -> Operation:
+        """An answer that settles nothing: asked another way if it may be a stored one, else tried again later."""
+        resp = outcome.response
+        if reason == "replay" and _stored_error(resp):
+            found = await self._found_another_way(op, provider)
+            if found is not None:
+                return found
         evidence = AmbiguousCreate(
             error_class=outcome.error_class,
             attempt=attempt,
@@ -421,23 +432,23 @@ class CreateFlow:
             retry_after_s=resp.retry_after_s,
             provider_request_id=resp.provider_request_id,
         )
-        op = await self._wait(
+        return await self._wait(
             op, provider, f"attempt {attempt} ambiguous: {outcome.error_class}", resp.retry_after_s, evidence
         )
-        return await self._found_another_way(op, provider) if reason == "replay" else op
 
-    async def _found_another_way(self, op: Operation, provider: Provider) -> Operation:
-        """After a replay that settled nothing, ask the provider's other declared path (a read) whether the job
-        exists. A provider that stores a create's outcome replays it, a 500 included (Stripe does): every replay
-        would answer the same until the create deadline, while a listing by our reference can find the job at
-        once. Only a find settles anything here: an absence may be a create still running there, and the token
+    async def _found_another_way(self, op: Operation, provider: Provider) -> Operation | None:
+        """After a replay answered with an error the provider may have stored, ask its other declared path
+        (a read) whether the job exists, still under the lease the replay was sent under. A provider that
+        stores a create's outcome replays it, a 500 included (Stripe does): every replay would answer the same
+        until the create deadline, while a listing by our reference can find the job at once. Only a find
+        settles anything (None: nothing found): an absence may be a create still running there, and the token
         already keeps a re-send from making a second job, so the replay is simply tried again later."""
         mode = next((m for m in provider.capabilities.reconcile if m is not ReconcileMode.REPLAY), None)
         if mode is None:
-            return op
+            return None
         found = await self._looked_up(op, provider, mode)
         if found.kind != "found":
-            return op
+            return None
         return await self._confirm_or_conflict(
             op, provider, found.remote_job_ids[0], found, via=mode.value, others=found.remote_job_ids[1:]
         )
@@ -684,6 +695,12 @@ def _stored_outcome(stored: dict[str, Any]) -> CreateOutcome:
         detail=raw.get("detail") or "",
         declared_non_retryable=bool(raw.get("declared_non_retryable")),
     )
+
+
+def _stored_error(resp: Response) -> bool:
+    """Could this answer be one the provider stored for the token and replays as it is? A 5xx it sent as an
+    answer (a time-out or a reset is no answer; a Retry-After says "later", a shed load, not an outcome)."""
+    return resp.http_status is not None and resp.http_status >= 500 and resp.retry_after_s is None
 
 
 def _ids(request_id: str | None) -> tuple[str, ...]:

@@ -174,7 +174,7 @@ class ObserveFlow:
                     "polls": polls,
                     "next_action_at_us": next_at,
                     **effects,
-                    "state_reason": f"{_poll_failed(op, status)}; next poll at {rfc3339(next_at)}",
+                    "state_reason": f"{_poll_failed(op, status, provider)}; next poll at {rfc3339(next_at)}",
                 },
                 observed=observed,
             )
@@ -355,19 +355,19 @@ def _partial_output_ref(status: StatusOutcome) -> str | None:
     return None
 
 
-def _poll_failed(op: Operation, status: StatusOutcome) -> str:
+def _poll_failed(op: Operation, status: StatusOutcome, provider: Provider) -> str:
     """Why a status read told nothing, and, where the provider says it does not know the job, what that
     may mean: nothing is assumed from it (the job may be gone, or not listed yet), but a person should know."""
     said = f"status poll failed ({status.error_class}{': ' + status.detail if status.detail else ''})"
     code = status.response.http_status
     if code not in (404, 410) or op.remote_job_id is None:
         return said
-    words = in_their_words(status.response.body)
+    words = in_their_words(status.response.body, provider.redactor)
     return (
         f"{said}{words}: the provider says it does not know job {op.remote_job_id}"
         f"{' any more' if code == 410 else ''}. Just after a create some APIs take a moment to list a job; if this "
         "goes on, it may have been deleted or dropped after the provider's retention, so check its console. It is "
-        "NOT assumed stopped or failed: polling goes on until the result deadline"
+        "NOT assumed stopped or failed: polling goes on until the operation's deadline"
     )
 
 

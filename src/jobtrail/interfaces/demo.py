@@ -267,7 +267,7 @@ def _report(store: Store, scenarios: list[Scenario], good: FakeProvider, console
             why += f" (a cancel was requested by {intents[0].actor}; the job finished first)"
         reasons.append(f"{number}. {op.operation_key} ({op.operation_id}) {op.state.value}: {why}")
     console.print(table)
-    console.print("\n".join(reasons), highlight=False)
+    console.print("\n".join(reasons), highlight=False, markup=False)  # the providers' words, as they are
     deliveries = Counter(status for _, status in good.webhook_deliveries)
     reached = len([sc for sc in scenarios if sc.provider == "fake" and sc.jobs])
     console.print(

@@ -767,7 +767,7 @@ class HttpProvider:
             effects=extract_any(cfg.effects_path, sent.body),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
             detail=self._redirect(sent) if 300 <= (sent.http_status or 0) < 400 else "",
-            failure=their_words(ended_why),
+            failure=their_words(ended_why, self.redactor),
         )
 
     def _redirect(self, sent: Response) -> str:

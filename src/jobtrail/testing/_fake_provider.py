@@ -239,6 +239,8 @@ class FakeProvider(ServedInThread):
     traceparents: list[tuple[str, str, str | None]] = field(default_factory=list)
     #: (job id, X-Jobtrail-Lease header, time) of every status poll
     status_leases: list[tuple[str, str | None, float]] = field(default_factory=list)
+    #: the lease (X-Jobtrail-Lease) each job listing was asked under
+    list_leases: list[str | None] = field(default_factory=list)
     #: the next this many cancels are answered 503 with ``Retry-After: busy_retry_after`` (shedding load)
     busy_cancels: int = 0
     busy_retry_after: str = "1"
@@ -489,6 +491,7 @@ class FakeProvider(ServedInThread):
             assert request.transport is not None
             request.transport.abort()
             raise asyncio.CancelledError
+        doc: dict[str, Any]
         with self._lock:
             if fault is not None and fault.kind == "sync":
                 job.duration_s = 0
@@ -577,6 +580,7 @@ class FakeProvider(ServedInThread):
         reference = request.query.get("client_reference")
         with self._lock:
             self.counts["lists"] += 1
+            self.list_leases.append(request.headers.get("X-Jobtrail-Lease"))
             data = [self._job_doc(j) for j in self.jobs.values() if reference is None or j.reference == reference]
         if "limit" not in request.query:
             return web.json_response({"data": data})

@@ -8,7 +8,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 from rich.table import Column, Table
+from rich.text import Text
 
 from jobtrail.domain.canonical import rfc3339
 from jobtrail.domain.errors import OperationNotFound
@@ -129,7 +131,8 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
     # on a terminal a long value folds onto the next lines; it is never cut (a fingerprint, a reason)
     table = Table(Column(no_wrap=True), Column(overflow="fold"), show_header=False)
     for key, value in doc.items():
-        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+        # as Text: a provider's words or a caller's key in brackets are shown, never read as Rich markup
+        table.add_row(key, Text(json.dumps(value) if isinstance(value, dict) else str(value)))
     print_whole(table)
 
 
@@ -157,7 +160,7 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
         table = Table("seq", "at", "actor", "from", "to", "cause", "hash")
         for e in entries:
             table.add_row(
-                str(e.seq), rfc3339(e.at_us), e.actor, e.from_state or "-", e.to_state, e.cause, e.entry_hash[:12]
+                str(e.seq), rfc3339(e.at_us), Text(e.actor), e.from_state or "-", e.to_state, e.cause, e.entry_hash[:12]
             )
     else:
         to = max([2, *(len(e.to_state) for e in entries)])
@@ -169,7 +172,7 @@ def ops_history(ctx: click.Context, operation_id: str, as_json: bool) -> None:
             Column("cause", no_wrap=True, overflow="ellipsis", ratio=2),
         )
         for e in entries:
-            table.add_row(str(e.seq), (rfc3339(e.at_us) or "")[11:19], e.actor, e.to_state, e.cause)
+            table.add_row(str(e.seq), (rfc3339(e.at_us) or "")[11:19], Text(e.actor), e.to_state, e.cause)
     print_whole(table)
 
 
@@ -280,7 +283,7 @@ def _print_operations(operations: list[Operation]) -> None:
         width["next action"] = min(fitted["next action"], max(5, room - width["key"] - width["operation"]))
     table = Table(*(Column(h, width=width[h], no_wrap=True, overflow="ellipsis") for h in headers))
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     print_whole(table)  # as wide as the table is, whatever COLUMNS says: a pipe or a file gets every character
 
 
@@ -362,7 +365,7 @@ def wait(ctx: click.Context, operation_id: str, timeout: float, as_json: bool) -
             time.sleep(0.2)
             op = store.get(operation_id)
             if status is not None:
-                status.update(f"{op.operation_id}: {op.state.value} ({op.state_reason or next_action(op)})")
+                status.update(escape(f"{op.operation_id}: {op.state.value} ({op.state_reason or next_action(op)})"))
     finally:
         if status is not None:
             status.stop()

@@ -422,7 +422,7 @@ class StepFunctionsProvider(AwsJsonProvider):
             raw_state=raw,
             response=kept,
             provider_time=None if when is None else str(when),
-            failure=their_words(": ".join(said)) if remote in ENDED_WITHOUT_RESULT else "",
+            failure=their_words(": ".join(said), self.redactor) if remote in ENDED_WITHOUT_RESULT else "",
         )
 
     async def cancel(self, op: Operation) -> Response | NoAnswer:
@@ -565,7 +565,7 @@ class AthenaProvider(AwsJsonProvider):
             raw_state=raw,
             response=sent,
             provider_time=None if when is None else str(when),
-            failure=their_words(why) if remote in ENDED_WITHOUT_RESULT else "",
+            failure=their_words(why, self.redactor) if remote in ENDED_WITHOUT_RESULT else "",
         )
 
     async def cancel(self, op: Operation) -> Response | NoAnswer:

@@ -262,7 +262,7 @@ class GoogleLroProvider(HttpProvider):
             remote_state=state,
             raw_state=raw,
             response=sent,
-            failure=their_words(body.get("error")) if state is RemoteState.FAILED else "",
+            failure=their_words(body.get("error"), self.redactor) if state is RemoteState.FAILED else "",
             progress=progress,
             provider_time=extract("$.metadata.endTime", body, {}, self.redactor)
             or extract("$.metadata.updateTime", body, {}, self.redactor),
