@@ -234,6 +234,15 @@ def sfn_file(path: Path, base_url: str, arn: str, extra: str = "") -> Path:
     return path
 
 
+def athena_file(path: Path, base_url: str) -> Path:
+    path.write_text(
+        f'kind = "aws-athena"\nname = "athena"\nregion = "{REGION}"\nbase_url = "{base_url}"\n'
+        'work_group = "primary"\noutput_location = "s3://jobtrail-results/q/"\n' + FAST,
+        encoding="utf-8",
+    )
+    return path
+
+
 def run_in_process(
     db_url: str, provider_file: Path, bodies: list[Any], *, seconds: float = 30, **submit: Any
 ) -> tuple[Store, list[str]]:
@@ -650,12 +659,7 @@ def test_athena_create_status_results_against_moto(
     )
     with urllib.request.urlopen(queue) as answer:
         assert answer.status == 201
-    path = tmp_path / "athena.toml"
-    path.write_text(
-        f'kind = "aws-athena"\nname = "athena"\nregion = "{REGION}"\nbase_url = "{proxy.url}"\n'
-        'work_group = "primary"\noutput_location = "s3://jobtrail-results/q/"\n' + FAST,
-        encoding="utf-8",
-    )
+    path = athena_file(tmp_path / "athena.toml", proxy.url)
     store, (op_id,) = run_in_process(db_url, path, [{"QueryString": "SELECT id FROM t"}])
     with store:
         op = store.get(op_id)
@@ -698,12 +702,7 @@ def test_athena_a_failed_query_says_why_in_the_reason(
         return aws_answer(200, {"QueryExecution": {"QueryExecutionId": query_id, "Status": status}})
 
     proxy.plan = plan
-    path = tmp_path / "athena.toml"
-    path.write_text(
-        f'kind = "aws-athena"\nname = "athena"\nregion = "{REGION}"\nbase_url = "{proxy.url}"\n'
-        'work_group = "primary"\noutput_location = "s3://jobtrail-results/q/"\n' + FAST,
-        encoding="utf-8",
-    )
+    path = athena_file(tmp_path / "athena.toml", proxy.url)
     store, (op_id,) = run_in_process(db_url, path, [{"QueryString": "SELECT idd FROM t"}])
     with store:
         op = store.get(op_id)
