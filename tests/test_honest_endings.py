@@ -181,6 +181,20 @@ def test_their_words_mask_a_credential_before_its_line_breaks_are_made_spaces() 
     assert first_line[:16] not in words
 
 
+def test_their_words_never_keep_the_start_of_a_credential_that_a_long_message_cuts_through() -> None:
+    """Only the start of a long message is read (megabytes would hold the event loop): a credential that
+    the cut runs through is masked nowhere, so what is kept ends well before the cut, even where blank
+    lines in between collapse and would bring it within the quote."""
+    redactor = Redactor()
+    credential = "sk-live-" + "Q7" * 30
+    redactor.register(credential)
+    for blank in range(2000, 2300, 7):  # the cut through every part of the credential
+        said = "quota exceeded" + "\n" * blank + credential + " for this key" + "x" * 5_000_000
+        words = their_words({"message": said}, redactor)
+        assert words.startswith("quota exceeded") and words.endswith("..."), words
+        assert "sk-live" not in words and "Q7Q7" not in words, (blank, words)
+
+
 class ListingProvider(HttpProvider):
     """The fake, as an API without any reconciliation path that can list its jobs by creation time."""
 

@@ -21,21 +21,32 @@ _NESTED = ("error", "errors", "data")
 WHY_MAX = 300
 #: how deep nested error objects are followed
 _DEPTH = 4
+#: how much of a long sentence is read (and masked): what is kept comes from its start
+_READ = 4 * WHY_MAX + 1024
+#: longer than any credential's form: what is kept of a sentence cut at _READ ends this far before the cut
+_MARGIN = 512
 
 
 def their_words(value: object, redactor: Redactor) -> str:
     """The provider's sentence in ``value`` (a string; an error object; a list of them, the first that says
     something, counted with the rest), masked by ``redactor`` (the provider's: it knows its credential),
     printable and at most :data:`WHY_MAX` characters; "" when there is none."""
-    found = _sentence(redactor.value(value), _DEPTH)
+    found = _sentence(value, _DEPTH)
     if found is None:
         return ""
     words, more = found
+    # masked before anything else, while its line breaks are there; only the start of a long one (a
+    # provider may send megabytes, and this runs on the event loop), and a credential the cut runs through
+    # lies within the margin dropped after it
+    read = words[:_READ]
+    masked = redactor.text(read)
+    if len(read) < len(words):
+        masked = masked[:-_MARGIN]
     # whitespace and control characters (bidirectional ones too) as single spaces
-    kept = " ".join("".join(c if c.isprintable() else " " for c in words[: 4 * WHY_MAX]).split())
+    kept = " ".join("".join(c if c.isprintable() else " " for c in masked).split())
     if not kept:
         return ""
-    cut = len(kept) > WHY_MAX or len(words) > 4 * WHY_MAX
+    cut = len(kept) > WHY_MAX or len(read) < len(words)
     return f"{kept[:WHY_MAX]}{'...' if cut else ''}{f' (and {more} more)' if more else ''}"
 
 
