@@ -109,7 +109,7 @@ FAKE_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("effects", "bool", "false", "every status reports partial effects (items processed)"),
     ("ending", "expired", "succeeded", "expired: the job expires instead of finishing"),
     ("partial", "bool", "false", "a cancelled or expired batch serves the half of its items it finished"),
-    ("failure", "text", "the job failed", 'a failed job\'s `error.message` (a body with `"fail": true` fails)'),
+    ("failure", "text", "the job failed", 'a failed job\'s `error.message`; `"fail": true` beside `fake` fails it'),
 )
 
 
