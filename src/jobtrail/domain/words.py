@@ -10,7 +10,10 @@ again when the reason is written, as every stored reason is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from jobtrail.domain.redact import Redactor
+from jobtrail.domain.states import ENDED_WITHOUT_RESULT, RemoteState
 
 #: where APIs put the one sentence that says why (RFC 9457 problem details, and the error objects of
 #: OpenAI, Anthropic, Google, AWS, Replicate and the like), in the order they are looked for
@@ -48,6 +51,12 @@ def their_words(value: object, redactor: Redactor) -> str:
         return ""
     cut = len(kept) > WHY_MAX or len(read) < len(words)
     return f"{kept[:WHY_MAX]}{'...' if cut else ''}{f' (and {more} more)' if more else ''}"
+
+
+def why_it_ended(remote: RemoteState, why: Callable[[], object], redactor: Redactor) -> str:
+    """:func:`their_words` of what ``why`` finds in a status answer, read only if the job ended without a
+    result (the poll of a running job, the common one, reads nothing more)."""
+    return their_words(why(), redactor) if remote in ENDED_WITHOUT_RESULT else ""
 
 
 def in_their_words(value: object, redactor: Redactor, said: str = "") -> str:

@@ -345,7 +345,6 @@ class CreateFlow:
             return op
         if outcome.kind == "rejected":
             problem = resp.body if isinstance(resp.body, dict) else {"body": resp.body}
-            said = in_their_words(resp.body, provider.redactor, outcome.detail)
             if op.state is State.RECONCILIATION:
                 # IETF semantics replay the stored outcome, errors included: the original was refused too
                 return await self.writer.transition(
@@ -375,7 +374,9 @@ class CreateFlow:
                 changes={
                     "next_action_at_us": None,
                     "state_reason": (
-                        f"rejected by the provider: {outcome.detail}{said}; a changed request is a new operation"
+                        f"rejected by the provider: {outcome.detail}"
+                        f"{in_their_words(resp.body, provider.redactor, outcome.detail)}; "
+                        "a changed request is a new operation"
                     ),
                 },
                 request_ids=_ids(resp.provider_request_id),

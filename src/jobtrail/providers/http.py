@@ -43,8 +43,8 @@ from jobtrail.domain.jsonpath import (
 from jobtrail.domain.machine import AMBIGUOUS_HTTP_STATUSES
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
-from jobtrail.domain.states import ENDED_WITHOUT_RESULT, RemoteState
-from jobtrail.domain.words import their_words
+from jobtrail.domain.states import RemoteState
+from jobtrail.domain.words import why_it_ended
 from jobtrail.providers.contract import (
     Capabilities,
     CreateOutcome,
@@ -756,7 +756,6 @@ class HttpProvider:
         if progress is not None and not math.isfinite(progress):  # "NaN", "inf", 10**400: no share of anything
             progress = None
         remote = remote if sent.http_status == 200 else RemoteState.UNKNOWN
-        ended_why = value_at(cfg.failure_path, sent.body, sent.headers) if remote in ENDED_WITHOUT_RESULT else None
         return StatusOutcome(
             remote_state=remote,
             raw_state=raw,
@@ -767,7 +766,7 @@ class HttpProvider:
             effects=extract_any(cfg.effects_path, sent.body),
             error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
             detail=self._redirect(sent) if 300 <= (sent.http_status or 0) < 400 else "",
-            failure=their_words(ended_why, self.redactor),
+            failure=why_it_ended(remote, lambda: value_at(cfg.failure_path, sent.body, sent.headers), self.redactor),
         )
 
     def _redirect(self, sent: Response) -> str:

@@ -38,8 +38,8 @@ from jobtrail.domain.canonical import compact_json, parse_answer, parse_json
 from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Secret
-from jobtrail.domain.states import ENDED_WITHOUT_RESULT, RemoteState, State
-from jobtrail.domain.words import their_words
+from jobtrail.domain.states import RemoteState, State
+from jobtrail.domain.words import why_it_ended
 from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, Spooled, StatusOutcome, WireAnswer
 from jobtrail.providers.credentials import Credential
 from jobtrail.providers.declared import is_loopback
@@ -422,7 +422,7 @@ class StepFunctionsProvider(AwsJsonProvider):
             raw_state=raw,
             response=kept,
             provider_time=None if when is None else str(when),
-            failure=their_words(": ".join(said), self.redactor) if remote in ENDED_WITHOUT_RESULT else "",
+            failure=why_it_ended(remote, lambda: ": ".join(said), self.redactor),
         )
 
     async def cancel(self, op: Operation) -> Response | NoAnswer:
@@ -559,13 +559,14 @@ class AthenaProvider(AwsJsonProvider):
         when = status_block.get("CompletionDateTime") or status_block.get("SubmissionDateTime")
         remote = self.capabilities.normalise(raw)
         # a failed or cancelled query says why: the state change's reason, else its error's message
-        why = status_block.get("StateChangeReason") or status_block.get("AthenaError")
         return StatusOutcome(
             remote_state=remote,
             raw_state=raw,
             response=sent,
             provider_time=None if when is None else str(when),
-            failure=their_words(why, self.redactor) if remote in ENDED_WITHOUT_RESULT else "",
+            failure=why_it_ended(
+                remote, lambda: status_block.get("StateChangeReason") or status_block.get("AthenaError"), self.redactor
+            ),
         )
 
     async def cancel(self, op: Operation) -> Response | NoAnswer:
