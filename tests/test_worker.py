@@ -203,6 +203,48 @@ def test_an_idle_worker_waits_for_another_workers_lease_instead_of_querying_in_a
     store.close()
 
 
+def test_claims_a_locked_database_refuses_are_tried_again_with_back_off_and_one_warning(
+    tmp_path: Path, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a probe: with the ledger refusing writes (locked, read-only), a worker retried its claim every
+    1-4 ms and logged each refusal, some 350 warnings a second. Now each refusal doubles the wait before the
+    next claim (0.1 s, 0.2 s, ... 5 s), the log says it once, and says so again when claims work again."""
+    import sqlite3
+
+    import jobtrail.ledger.store as store_module
+
+    monkeypatch.setattr(store_module, "SQLITE_BUSY_TIMEOUT_MS", 50)  # (a real lock: only the wait is shorter)
+    path = tmp_path / "jobs.db"
+    store = Store.open(path)
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+    ids = [asyncio.run(jt.submit("fake", {"x": i})).operation_id for i in range(5)]
+    asyncio.run(jt.providers["fake"].aclose())
+    # the claims run here, in this process, under the shorter wait (a writer process would wait 30 s)
+    worker = Worker(store, {"fake": load_provider(fake.provider_config())}, idle_s=0.05, writer_process=False)
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")  # another process holds the file's write lock
+
+    async def run() -> int:
+        work = asyncio.create_task(worker.run(until_settled=True, timeout=60))
+        await asyncio.sleep(2.5)
+        refused = worker.stats.claims_refused
+        locker.execute("ROLLBACK")
+        await work
+        return refused
+
+    with caplog.at_level("INFO", logger="jobtrail"):
+        refused_while_locked = asyncio.run(run())
+    locker.close()
+    assert 1 <= refused_while_locked <= 8, f"{refused_while_locked} claims in 2.5 s against a locked database"
+    warnings = [r.getMessage() for r in caplog.records if "could not claim" in r.getMessage()]
+    assert len(warnings) == 1 and "write lock" in warnings[0] and "next try in 0.1 s" in warnings[0], warnings
+    assert any("claims again" in r.getMessage() for r in caplog.records)
+    assert worker.stats.settled and {store.get(i).state for i in ids} == {S.SUCCEEDED}
+    assert fake.counts["jobs_created"] == 5
+    assert verify(store).ok
+    store.close()
+
+
 def test_a_restarted_worker_resumes_the_stored_schedule(db_url: str) -> None:
     """The next poll time is on the record; a new worker waits for it, with a controllable clock."""
     # the job outlives the test whatever the load: each poll must find it running

@@ -78,6 +78,13 @@ _CHAIN = 4
 _CLAIM_PAUSE_S = 0.1
 #: how often the worker makes sure its SQLite file is still the one it opened
 _FILE_CHECK_S = 1.0
+#: after a claim the database refused (locked, read-only, gone away), the next one waits this long,
+#: twice as long after each further refusal, up to _CLAIM_RETRY_MAX_S: a database that is away costs a
+#: few attempts a minute, not hundreds a second (what is due is still due when it answers again)
+_CLAIM_RETRY_S = 0.1
+_CLAIM_RETRY_MAX_S = 5.0
+#: while claims keep being refused, the warning is repeated at most this often (with how long it has lasted)
+_CLAIM_WARN_EVERY_S = 60.0
 
 
 def default_worker_id() -> str:
@@ -94,6 +101,8 @@ class WorkerStats:
     #: actions not started because too little of the lease was left to finish a provider call
     lease_too_short: int = 0
     errors: int = 0
+    #: claims the database refused (each retried later, see _CLAIM_RETRY_S)
+    claims_refused: int = 0
     transactions: int = 0
     writes: int = 0
     settled: bool = False
@@ -171,6 +180,7 @@ class Worker:
         self.stats = WorkerStats()
         self._claim_share = max(1, min(batch, concurrency) // 8)
         self._claimed_at = 0.0
+        self._refusals = _Refusals()
         self._stopping = asyncio.Event()
 
     @property
@@ -249,7 +259,7 @@ class Worker:
         """A claim is a transaction (and on SQLite the file's one write lock): while actions are in flight,
         claiming a few operations every few milliseconds costs more than acting on them a little later
         gains. So a busy worker claims once a good share of its room is free, or after a short pause."""
-        if capacity <= 0:
+        if capacity <= 0 or time.monotonic() < self._refusals.retry_at:
             return False
         if not busy or capacity >= self._claim_share:
             return True
@@ -266,8 +276,10 @@ class Worker:
                 states=WORKED_STATES,
             )
         except JobtrailError as exc:
-            log.warning("worker %s could not claim: %s", self.worker_id, exc)
+            self.stats.claims_refused += 1
+            self._refusals.refused(self.worker_id, exc)
             return []
+        self._refusals.answered(self.worker_id)
         self.stats.claims += 1
         self.stats.claimed += len(claimed)
         return claimed
@@ -284,6 +296,7 @@ class Worker:
             due = await self.io(self.store.next_claimable_us, providers=tuple(self.providers), states=WORKED_STATES)
             if due is not None:
                 wait = min(wait, max(0.001, (due - self.store.clock()) / _US))
+            wait = max(wait, self._refusals.retry_at - time.monotonic())  # what is due waits for the next claim
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=wait)
 
@@ -395,3 +408,41 @@ class Worker:
             await self.writer.release(current)
         except Exception as again:  # the database itself may be the problem; the lease will expire
             log.error("worker %s could not reschedule %s: %s", self.worker_id, op.operation_id, again)
+
+
+class _Refusals:
+    """Claims the database refused in a row: when the next may be tried, and what the log has been told."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.retry_at = 0.0
+        self._since = 0.0
+        self._warned_at = 0.0
+
+    def refused(self, worker_id: str, exc: JobtrailError) -> None:
+        now = time.monotonic()
+        self.count += 1
+        if self.count == 1:
+            self._since = now
+        wait = min(_CLAIM_RETRY_MAX_S, _CLAIM_RETRY_S * 2 ** min(self.count - 1, 16))
+        self.retry_at = now + wait
+        if self.count == 1 or now - self._warned_at >= _CLAIM_WARN_EVERY_S:
+            self._warned_at = now
+            log.warning(
+                "worker %s could not claim: %s (%s; next try in %.1f s)",
+                worker_id,
+                exc,
+                "first refusal" if self.count == 1 else f"{self.count} refusals in {now - self._since:.0f} s",
+                wait,
+            )
+
+    def answered(self, worker_id: str) -> None:
+        if self.count:
+            log.info(
+                "worker %s claims again, after %d refused claims in %.1f s",
+                worker_id,
+                self.count,
+                time.monotonic() - self._since,
+            )
+        self.count = 0
+        self.retry_at = 0.0
