@@ -415,27 +415,43 @@ def test_unreachable_database_is_a_clear_error() -> None:
         Store.open("postgresql://postgres@127.0.0.1:1/nothing")
 
 
-def test_locked_sqlite_database_is_a_clear_error_and_loses_nothing(tmp_path) -> None:
-    """Another process holds the write lock: the write is refused whole, with the way out."""
+def test_a_ledger_locked_by_another_session_is_a_clear_error_and_loses_nothing(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the SQLite file's write lock, or a PostgreSQL session holds the operations
+    table: the write waits (here 0.3 s), then is refused whole, with the way out. (On PostgreSQL a probe saw
+    a worker and a submit wait without a word for as long as the lock was held, 90 s.)"""
     import sqlite3
 
     import jobtrail.ledger.store as store_mod
 
-    path = tmp_path / "locked.db"
-    store = Store.open(path)
+    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 300)
+    monkeypatch.setattr(store_mod, "POSTGRES_LOCK_TIMEOUT_MS", 300)
+    store = Store.open(db_url)
     op = op_in(store, S.ACCEPTED)
-    blocker = sqlite3.connect(path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")
-    old = store_mod.SQLITE_BUSY_TIMEOUT_MS
+    if db_url.startswith("postgresql"):
+        engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+        locker = engine.connect()
+        locker.execute(sa.text("LOCK TABLE operations IN ACCESS EXCLUSIVE MODE"))
+
+        def release() -> None:
+            locker.close()  # (rolls back: the lock goes with the transaction)
+            engine.dispose()
+
+        message = r"another session held a lock on the ledger's tables for more than 0\.3 s; nothing was written"
+    else:
+        blocker = sqlite3.connect(db_url, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+
+        def release() -> None:
+            blocker.close()  # (its transaction, and the lock, end with it)
+
+        message = r"another process held the write lock for more than 0\.3 s; nothing was written"
     try:
-        store_mod.SQLITE_BUSY_TIMEOUT_MS = 50
-        store.engine.dispose()
-        with pytest.raises(StorageError, match="write lock"):
+        with pytest.raises(StorageError, match=message):
             store.transition(op, S.OBSERVING, obs(RemoteState.RUNNING), actor="w")
     finally:
-        store_mod.SQLITE_BUSY_TIMEOUT_MS = old
-        blocker.execute("ROLLBACK")
-        blocker.close()
+        release()
     assert store.get(op.operation_id) == op
     assert store.transition(op, S.OBSERVING, obs(RemoteState.RUNNING), actor="w").state is S.OBSERVING
     store.close()

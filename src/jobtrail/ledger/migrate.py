@@ -95,6 +95,9 @@ def upgrade(conn: Connection, revision: str = "head") -> str | None:
     """Upgrade the schema inside the caller's transaction (serialised between processes); returns the
     revision it found (None: there was no ledger, and one was made)."""
     if conn.dialect.name == "postgresql":
+        # a migration waits as long as it takes for another process's (of a large ledger: minutes), and for
+        # the locks its own DDL needs, instead of the store's lock_timeout
+        conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
         # two workers starting at once must not both run the same migration
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(7206151)"))
     target = HEAD if revision == "head" else revision

@@ -79,6 +79,10 @@ DEFAULT_DB_ENV = "JOBTRAIL_DB"
 #: queues on the process's lock first, see Store.writing), and a write that waits is better than a
 #: submit that fails. A lock held this long by one process is a stuck process, and the error says so.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: how long a PostgreSQL statement waits for a lock another session holds before it gives up with an error,
+#: as a SQLite write waits for the file's lock: a lock held this long is a stuck session (a table locked by
+#: hand, a transaction left open), and the error names it, where the statement would wait without a word
+POSTGRES_LOCK_TIMEOUT_MS = SQLITE_BUSY_TIMEOUT_MS
 #: how long a write is expected to wait for the lock when processes share a file (sizes a create's lease)
 EXPECTED_LOCK_WAIT_S = 5.0
 
@@ -2131,7 +2135,16 @@ def _make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    return sa.create_engine(url, pool_pre_ping=True)
+    engine = sa.create_engine(url, pool_pre_ping=True)
+    event.listen(engine, "connect", _postgres_connect)
+    return engine
+
+
+def _postgres_connect(dbapi_conn: Any, _record: Any) -> None:
+    # for the session, not one transaction: every statement this connection runs waits that long at most
+    with dbapi_conn.cursor() as cursor:
+        cursor.execute(f"SET lock_timeout = {int(POSTGRES_LOCK_TIMEOUT_MS)}")
+    dbapi_conn.commit()
 
 
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -2172,9 +2185,14 @@ def _explain_db_error(engine: Engine, doing: str, exc: Exception) -> str:
     orig = getattr(exc, "orig", None)
     text = str(orig) if orig is not None else str(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    if "locked" in text or "busy" in text:
+    if "lock timeout" in text:  # PostgreSQL's lock_timeout
         hint = (
-            f"another process held the write lock for more than {SQLITE_BUSY_TIMEOUT_MS // 1000} s; "
+            f"another session held a lock on the ledger's tables for more than {POSTGRES_LOCK_TIMEOUT_MS / 1000:g} s;"
+            " nothing was written, retry, or end the session holding it (pg_locks and pg_stat_activity show which)"
+        )
+    elif "locked" in text or "busy" in text:
+        hint = (
+            f"another process held the write lock for more than {SQLITE_BUSY_TIMEOUT_MS / 1000:g} s; "
             "nothing was written, retry, or stop the process holding the database"
         )
     elif "unable to open" in text or "No such file" in text or "readonly" in text:
