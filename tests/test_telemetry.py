@@ -250,6 +250,43 @@ def test_actions_provider_calls_and_ledger_gauges_are_measured(sdk: Sdk, db_url:
         store.close()
 
 
+def test_the_ledger_gauges_give_up_on_a_locked_table_rather_than_hold_the_scrape(
+    sdk: Sdk, db_url: str, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a probe: with another PostgreSQL session holding the operations table, every scrape of
+    ``worker --metrics-port`` hung on the gauges' counts and timed out (72 of 80), tracebacks in the worker's
+    stderr. A gauge's count now waits for a lock a second at most (here 0.2 s), and the scrape goes without it."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("a SQLite reader never waits on a writer's lock (WAL): nothing to give up on")
+    import sqlalchemy as sa
+
+    import jobtrail.ledger.store as store_module
+
+    monkeypatch.setattr(store_module, "GLANCE_LOCK_TIMEOUT_MS", 200)
+    store = Store.open(db_url)
+    jt = AsyncJobtrail(store=store, providers=[fake.provider_config()])
+    asyncio.run(jt.submit("fake", {"x": 1}))
+    asyncio.run(jt.providers["fake"].aclose())
+    engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    locker = engine.connect()
+    locker.execute(sa.text("LOCK TABLE operations IN ACCESS EXCLUSIVE MODE"))
+    try:
+        with ledger_gauges(store, ("fake",)):
+            started = time.monotonic()
+            while_locked = _points(sdk, "jobtrail.operations")
+            took = time.monotonic() - started
+    finally:
+        locker.close()
+        engine.dispose()
+    # (without the short wait, the count waits out the store's lock_timeout of 30 s)
+    assert while_locked == {} and took < 15, (while_locked, took)
+    with ledger_gauges(store, ("fake",)):
+        assert _points(sdk, "jobtrail.operations") == {
+            frozenset({("provider", "fake"), ("state", "create_pending")}): 1
+        }
+    store.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,7 +1,8 @@
 """The ledger's counts that metrics and progress displays read: operations by state, the due backlog.
 
 Each is one aggregate query (no rows leave the database), cheap enough to run at every metrics
-collection or display refresh. Blocking: call them off the event loop.
+collection or display refresh, and gives up after a second's wait on a lock (StorageError) rather
+than hold a scrape. Blocking: call them off the event loop.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def operations_by_state(store: Store, *, providers: Sequence[str] | None = None)
     query = sa.select(ops.c.provider, ops.c.state, sa.func.count()).group_by(ops.c.provider, ops.c.state)
     if providers is not None:
         query = query.where(ops.c.provider.in_(list(providers)))
-    with store._read() as conn:
+    with store._glance() as conn:
         return {(provider, state): int(n) for provider, state, n in conn.execute(query)}
 
 
@@ -46,6 +47,6 @@ def due_backlog(store: Store, *, states: Sequence[State], providers: Sequence[st
     )
     if providers is not None:
         query = query.where(ops.c.provider.in_(list(providers)))
-    with store._read() as conn:
+    with store._glance() as conn:
         due, oldest = conn.execute(query).one()
     return Backlog(int(due), 0 if oldest is None else max(0, now - int(oldest)))

@@ -83,6 +83,8 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: as a SQLite write waits for the file's lock: a lock held this long is a stuck session (a table locked by
 #: hand, a transaction left open), and the error names it, where the statement would wait without a word
 POSTGRES_LOCK_TIMEOUT_MS = SQLITE_BUSY_TIMEOUT_MS
+#: how long a glance (a metrics gauge's count) waits for a lock on PostgreSQL before it gives up
+GLANCE_LOCK_TIMEOUT_MS = 1_000
 #: how long a write is expected to wait for the lock when processes share a file (sizes a create's lease)
 EXPECTED_LOCK_WAIT_S = 5.0
 
@@ -499,6 +501,15 @@ class Store:
     def _read(self) -> Iterator[Connection]:
         with self._errors("reading"), self._read_lock, self._one_at_a_time(), self.engine.connect() as conn:
             yield conn.execution_options(jobtrail_read=True)
+
+    @contextlib.contextmanager
+    def _glance(self) -> Iterator[Connection]:
+        """A read that gives up soon rather than wait on a lock: a metrics scrape answers without the ledger's
+        gauges instead of hanging behind a locked table (on SQLite a reader never waits on a writer)."""
+        with self._read() as conn:
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(GLANCE_LOCK_TIMEOUT_MS)}")
+            yield conn
 
     @contextlib.contextmanager
     def _one_at_a_time(self) -> Iterator[None]:
