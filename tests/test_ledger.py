@@ -734,7 +734,7 @@ def test_a_sqlite_ledger_deleted_under_a_store_is_never_made_anew(tmp_path) -> N
         except BaseException as exc:  # what the thread met, for the test to read
             errors.append(exc)
 
-    with pytest.raises(StorageError, match=rf"{re.escape(str(db))} was deleted"):
+    with pytest.raises(StorageError, match=rf"{re.escape(str(db))} was deleted or moved away"):
         store.get(op.operation_id)
     thread = threading.Thread(target=read_elsewhere)
     thread.start()

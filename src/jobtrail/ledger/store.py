@@ -441,7 +441,7 @@ class Store:
             return
         if seen != self._file_identity:
             # a replacement is a deletion too: often our own pool's next connection made the new, empty file
-            what = "deleted" if seen is None else "deleted and replaced by another file"
+            what = "deleted or moved away" if seen is None else "deleted or moved, and replaced by another file"
             raise StorageError(
                 f"the database file {path} was {what} while this process had it open; stopping so that nothing "
                 "more is written where no one will read it. Restore the file (or point --db / JOBTRAIL_DB at "

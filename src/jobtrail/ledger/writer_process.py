@@ -642,7 +642,7 @@ def _open(url: str, identity: tuple[int, int] | None) -> Store:
     made anew here, where nobody would read what is written to it."""
     path = sa.engine.make_url(url).database if identity is not None else None
     if path is not None and not os.path.exists(path):
-        raise StorageError(f"the database file {path} was deleted while the worker had it open")
+        raise StorageError(f"the database file {path} was deleted or moved away while the worker had it open")
     store = Store.open(url, migrate=False)
     if identity is not None:
         store.expect_file(identity)
