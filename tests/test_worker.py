@@ -331,6 +331,7 @@ def test_sigterm_finishes_in_flight_work_and_releases_leases(db_url: str, tmp_pa
         code, out, err = finish(proc, timeout=30)
         assert code == 0, err
         assert json.loads(out)["worker"] == "polite"
+        assert "worker polite asked to stop: it claims nothing more, and finishes what is in flight" in err
         with Store.open(db_url) as store:
             assert all(store.get(i).lease_owner is None for i in ids)
             assert verify(store).ok

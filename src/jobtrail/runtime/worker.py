@@ -190,6 +190,8 @@ class Worker:
 
     def stop(self) -> None:
         """Stop claiming; in-flight actions finish and release their leases."""
+        if not self._stopping.is_set():
+            log.info("worker %s asked to stop: it claims nothing more, and finishes what is in flight", self.worker_id)
         self._stopping.set()
 
     async def run(self, *, until_settled: bool = False, timeout: float | None = None) -> WorkerStats:
@@ -240,6 +242,8 @@ class Worker:
                 await self._idle(bool(inflight))
         finally:
             if inflight:
+                # each may wait on the database (up to its lock time-out) before its lease is given back
+                log.info("worker %s: waiting for %d actions in flight to finish", self.worker_id, len(inflight))
                 await asyncio.gather(*inflight, return_exceptions=True)
             await self._heartbeat(stopped=True)
             await self.writer.close()
