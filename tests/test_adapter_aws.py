@@ -608,7 +608,10 @@ def test_sfn_a_failed_execution_says_its_error_and_cause_in_the_reason(
         op = store.get(op_id)
         assert op.state is State.FAILED, op.state_reason
         reason = op.state_reason or ""
-        assert reason.startswith('the provider reports the job FAILED: "States.Timeout: {"errorMessage": "Task timed')
+        # (their quotation marks escaped: nothing they wrote can end the quotation)
+        assert reason.startswith(
+            'the provider reports the job FAILED: "States.Timeout: {\\"errorMessage\\": \\"Task timed'
+        )
         assert aws_env["AWS_SECRET_ACCESS_KEY"] not in reason and "[REDACTED]" in reason
         assert all(c.isprintable() for c in reason)
         assert canary_hits(aws_env["AWS_SECRET_ACCESS_KEY"], ledger_bytes(store)) == []

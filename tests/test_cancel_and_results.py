@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -446,6 +447,36 @@ def test_a_one_time_result_refused_with_an_error_is_fetched_again(ledger: Store,
     work(ledger, cfg)
     assert ledger.get(op_id).state is S.SUCCEEDED and fake.counts["results"] == 2
     assert [o["http_status"] for o in ledger.observations(op_id) if o["kind"] == "result_fetch"] == [503, 200]
+
+
+def test_failed_item_ids_are_shown_as_written_never_read_as_markup(
+    db_url: str, ledger: Store, fake: FakeProvider
+) -> None:
+    """Found by a probe: a provider naming its failed items ``[/yellow]`` made ``ops show`` exit with Rich's
+    MarkupError (the operation could not be looked at), and ``[link=...]`` put the provider's link on screen."""
+    cfg = config(
+        fake, result={"content_type": "application/x-ndjson", "batch": {"id": "$.custom_id", "error": "$.error"}}
+    )
+    named = "[/yellow][link=https://evil.example]ok[/link]"
+    op_id = submit(ledger, cfg, {"fake": {"result": "batch", "items": 4, "failed_items": 1, "item_id": named}})
+    work(ledger, cfg)
+    assert ledger.get(op_id).state is S.SUCCEEDED, ledger.get(op_id).state_reason
+    assert stored_result(ledger, op_id)["summary"]["failed_ids"] == [f"{named}-00000"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "jobtrail", "--db", db_url, "ops", "show", op_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200", "FORCE_COLOR": "1"},
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "partial failure: 1 of 4 items failed: " in _plain(shown.stdout)
+    assert f"{named}-00000" in _plain(shown.stdout) and "\x1b]8;" not in shown.stdout  # (no hyperlink escape)
+
+
+def _plain(text: str) -> str:
+    """``text`` without its colour escapes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def test_a_batch_with_two_failed_items_out_of_500(db_url: str, ledger: Store, fake: FakeProvider) -> None:

@@ -430,6 +430,24 @@ def test_a_job_id_carrying_the_credential_is_unusable_and_never_stored(store: St
     assert w.hostile.posts() == 2
 
 
+@pytest.mark.parametrize("shown_as_other", ["job-\u202e7654-lave", "job\u200b-1", "job-\u2066x"])
+def test_a_job_id_that_would_show_as_other_text_is_unusable(store: Store, canary: str, shown_as_other: str) -> None:
+    """Found by a probe: a job id with a right-to-left override or a zero-width space was stored and shown as
+    it came, so a listing showed another id than the one kept (an operation key with one is refused)."""
+
+    async def go() -> tuple[str, World]:
+        async with world() as w:
+            w.hostile.job_id = shown_as_other
+            return await run_one(store, w.config(), seconds=1.5), w
+
+    op_id, _ = asyncio.run(go())
+    op = store.get(op_id)
+    reason = op.state_reason or ""
+    assert op.remote_job_id is None and op.state is State.NEEDS_ATTENTION, reason
+    assert "unusable job id" in reason and "which shows as nothing or turns the text around" in reason, reason
+    assert shown_as_other not in reason
+
+
 def test_a_state_carrying_the_credential_is_not_stored(store: Store, canary: str) -> None:
     async def go() -> tuple[str, World]:
         async with world() as w:

@@ -12,6 +12,7 @@ import jsonpath_rfc9535 as rfc9535
 from jsonpath_rfc9535.selectors import IndexSelector, NameSelector
 
 from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.record import unseen_character
 from jobtrail.domain.redact import Redactor, looks_secret
 
 #: longest identifier, state, reference or time accepted from a provider
@@ -44,6 +45,9 @@ def unusable(text: str, redactor: Redactor | None) -> str | None:
         return f"longer than {MAX_TEXT} characters"
     if "\ufffd" in text or _CONTROL.search(text):
         return "control characters or bytes that are not UTF-8"
+    unseen = unseen_character(text)
+    if unseen is not None:  # as a key may not: an override or a zero-width space would show it as other text
+        return f"{unseen}, which shows as nothing or turns the text around"
     # a redactor checks every form looks_secret checks, and the values it knows besides
     if redactor.secret_paths(text) if redactor is not None else looks_secret(text):
         return "it carries a credential"

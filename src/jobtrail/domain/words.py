@@ -10,8 +10,11 @@ again when the reason is written, as every stored reason is.
 
 from __future__ import annotations
 
+import json
+import unicodedata
 from collections.abc import Callable
 
+from jobtrail.domain.record import unseen_character
 from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import ENDED_WITHOUT_RESULT, RemoteState
 
@@ -42,7 +45,9 @@ def their_words(value: object, redactor: Redactor) -> str:
     # provider may send megabytes, and this runs on the event loop), and a credential the cut runs through
     # lies within the margin dropped after it
     read = words[:_READ]
-    masked = redactor.text(read)
+    # what shows as nothing goes before the masking, or a credential with a zero-width space between each two
+    # of its characters would be masked nowhere and then shown, each space a plain one
+    masked = redactor.text(read if unseen_character(read) is None else _shown(read))
     if len(read) < len(words):
         masked = masked[:-_MARGIN]
     # whitespace and control characters (bidirectional ones too) as single spaces
@@ -65,7 +70,22 @@ def in_their_words(value: object, redactor: Redactor, said: str = "") -> str:
     words = their_words(value, redactor)
     if not words or words.removesuffix("...")[:WHY_MAX] in said:
         return ""
-    return f': "{words}"'
+    return f": {quoted(words)}"
+
+
+def quoted(words: str) -> str:
+    """``words`` in double quotes, as JSON writes a string: a quote among them is ``\\"``, so nothing the
+    provider wrote can end the quotation and go on as if it were jobtrail's own text."""
+    return json.dumps(words, ensure_ascii=False)
+
+
+def _shown(text: str) -> str:
+    """``text`` without the characters that show as nothing (zero-width, bidirectional and other formatting,
+    controls); whitespace stays, line breaks too (the masking reads base64 across them)."""
+    return "".join(c for c in text if c.isspace() or unicodedata.category(c) not in _UNSEEN)
+
+
+_UNSEEN = frozenset({"Cf", "Cc", "Cn", "Cs"})
 
 
 def _sentence(value: object, depth: int) -> tuple[str, int] | None:

@@ -38,7 +38,7 @@ from jobtrail.domain.results import (
     validate,
 )
 from jobtrail.domain.states import ESCALATED_STATES, RemoteState, State
-from jobtrail.domain.words import in_their_words
+from jobtrail.domain.words import in_their_words, quoted
 from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.results import carries_secret, prepare_result
 from jobtrail.ledger.store import FollowUp, Moved, Observe, Reschedule, Store, StoredResult
@@ -380,7 +380,7 @@ def _ending_reason(op: Operation, ending: State, status: StatusOutcome) -> str:
             return "the job finished before the cancel took effect; collecting its result"
         return "the provider reports the job finished; collecting the result"
     raw_state, remote = status.raw_state, status.remote_state
-    words = f': "{status.failure}"' if status.failure else ""
+    words = f": {quoted(status.failure)}" if status.failure else ""
     if ending is State.FAILED:
         said = raw_state if raw_state and raw_state.lower() == remote.value else f"{raw_state} ({remote.value})"
         return f"the provider reports the job {said}{words}" + (

@@ -104,6 +104,7 @@ FAKE_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ),
     ("items", "count", "10", "a batch result's lines"),
     ("failed_items", "count", "0", "how many of a batch's lines failed"),
+    ("item_id", "text", "item", "what a batch's item ids start with (`item-00000`, `item-00001`, ...)"),
     ("size", "bytes", "1000000", "the size of a large or large_binary result"),
     ("flaky", "count", "2", "how many fetches of a flaky result get 503"),
     ("effects", "bool", "false", "every status reports partial effects (items processed)"),
@@ -177,8 +178,9 @@ class FakeJob:
                 total //= 2  # what it had finished when it stopped
             refused = {n * total // failed for n in range(failed)} if failed else set()
             lines = []
+            prefix = str(opts.get("item_id", "item"))  # what the items' ids start with (any text a provider writes)
             for n in range(total):
-                item: dict[str, Any] = {"custom_id": f"item-{n:05d}"}
+                item: dict[str, Any] = {"custom_id": f"{prefix}-{n:05d}"}
                 if n in refused:
                     item["error"] = {"code": "invalid_request", "message": "item refused"}
                 else:

@@ -123,10 +123,14 @@ def ops_show(ctx: click.Context, operation_id: str, as_json: bool) -> None:
         return
     summary = result["summary"] if result else None
     if summary and summary.get("failed"):
+        # the ids are the provider's: as Text, never read as Rich markup (a link, a colour, a closing tag)
         console.print(
-            f"[yellow]partial failure:[/yellow] {summary['failed']} of {summary['items']} items failed: "
-            + ", ".join(summary["failed_ids"][:20])
-            + (" ..." if summary["failed"] > 20 else "")
+            Text.assemble(
+                ("partial failure:", "yellow"),
+                f" {summary['failed']} of {summary['items']} items failed: "
+                + ", ".join(str(i) for i in summary["failed_ids"][:20])
+                + (" ..." if summary["failed"] > 20 else ""),
+            )
         )
     # on a terminal a long value folds onto the next lines; it is never cut (a fingerprint, a reason)
     table = Table(Column(no_wrap=True), Column(overflow="fold"), show_header=False)
