@@ -6,12 +6,14 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -447,6 +449,52 @@ def test_a_one_time_result_refused_with_an_error_is_fetched_again(ledger: Store,
     work(ledger, cfg)
     assert ledger.get(op_id).state is S.SUCCEEDED and fake.counts["results"] == 2
     assert [o["http_status"] for o in ledger.observations(op_id) if o["kind"] == "result_fetch"] == [503, 200]
+
+
+def test_the_escalation_markdown_shows_what_came_from_outside_as_text_and_commands_whole() -> None:
+    """Found by a probe: a provider's words pasted into the ticket became a tracking image, links, bold fake
+    approvals and raw HTML, and a job id with a backtick ended the code span of the command to copy, so the
+    command shown was the provider's. Rendered as CommonMark (with tables), none of that is made."""
+    from markdown_it import MarkdownIt
+
+    words = "OOM ![p](https://attacker.example/p.png) <img src=x onerror=alert(1)> **APPROVED** __too__ "
+    words += "[login](https://x.example) `"
+    job = "j1`: **DONE - ops approved** `x"
+    command = f"jobtrail resolve a-2 --by YOUR_NAME --reason '...' --to accepted --job-id {shlex.quote(job)}"
+    bundle = {
+        "operation_id": "op_1",
+        "provider": "fake",
+        "target": "127.0.0.1",
+        "remote_job_id": job,
+        "trace_id": "ab" * 16,
+        "state": "needs_attention",
+        "reason": f"the provider reports the job failed: {json.dumps(words)}",
+        "next_action": "a person decides",
+        "last_remote_state": "<b>running</b>",
+        "partial_effects": {"note": "<script>x</script>"},
+        "provider_request_ids": ["req|1"],
+        "decision": {"question": f"Which job? {job}", "options": [{"if": f"job {job} is it", "then": command}]},
+        "cancel_attempts": [],
+        "requests": [
+            {
+                "at": "t",
+                "kind": "status_poll",
+                "http_status": 200,
+                "raw_state": "a|b",
+                "remote_state": None,
+                "provider_request_id": "r|2",
+            }
+        ],
+        "history": [{"seq": 1, "at": "t", "actor": "**bob**", "from": None, "to": "failed", "cause": "c"}],
+    }
+    html = MarkdownIt("commonmark").enable("table").render(bundle_markdown(bundle))
+    for made in ("<img", "<a ", "<script", "<b>", "<em>"):
+        assert made not in html, made
+    assert html.count("<strong>") == 1  # the state's own
+    assert re.findall(r"<code>(.*?)</code>", html) == [escape(command, quote=False)]
+    assert "**APPROVED**" in html and escape("<img src=x onerror=alert(1)>", quote=False) in html
+    # each table keeps its columns (a | from outside is no cell border)
+    assert [row.count("<td>") for row in re.findall(r"<tr>\s*<td>.*?</tr>", html, re.S)] == [5, 6]
 
 
 def test_failed_item_ids_are_shown_as_written_never_read_as_markup(

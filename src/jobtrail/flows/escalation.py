@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from typing import Any
 
@@ -157,46 +158,68 @@ def _decision(op: Operation, history: list[dict[str, Any]], jobtrail: str) -> di
 
 
 def bundle_markdown(bundle: dict[str, Any]) -> str:
+    """The bundle as Markdown, for a ticket. What came from outside (a provider's words, ids and states; a
+    person's names and reasons) is shown as text, never read as Markdown or HTML: no image, link, emphasis,
+    HTML or table cell is made of it, and a command to copy is in a code span nothing in it can end."""
     lines = [
         f"# Escalation: {bundle['operation_id']}",
         "",
-        f"- provider: {bundle['provider']} (target {bundle['target']})",
-        f"- remote job id: {bundle['remote_job_id'] or 'unknown'}",
+        f"- provider: {_md(bundle['provider'])} (target {_md(bundle['target'])})",
+        f"- remote job id: {_md(bundle['remote_job_id'] or 'unknown')}",
         f"- trace id: {bundle['trace_id']}",
-        f"- state: **{bundle['state']}**: {bundle['reason'] or ''}",
-        f"- next action: {bundle['next_action']}",
-        f"- last remote state: {bundle['last_remote_state'] or 'unknown'}",
-        f"- partial effects (damage bound): {json.dumps(bundle['partial_effects'])}",
-        f"- provider request ids: {', '.join(bundle['provider_request_ids']) or 'none'}",
+        f"- state: **{bundle['state']}**: {_md(bundle['reason'] or '')}",
+        f"- next action: {_md(bundle['next_action'])}",
+        f"- last remote state: {_md(bundle['last_remote_state'] or 'unknown')}",
+        f"- partial effects (damage bound): {_md(json.dumps(bundle['partial_effects']))}",
+        f"- provider request ids: {', '.join(_md(i) for i in bundle['provider_request_ids']) or 'none'}",
         "",
         "## The decision",
         "",
-        bundle["decision"]["question"],
+        _md(bundle["decision"]["question"]),
         "",
     ]
     lines += [
-        f"- if {o['if']}: `{o['then']}`" + (f" ({o['note']})" if o.get("note") else "")
+        f"- if {_md(o['if'])}: {_code(o['then'])}" + (f" ({_md(o['note'])})" if o.get("note") else "")
         for o in bundle["decision"]["options"]
     ]
     lines += ["", "## Cancel attempts and answers", ""]
     lines += [
-        f"- {c['at']} {c['what']} by {c['actor']}"
+        f"- {c['at']} {c['what']} by {_md(c['actor'])}"
         + (f": HTTP {c.get('http_status') or '-'}" if c["what"] == "cancel_response" else "")
         + _intent(c)
         for c in bundle["cancel_attempts"]
     ] or ["- none"]
     lines += ["", "## Requests", "", "| at | kind | HTTP | remote state | request id |", "|---|---|---|---|---|"]
     lines += [
-        f"| {r['at']} | {r['kind']} | {r['http_status'] or '-'} | {r['raw_state'] or r['remote_state'] or ''} | "
-        f"{r['provider_request_id'] or ''} |"
+        f"| {r['at']} | {r['kind']} | {r['http_status'] or '-'} | {_md(r['raw_state'] or r['remote_state'] or '')} | "
+        f"{_md(r['provider_request_id'] or '')} |"
         for r in bundle["requests"]
     ]
     lines += ["", "## History", "", "| seq | at | actor | from | to | cause |", "|---|---|---|---|---|---|"]
     lines += [
-        f"| {h['seq']} | {h['at']} | {h['actor']} | {h['from'] or ''} | {h['to']} | {h['cause']} |"
+        f"| {h['seq']} | {h['at']} | {_md(h['actor'])} | {h['from'] or ''} | {h['to']} | {h['cause']} |"
         for h in bundle["history"]
     ]
     return "\n".join(lines) + "\n"
+
+
+#: what Markdown (CommonMark and GitHub's) reads inside a line: code spans, emphasis, links and images, HTML,
+#: entities, table cells, strikethrough, and the starts of autolinks (``https://``, ``www.``, an address's @);
+#: an underscore between two letters or digits (``job_00001``) never makes emphasis, and is left as it is
+_MARKDOWN = re.compile(r"[\\`*\[\]<>!|~&@]|(?<![^\W_])_|_(?![^\W_])|(?<=www)\.|:(?=//)")
+
+
+def _md(text: object) -> str:
+    """``text`` shown as it is in Markdown: each character Markdown would read backslash-escaped (any ASCII
+    punctuation may be), and a line break as a space (no text from outside starts a line of its own)."""
+    return _MARKDOWN.sub(lambda m: "\\" + m.group(0), " ".join(str(text).splitlines()))
+
+
+def _code(command: str) -> str:
+    """``command`` in a code span that nothing in it can end: a fence of one backtick more than the longest
+    run in it, and a space inside each end (CommonMark takes one off each)."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", command)), default=0) + 1)
+    return f"{fence} {command} {fence}"
 
 
 def _intent(attempt: dict[str, Any]) -> str:
@@ -204,5 +227,5 @@ def _intent(attempt: dict[str, Any]) -> str:
     if attempt["what"] != "cancel_intent":
         return ""
     said = attempt.get("evidence") or {}
-    expect = f" (expecting: {said['expected_effect']})" if said.get("expected_effect") else ""
-    return f": {said.get('reason', '')}{expect}"
+    expect = f" (expecting: {_md(said['expected_effect'])})" if said.get("expected_effect") else ""
+    return f": {_md(said.get('reason', ''))}{expect}"
