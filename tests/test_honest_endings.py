@@ -107,8 +107,7 @@ def test_a_failed_job_says_why_in_the_providers_own_words(ledger: Store, fake: F
     op = ledger.get(op_id)
     assert op.state is S.FAILED and op.remote_state == "failed"
     reason = op.state_reason or ""
-    # (controls and invisible formatting go, whitespace becomes single spaces)
-    assert reason.startswith('the provider reports the job failed: "CUDA out of memory at layer 7 (worker gpu-3)[2J x')
+    assert reason.startswith('the provider reports the job failed: "CUDA out of memory at layer 7 (worker gpu-3) [2J x')
     assert reason.endswith('..."') and len(reason) < 360 and all(c.isprintable() for c in reason)
     kept = [o for o in ledger.observations(op_id) if o["kind"] == "status_poll"][-1]["raw"]["body"]["error"]
     assert kept["message"] == said  # the whole answer stays the evidence

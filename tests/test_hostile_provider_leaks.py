@@ -37,7 +37,7 @@ from jobtrail.domain.redact import WITHHELD_SPLIT_CREDENTIAL, Redactor, install_
 from jobtrail.interfaces.mcp import MAX_REQUEST_DEPTH, guard_request
 from jobtrail.ledger.results import read_result
 from jobtrail.runtime.worker import ACTIVE_STATES, Worker
-from jobtrail.testing import provider_toml
+from jobtrail.testing import FakeProvider, provider_toml
 
 from helpers import canary_hits, free_port, ledger_bytes, wait_for_port
 
@@ -854,6 +854,34 @@ def test_audit_verify_errors_have_the_shape_of_every_commands_json_error(tmp_pat
     error = json.loads(done.stdout)["error"]
     assert error["exit_code"] == 2 and error["message"].startswith("cannot verify:")
     assert b"cannot verify:" in done.stderr
+
+
+def test_a_request_body_carrying_the_providers_own_credential_is_refused_before_the_first_send(
+    tmp_path: Path, canary: str, fake: FakeProvider
+) -> None:
+    """Found by a probe: a submit whose body carried the value of the provider's configured credential (not of
+    a known secret format) was stored in clear, then sent, because the credential is read at the first send and
+    the ledger did not know it yet. Now it is read before the first submit, and such a body is refused."""
+    from jobtrail.domain.errors import SecretInRequest
+
+    db = str(tmp_path / "ledger.db")
+    provider_file = fake.write_provider_file(tmp_path / "fake.toml", credential=f"env:{ENV}")
+    body = json.dumps({"note": canary})
+    done = _cli(db, "submit", "--provider", str(provider_file), "--key", "s-1", "--request", body)
+    assert done.returncode != 0 and b"looks like a credential at $.note" in done.stderr, done.stderr
+
+    async def library() -> None:
+        async with AsyncJobtrail(db, providers=[fake.provider_config(credential=f"env:{ENV}")]) as jt:
+            with pytest.raises(SecretInRequest, match=r"looks like a credential at \$\.note"):
+                await jt.submit("fake", {"note": f"key {canary}"})
+            with pytest.raises(SecretInRequest):
+                await jt.submit_many("fake", [{"n": 1}, {"note": canary}])
+
+    asyncio.run(library())
+    with Store.open(db) as store:
+        assert store.count() == 0
+    assert fake.counts["creates_received"] == 0
+    assert _hits(canary, Path(db).read_bytes()) == []
 
 
 def test_a_credential_in_the_key_caller_or_as_a_number_is_refused_before_anything_is_stored(tmp_path: Path) -> None:

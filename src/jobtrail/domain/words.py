@@ -45,9 +45,15 @@ def their_words(value: object, redactor: Redactor) -> str:
     # provider may send megabytes, and this runs on the event loop), and a credential the cut runs through
     # lies within the margin dropped after it
     read = words[:_READ]
-    # what shows as nothing goes before the masking, or a credential with a zero-width space between each two
-    # of its characters would be masked nowhere and then shown, each space a plain one
-    masked = redactor.text(read if unseen_character(read) is None else _shown(read))
+    masked = redactor.text(read)
+    if unseen_character(read) is not None:
+        # a credential with a zero-width space (or a NUL) between each two of its characters is masked nowhere,
+        # and would then be shown with a plain space for each: looked for again without what shows as nothing,
+        # and if found so, that is what is kept
+        plain = _shown(read)
+        masked_plain = redactor.text(plain)
+        if masked_plain != plain:
+            masked = masked_plain
     if len(read) < len(words):
         masked = masked[:-_MARGIN]
     # whitespace and control characters (bidirectional ones too) as single spaces

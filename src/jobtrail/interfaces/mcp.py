@@ -57,6 +57,7 @@ from jobtrail.interfaces.shapes import (
     WaitJson,
 )
 from jobtrail.ledger.results import read_result
+from jobtrail.providers.http import HttpProvider
 
 _WAITING_FOR_A_PERSON = (State.NEEDS_ATTENTION, State.CANCELLATION_UNCONFIRMED, State.RESULT_TIMED_OUT)
 
@@ -224,12 +225,8 @@ def _url_fields(jt: AsyncJobtrail, provider: str) -> tuple[str, ...]:
 def _register_credentials(jt: AsyncJobtrail) -> None:
     """Resolve each provider's credential once, so the guard knows the operator's values (never shown)."""
     for provider in jt.providers.values():
-        credential = getattr(getattr(provider, "config", None), "credential", None)
-        if credential is None:
-            continue
-        # not resolvable yet: the worker says so when it sends, and there is nothing to compare against
-        with contextlib.suppress(JobtrailError):
-            credential.resolve(provider.redactor)  # registers the value, and the ledger's redactor learns it
+        if isinstance(provider, HttpProvider):
+            provider.read_credential()  # the ledger's redactor learns it too
 
 
 class _Server(MCPServer):

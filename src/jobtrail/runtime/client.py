@@ -89,6 +89,8 @@ class AsyncJobtrail:
             raise ConfigError(f"retention_policy must be 'warn' or 'refuse', not {retention_policy!r}")
         self.retention_policy = retention_policy
         self.providers: dict[str, Provider] = {}
+        #: the providers whose credential was looked up before their first submit (see _learn_credential)
+        self._credentials_learned: set[str] = set()
         for provider in providers:
             self.add_provider(provider)
         #: every write of this client: concurrent submits (and the client's own creates) share group commits
@@ -137,6 +139,7 @@ class AsyncJobtrail:
         """:meth:`submit`, and whether the operation was created now (False: this key and request
         already had one, which is returned as it stands; nothing new will be sent for it)."""
         adapter = self.provider(provider)
+        await self._learn_credential(adapter)
         self._check_retention(adapter, create_deadline)
         spec = self._spec(
             adapter,
@@ -153,6 +156,13 @@ class AsyncJobtrail:
         (made,) = await self.writer.create([spec], actor=caller)
         failpoint("create.after_record")
         return made.op, made.new
+
+    async def _learn_credential(self, adapter: Provider) -> None:
+        """Before a provider's first submit, its credential is resolved (off the loop: a file, a keyring), so
+        the ledger knows its value and refuses a request body that carries it (it is never shown)."""
+        if adapter.name not in self._credentials_learned and isinstance(adapter, HttpProvider):
+            self._credentials_learned.add(adapter.name)
+            await self.io(adapter.read_credential)
 
     def _check_retention(self, adapter: Provider, create_deadline: timedelta | None) -> None:
         """A retry after the provider forgot the token could create a second job: say so before sending."""
@@ -215,6 +225,7 @@ class AsyncJobtrail:
         Takes the options of :meth:`submit` except ``key`` (use :meth:`submit` for keyed requests).
         """
         adapter = self.provider(provider)
+        await self._learn_credential(adapter)
         specs = [self._spec(adapter, provider, request, None, **options) for request in requests]
         made = await self.writer.create(specs, actor=options.get("caller", "unknown"))
         return [m.op for m in made]
