@@ -459,7 +459,7 @@ def test_the_escalation_markdown_shows_what_came_from_outside_as_text_and_comman
 
     words = "OOM ![p](https://attacker.example/p.png) <img src=x onerror=alert(1)> **APPROVED** __too__ "
     words += "[login](https://x.example) `"
-    job = "j1`: **DONE - ops approved** `x"
+    job = "j1`: **DONE - ops approved** `x\n\n<img src=x onerror=alert(1)>"
     command = f"jobtrail resolve a-2 --by YOUR_NAME --reason '...' --to accepted --job-id {shlex.quote(job)}"
     bundle = {
         "operation_id": "op_1",
@@ -491,7 +491,7 @@ def test_the_escalation_markdown_shows_what_came_from_outside_as_text_and_comman
     for made in ("<img", "<a ", "<script", "<b>", "<em>"):
         assert made not in html, made
     assert html.count("<strong>") == 1  # the state's own
-    assert re.findall(r"<code>(.*?)</code>", html) == [escape(command, quote=False)]
+    assert re.findall(r"<code>(.*?)</code>", html) == [escape(" ".join(command.splitlines()), quote=False)]
     assert "**APPROVED**" in html and escape("<img src=x onerror=alert(1)>", quote=False) in html
     # each table keeps its columns (a | from outside is no cell border)
     assert [row.count("<td>") for row in re.findall(r"<tr>\s*<td>.*?</tr>", html, re.S)] == [5, 6]

@@ -513,3 +513,20 @@ def test_a_refusals_words_that_no_database_takes_are_made_plain(store: Store) ->
         changes={"state_reason": f"rejected by the provider: HTTP 400{said}"},
     )
     assert store.get(op.operation_id).state_reason == failed.state_reason
+
+
+def test_job_ids_a_listing_names_are_held_to_the_rule_of_a_creates_answer() -> None:
+    """Found by a review: ids an adapter read from a provider's list (OpenAI's batches) were adopted as they
+    came, a line break and HTML in one included, where an id in a create's answer is refused for less."""
+    from types import SimpleNamespace
+
+    from jobtrail.domain.redact import Redactor
+    from jobtrail.flows.create import _usable
+    from jobtrail.providers.contract import LookupOutcome, ReconcileMode
+
+    provider: Any = SimpleNamespace(redactor=Redactor())
+    lying = ("batch_1 \n\n<img src=x onerror=alert(1)>", "batch_\u202eelif")
+    found = _usable(LookupOutcome(kind="found", path=ReconcileMode.LIST_BY_REFERENCE, remote_job_ids=lying), provider)
+    assert found.kind == "unknown" and found.remote_job_ids == () and "2 job id(s)" in found.detail
+    listed = LookupOutcome(kind="candidates", path=ReconcileMode.LIST_BY_REFERENCE, remote_job_ids=("batch_ok", *lying))
+    assert _usable(listed, provider).remote_job_ids == ("batch_ok",)

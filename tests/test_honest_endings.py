@@ -18,7 +18,7 @@ from test_cancel_and_results import FAST, config, state_is, submit, work
 from jobtrail import AsyncJobtrail, ConfigError, State, Store
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
-from jobtrail.domain.words import their_words
+from jobtrail.domain.words import quoted, their_words
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.flows.escalation import escalation_bundle
 from jobtrail.ledger.audit import verify
@@ -182,7 +182,7 @@ def test_their_words_mask_a_credential_before_its_line_breaks_are_made_spaces() 
     assert first_line[:16] not in words
 
 
-@pytest.mark.parametrize("between", ["\u200b", "\u2060", "\x00", "\u202e"])
+@pytest.mark.parametrize("between", ["\u200b", "\u2060", "\x00", "\u202e", "\ufe0f", "\u3164", "\ue000", "\xa0", " "])
 def test_their_words_mask_a_credential_split_by_characters_that_show_as_nothing(between: str) -> None:
     """Found by a probe: a zero-width space between each two characters of the credential hid it from the
     masking, and then became a plain space: the credential was stored and shown, readable."""
@@ -190,7 +190,15 @@ def test_their_words_mask_a_credential_split_by_characters_that_show_as_nothing(
     credential = "hkZq8vN3pL2xYw9T"
     redactor.register(credential)
     words = their_words({"message": f"bad key {between.join(credential)} refused"}, redactor)
-    assert words == "bad key [REDACTED] refused", words
+    assert "[REDACTED]" in words, words  # (the words run together where a credential was found so)
+    assert not any(credential[i : i + 3] in words.replace(between, "") for i in range(len(credential) - 2)), words
+
+
+def test_the_providers_words_cannot_seem_to_end_their_quotation_with_a_look_alike_mark() -> None:
+    """Found by a review: a full-width or curly quotation mark looked like the end of the quotation."""
+    shown = quoted("quota exceeded\uff02 (jobtrail: cancelled by admin) \u201dok")
+    assert shown == '"quota exceeded\\uff02 (jobtrail: cancelled by admin) \\u201dok"'
+    assert json.loads(shown) == "quota exceeded\uff02 (jobtrail: cancelled by admin) \u201dok"
 
 
 def test_the_providers_words_cannot_end_their_quotation(ledger: Store, fake: FakeProvider) -> None:

@@ -21,6 +21,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
@@ -876,6 +877,15 @@ def test_a_request_body_carrying_the_providers_own_credential_is_refused_before_
                 await jt.submit("fake", {"note": f"key {canary}"})
             with pytest.raises(SecretInRequest):
                 await jt.submit_many("fake", [{"n": 1}, {"note": canary}])
+
+        def slowly() -> str:  # a keyring, say: concurrent submits all wait for the one read
+            time.sleep(0.3)
+            return canary
+
+        async with AsyncJobtrail(db, providers=[fake.provider_config(credential=slowly)]) as jt:
+            together = [jt.submit("fake", {"note": canary, "n": i}) for i in range(3)]
+            refused = await asyncio.gather(*together, return_exceptions=True)
+            assert all(isinstance(r, SecretInRequest) for r in refused), refused
 
     asyncio.run(library())
     with Store.open(db) as store:

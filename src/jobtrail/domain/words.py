@@ -11,11 +11,11 @@ again when the reason is written, as every stored reason is.
 from __future__ import annotations
 
 import json
-import unicodedata
+import re
 from collections.abc import Callable
 
-from jobtrail.domain.record import unseen_character
-from jobtrail.domain.redact import Redactor
+from jobtrail.domain.record import _IGNORABLE
+from jobtrail.domain.redact import REDACTED, Redactor
 from jobtrail.domain.states import ENDED_WITHOUT_RESULT, RemoteState
 
 #: where APIs put the one sentence that says why (RFC 9457 problem details, and the error objects of
@@ -46,14 +46,12 @@ def their_words(value: object, redactor: Redactor) -> str:
     # lies within the margin dropped after it
     read = words[:_READ]
     masked = redactor.text(read)
-    if unseen_character(read) is not None:
-        # a credential with a zero-width space (or a NUL) between each two of its characters is masked nowhere,
-        # and would then be shown with a plain space for each: looked for again without what shows as nothing,
-        # and if found so, that is what is kept
-        plain = _shown(read)
-        masked_plain = redactor.text(plain)
-        if masked_plain != plain:
-            masked = masked_plain
+    # a credential with a zero-width space, a NUL, a space or a variation selector between each two of its
+    # characters is masked nowhere, and would be shown readable: looked for again in what is left of the words
+    # without all that, and if more is found so, that (the words run together) is what is kept
+    solid = redactor.text(_solid(read))
+    if solid.count(REDACTED) > masked.count(REDACTED):
+        masked = solid
     if len(read) < len(words):
         masked = masked[:-_MARGIN]
     # whitespace and control characters (bidirectional ones too) as single spaces
@@ -82,16 +80,19 @@ def in_their_words(value: object, redactor: Redactor, said: str = "") -> str:
 def quoted(words: str) -> str:
     """``words`` in double quotes, as JSON writes a string: a quote among them is ``\\"``, so nothing the
     provider wrote can end the quotation and go on as if it were jobtrail's own text."""
-    return json.dumps(words, ensure_ascii=False)
+    return _LOOK_ALIKE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", json.dumps(words, ensure_ascii=False))
 
 
-def _shown(text: str) -> str:
-    """``text`` without the characters that show as nothing (zero-width, bidirectional and other formatting,
-    controls); whitespace stays, line breaks too (the masking reads base64 across them)."""
-    return "".join(c for c in text if c.isspace() or unicodedata.category(c) not in _UNSEEN)
+#: what looks like a double quotation mark: written as its JSON escape inside a quotation, it cannot seem to end it
+_LOOK_ALIKE = re.compile(
+    "[\u00ab\u00bb\u02ba\u02dd\u05f4\u201c-\u201f\u2033\u2036\u275d\u275e\u2e42\u301d-\u301f\uff02]"
+)
 
 
-_UNSEEN = frozenset({"Cf", "Cc", "Cn", "Cs"})
+def _solid(text: str) -> str:
+    """``text`` without what does not show as a mark of its own: whitespace, controls, formatting, private and
+    unassigned code points, and what renders as nothing (variation selectors, fillers)."""
+    return "".join(c for c in text if c.isprintable() and not c.isspace() and not _IGNORABLE.match(c))
 
 
 def _sentence(value: object, depth: int) -> tuple[str, int] | None:

@@ -32,6 +32,7 @@ from jobtrail.domain.evidence import (
     SynchronousResult,
 )
 from jobtrail.domain.failpoints import failpoint
+from jobtrail.domain.jsonpath import unusable_id
 from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.redact import REDACTED
 from jobtrail.domain.states import CREATE_PHASE, State
@@ -458,7 +459,7 @@ class CreateFlow:
         """The jobs the provider lists as created while this create may have been sent (a minute of clock
         skew either side): named for the person who decides, never adopted."""
         since, until = op.created_at_us - _CLOCK_SKEW_US, now + _CLOCK_SKEW_US
-        listed = await provider_call(op, "candidates", provider.candidates(op, since, until))
+        listed = _usable(await provider_call(op, "candidates", provider.candidates(op, since, until)), provider)
         await self._observe(
             op,
             "reconcile_lookup",
@@ -478,7 +479,7 @@ class CreateFlow:
 
     async def _looked_up(self, op: Operation, provider: Provider, mode: ReconcileMode) -> LookupOutcome:
         """Ask the provider by a non-replay path, and store its answer as an observation."""
-        found = await provider_call(op, "lookup", provider.lookup(op, mode))
+        found = _usable(await provider_call(op, "lookup", provider.lookup(op, mode)), provider)
         await self._observe(
             op,
             "reconcile_lookup",
@@ -706,3 +707,17 @@ def _stored_error(resp: Response) -> bool:
 
 def _ids(request_id: str | None) -> tuple[str, ...]:
     return (request_id,) if request_id else ()
+
+
+def _usable(listed: LookupOutcome, provider: Provider) -> LookupOutcome:
+    """A listing's job ids as they may be used: one an adapter read from a provider's list is held to the rule
+    of one read from a create's answer (no credential, nothing that shows as other text, no line break, no dot
+    segment). A find whose every id is unusable found nothing usable: it says why, and a person decides."""
+    kept = tuple(j for j in listed.remote_job_ids if unusable_id(j, provider.redactor) is None)
+    if len(kept) == len(listed.remote_job_ids):
+        return listed
+    dropped = len(listed.remote_job_ids) - len(kept)
+    why = f"{dropped} job id(s) the provider listed are unusable and not used"
+    if listed.kind == "found" and not kept:
+        return dataclasses.replace(listed, kind="unknown", remote_job_ids=(), detail=why)
+    return dataclasses.replace(listed, remote_job_ids=kept, detail=f"{listed.detail}; {why}" if listed.detail else why)

@@ -216,8 +216,9 @@ def _md(text: object) -> str:
 
 
 def _code(command: str) -> str:
-    """``command`` in a code span that nothing in it can end: a fence of one backtick more than the longest
-    run in it, and a space inside each end (CommonMark takes one off each)."""
+    """``command`` in a code span that nothing in it can end: on one line, a fence of one backtick more than
+    the longest run in it, and a space inside each end (CommonMark takes one off each)."""
+    command = " ".join(command.splitlines())  # (a line break would end the list item, and the span with it)
     fence = "`" * (max((len(run) for run in re.findall("`+", command)), default=0) + 1)
     return f"{fence} {command} {fence}"
 

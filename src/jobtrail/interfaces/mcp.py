@@ -226,7 +226,7 @@ def _register_credentials(jt: AsyncJobtrail) -> None:
     """Resolve each provider's credential once, so the guard knows the operator's values (never shown)."""
     for provider in jt.providers.values():
         if isinstance(provider, HttpProvider):
-            provider.read_credential()  # the ledger's redactor learns it too
+            provider.read_credential()  # the ledger's redactor learns it too (if it can be read now)
 
 
 class _Server(MCPServer):

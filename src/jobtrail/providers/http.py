@@ -9,7 +9,6 @@ is registered with the redactor, and never reaches the record.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -30,7 +29,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from jobtrail.domain.backoff import parse_retry_after
 from jobtrail.domain.canonical import canonical_bytes, parse_answer
-from jobtrail.domain.errors import ConfigError, JobtrailError
+from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import (
     extract,
     extract_any,
@@ -370,18 +369,21 @@ class HttpProvider:
             headers[self.config.trace_header] = op.trace_id
         return headers
 
-    def read_credential(self) -> None:
-        """Read the credential now (blocking: a file, a keyring), and keep it for the sends as they would.
+    def read_credential(self) -> bool:
+        """Read the credential now (blocking: a file, a keyring), and keep it for the sends as they would;
+        False if it cannot be read now (that is said when a request is sent).
 
-        Called before this provider's first request body is stored: the redactor (and the ledger's, which it
-        forwards to) then knows the value, and a body that carries it is refused, as one that carries a known
-        secret format is. One that cannot be read yet is said when a request is sent."""
+        Called before a request body is stored: the redactor (and the ledger's, which it forwards to) then
+        knows the value, and a body that carries it is refused, as one that carries a known secret format is."""
         credential = self.config.credential
         if credential is None:
-            return
-        with contextlib.suppress(JobtrailError):
+            return True
+        try:
             headers = credential.headers(credential.resolve(self.redactor))
-            self._credential = (time.monotonic(), headers)
+        except Exception:
+            return False
+        self._credential = (time.monotonic(), headers)
+        return True
 
     async def _credential_headers(self) -> dict[str, str]:
         """The credential's headers, resolved at most once per CREDENTIAL_TTL_S, and again at once when

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypedDict, Unpack
@@ -33,7 +34,7 @@ from jobtrail.ledger.results import read_result
 from jobtrail.ledger.store import EXPECTED_LOCK_WAIT_S, Store
 from jobtrail.ledger.writer import BatchWriter
 from jobtrail.providers.contract import Provider, ReconcileMode, slowest_call_s
-from jobtrail.providers.http import HttpProvider, load_provider
+from jobtrail.providers.http import CREDENTIAL_TTL_S, HttpProvider, load_provider
 from jobtrail.runtime.tasks import Task, open_task
 from jobtrail.runtime.worker import default_worker_id
 
@@ -89,8 +90,9 @@ class AsyncJobtrail:
             raise ConfigError(f"retention_policy must be 'warn' or 'refuse', not {retention_policy!r}")
         self.retention_policy = retention_policy
         self.providers: dict[str, Provider] = {}
-        #: the providers whose credential was looked up before their first submit (see _learn_credential)
-        self._credentials_learned: set[str] = set()
+        #: per provider, when its credential was last read before a submit, and the read under way (_learn_credential)
+        self._credential_read_at: dict[str, float] = {}
+        self._credential_reads: dict[str, asyncio.Future[None]] = {}
         for provider in providers:
             self.add_provider(provider)
         #: every write of this client: concurrent submits (and the client's own creates) share group commits
@@ -158,11 +160,27 @@ class AsyncJobtrail:
         return made.op, made.new
 
     async def _learn_credential(self, adapter: Provider) -> None:
-        """Before a provider's first submit, its credential is resolved (off the loop: a file, a keyring), so
-        the ledger knows its value and refuses a request body that carries it (it is never shown)."""
-        if adapter.name not in self._credentials_learned and isinstance(adapter, HttpProvider):
-            self._credentials_learned.add(adapter.name)
-            await self.io(adapter.read_credential)
+        """Before a provider's first submit (and again once the read is older than the credential's time to
+        live), its credential is read, off the loop, so the ledger knows its value and refuses a request body
+        that carries it (it is never shown). Concurrent submits wait for the one read, in their order; a read
+        that failed (a file not there yet) is tried again at the next submit."""
+        if not isinstance(adapter, HttpProvider) or adapter.config.credential is None:
+            return
+        read_at = self._credential_read_at.get(adapter.name)
+        if read_at is not None and time.monotonic() - read_at < CREDENTIAL_TTL_S:
+            return
+        pending = self._credential_reads.get(adapter.name)
+        if pending is None or pending.get_loop() is not asyncio.get_running_loop():
+            pending = asyncio.ensure_future(self._read_credential(adapter))
+            self._credential_reads[adapter.name] = pending
+        await asyncio.shield(pending)
+
+    async def _read_credential(self, adapter: HttpProvider) -> None:
+        try:
+            if await self.io(adapter.read_credential):
+                self._credential_read_at[adapter.name] = time.monotonic()
+        finally:
+            self._credential_reads.pop(adapter.name, None)
 
     def _check_retention(self, adapter: Provider, create_deadline: timedelta | None) -> None:
         """A retry after the provider forgot the token could create a second job: say so before sending."""
