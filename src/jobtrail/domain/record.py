@@ -72,7 +72,7 @@ class OperationSpec:
 
 #: what shows as nothing or changes how the rest shows: Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties,
 #: 15.1: zero-width characters, bidirectional controls such as U+202E, variation selectors, Hangul fillers, tags)
-_IGNORABLE = re.compile(
+IGNORABLE = re.compile(
     "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164"
     "\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
@@ -101,7 +101,7 @@ def unseen_character(text: str) -> str | None:
             (
                 i
                 for i, c in enumerate(text)
-                if (_IGNORABLE.match(c) or unicodedata.category(c) in _UNSEEN_CATEGORIES) and not _writes(text, i)
+                if (IGNORABLE.match(c) or unicodedata.category(c) in _UNSEEN_CATEGORIES) and not _writes(text, i)
             ),
             None,
         )

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable
 
-from jobtrail.domain.record import _IGNORABLE
+from jobtrail.domain.record import IGNORABLE
 from jobtrail.domain.redact import REDACTED, Redactor
 from jobtrail.domain.states import ENDED_WITHOUT_RESULT, RemoteState
 
@@ -92,7 +92,7 @@ _LOOK_ALIKE = re.compile(
 def _solid(text: str) -> str:
     """``text`` without what does not show as a mark of its own: whitespace, controls, formatting, private and
     unassigned code points, and what renders as nothing (variation selectors, fillers)."""
-    return "".join(c for c in text if c.isprintable() and not c.isspace() and not _IGNORABLE.match(c))
+    return "".join(c for c in text if c.isprintable() and not c.isspace() and not IGNORABLE.match(c))
 
 
 def _sentence(value: object, depth: int) -> tuple[str, int] | None:

@@ -9,6 +9,7 @@ is registered with the redactor, and never reaches the record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -369,21 +370,27 @@ class HttpProvider:
             headers[self.config.trace_header] = op.trace_id
         return headers
 
-    def read_credential(self) -> bool:
-        """Read the credential now (blocking: a file, a keyring), and keep it for the sends as they would;
-        False if it cannot be read now (that is said when a request is sent).
+    def credential_known(self) -> bool:
+        """Was the credential read within :data:`CREDENTIAL_TTL_S` (or is there none to read)?"""
+        held = self._credential
+        return self.config.credential is None or (held is not None and time.monotonic() - held[0] < CREDENTIAL_TTL_S)
+
+    def read_credential(self) -> None:
+        """Read the credential now if it is not known (blocking: a file, a keyring), and keep it for the sends.
 
         Called before a request body is stored: the redactor (and the ledger's, which it forwards to) then
-        knows the value, and a body that carries it is refused, as one that carries a known secret format is."""
+        knows the value, and a body that carries it is refused, as one that carries a known secret format is.
+        One that cannot be read now stays unknown: the next submit tries again, and a send says what is wrong."""
+        if not self.credential_known():
+            with contextlib.suppress(Exception):  # a keyring's own errors too
+                self._read_credential()
+
+    def _read_credential(self) -> dict[str, str]:
         credential = self.config.credential
-        if credential is None:
-            return True
-        try:
-            headers = credential.headers(credential.resolve(self.redactor))
-        except Exception:
-            return False
+        assert credential is not None
+        headers = credential.headers(credential.resolve(self.redactor))
         self._credential = (time.monotonic(), headers)
-        return True
+        return headers
 
     async def _credential_headers(self) -> dict[str, str]:
         """The credential's headers, resolved at most once per CREDENTIAL_TTL_S, and again at once when
@@ -391,15 +398,11 @@ class HttpProvider:
         credential = self.config.credential
         if credential is None:
             return {}
-        now = time.monotonic()
-        if self._credential is not None and now - self._credential[0] < CREDENTIAL_TTL_S:
+        if self._credential is not None and self.credential_known():
             return self._credential[1]
-        inline = callable(credential.ref) or credential.ref.startswith("env:")
-        resolve = credential.resolve
-        secret = resolve(self.redactor) if inline else await asyncio.to_thread(resolve, self.redactor)
-        headers = credential.headers(secret)
-        self._credential = (now, headers)
-        return headers
+        if callable(credential.ref) or credential.ref.startswith("env:"):
+            return self._read_credential()
+        return await asyncio.to_thread(self._read_credential)
 
     async def _send(
         self,

@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypedDict, Unpack
@@ -34,7 +33,7 @@ from jobtrail.ledger.results import read_result
 from jobtrail.ledger.store import EXPECTED_LOCK_WAIT_S, Store
 from jobtrail.ledger.writer import BatchWriter
 from jobtrail.providers.contract import Provider, ReconcileMode, slowest_call_s
-from jobtrail.providers.http import CREDENTIAL_TTL_S, HttpProvider, load_provider
+from jobtrail.providers.http import HttpProvider, load_provider
 from jobtrail.runtime.tasks import Task, open_task
 from jobtrail.runtime.worker import default_worker_id
 
@@ -90,8 +89,7 @@ class AsyncJobtrail:
             raise ConfigError(f"retention_policy must be 'warn' or 'refuse', not {retention_policy!r}")
         self.retention_policy = retention_policy
         self.providers: dict[str, Provider] = {}
-        #: per provider, when its credential was last read before a submit, and the read under way (_learn_credential)
-        self._credential_read_at: dict[str, float] = {}
+        #: per provider, the read of its credential under way before a submit (see _learn_credential)
         self._credential_reads: dict[str, asyncio.Future[None]] = {}
         for provider in providers:
             self.add_provider(provider)
@@ -164,10 +162,7 @@ class AsyncJobtrail:
         live), its credential is read, off the loop, so the ledger knows its value and refuses a request body
         that carries it (it is never shown). Concurrent submits wait for the one read, in their order; a read
         that failed (a file not there yet) is tried again at the next submit."""
-        if not isinstance(adapter, HttpProvider) or adapter.config.credential is None:
-            return
-        read_at = self._credential_read_at.get(adapter.name)
-        if read_at is not None and time.monotonic() - read_at < CREDENTIAL_TTL_S:
+        if not isinstance(adapter, HttpProvider) or adapter.credential_known():
             return
         pending = self._credential_reads.get(adapter.name)
         if pending is None or pending.get_loop() is not asyncio.get_running_loop():
@@ -177,8 +172,7 @@ class AsyncJobtrail:
 
     async def _read_credential(self, adapter: HttpProvider) -> None:
         try:
-            if await self.io(adapter.read_credential):
-                self._credential_read_at[adapter.name] = time.monotonic()
+            await self.io(adapter.read_credential)
         finally:
             self._credential_reads.pop(adapter.name, None)
 
