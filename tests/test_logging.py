@@ -134,6 +134,43 @@ def test_worker_logs_a_failed_action_as_one_json_line(tmp_path: Path) -> None:
         fake.stop()
 
 
+def test_under_json_lines_the_workers_stderr_is_json_lines_to_its_end_summary_included(tmp_path: Path) -> None:
+    """``worker --log-format json`` off a terminal: every line on stderr is one JSON object, the summary at
+    exit too (at info, with its figures as fields), so a log shipper that reads JSON lines drops nothing."""
+    db_url = str(tmp_path / "jobs.db")  # one engine: what is tested here does not depend on it
+    fake = FakeProvider(job_duration_s=0.1).start()
+    try:
+        submit_many(db_url, fake, 2)
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        proc = start_worker(db_url, provider, "shipped", "--until-settled", "--timeout", "30", "--log-format", "json")
+        code, _out, err = finish(proc)
+        assert code == 0, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert lines, err
+        docs = [json.loads(line) for line in lines]  # fails on any line that is not JSON
+        (summary,) = [doc for doc in docs if doc.get("worker") == "shipped"]
+        assert summary["level"] == "info" and summary["message"].startswith("jobtrail worker shipped:")
+        assert summary["operations"] == {"succeeded": 2} and summary["actions"] >= 6 and summary["errors"] == 0
+        # --log-level warning leaves the summary out, as any info line
+        submit_many(db_url, fake, 1)
+        proc = start_worker(
+            db_url,
+            provider,
+            "quiet",
+            "--until-settled",
+            "--timeout",
+            "30",
+            "--log-format",
+            "json",
+            "--log-level",
+            "warning",
+        )
+        code, _out, err = finish(proc)
+        assert code == 0 and "quiet" not in err, err
+    finally:
+        fake.stop()
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs Linux's /proc/<pid>/wchan")
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 def test_a_line_longer_than_the_pipe_arrives_whole_from_the_command_under_pythonunbuffered(stream: str) -> None:

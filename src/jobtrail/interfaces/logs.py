@@ -57,6 +57,10 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, name, None)
             if value:
                 doc[name] = value
+        # a line's figures as fields of their own (the worker's summary), beside the message that says them
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            doc |= {k: v for k, v in fields.items() if k not in doc}
         return json.dumps(doc, ensure_ascii=False)
 
 
@@ -86,6 +90,12 @@ class StderrHandler(logging.StreamHandler[TextIO]):
     @stream.setter
     def stream(self, value: TextIO) -> None:
         pass
+
+
+def json_lines() -> bool:
+    """Whether the command's log lines are JSON (``--log-format json``): then nothing else goes to stderr."""
+    handlers = logging.getLogger("jobtrail").handlers
+    return any(h.get_name() == _OURS and isinstance(h.formatter, JsonFormatter) for h in handlers)
 
 
 def configure_logging(level: str = "info", fmt: str = "text") -> logging.Handler:

@@ -1,7 +1,8 @@
 """The worker's progress on a terminal (operations by state, actions per second) and its summary at exit.
 
 On a terminal, a live table redrawn twice a second and a summary table at exit; elsewhere (a log
-file, a service manager's journal) one plain summary line at exit and nothing while it runs.
+file, a service manager's journal) one plain summary line at exit and nothing while it runs, or,
+under ``--log-format json``, one JSON log line at info.
 The ledger counts are read off the event loop, like every other query of the worker.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -20,11 +22,13 @@ from rich.text import Text
 
 from jobtrail.domain.errors import JobtrailError
 from jobtrail.domain.states import State
+from jobtrail.interfaces.logs import json_lines
 from jobtrail.ledger.gauges import operations_by_state
 
 if TYPE_CHECKING:
     from jobtrail.runtime.worker import Worker, WorkerStats
 
+_log = logging.getLogger("jobtrail.worker")
 _REFRESH_S = 0.5
 #: the order states are shown in: the life cycle's
 _ORDER = {state.value: n for n, state in enumerate(State)}
@@ -100,17 +104,19 @@ class WorkerProgress:
             self.console.print(self._table(title="jobtrail worker finished:"))
             return
         elapsed = time.monotonic() - self.started
-        states = ", ".join(
-            f"{state} {n}" for state, n in sorted(self._counts.items(), key=lambda item: _ORDER.get(item[0], 99))
-        )
-        self.console.print(
+        counts = dict(sorted(self._counts.items(), key=lambda item: _ORDER.get(item[0], 99)))
+        states = ", ".join(f"{state} {n}" for state, n in counts.items())
+        line = (
             f"jobtrail worker {runner.worker_id}: {stats.actions} actions in {elapsed:.1f} s "
             f"({stats.actions / max(elapsed, 1e-6):.1f}/s), {stats.errors} errors, {stats.stale} dropped; "
-            f"operations: {states or 'none'}",
-            soft_wrap=True,
-            highlight=False,
-            markup=False,
+            f"operations: {states or 'none'}"
         )
+        if json_lines():  # a log read as JSON lines holds nothing else: the summary is one of them, at info
+            fields = {"worker": runner.worker_id, "actions": stats.actions, "elapsed_s": round(elapsed, 3)}
+            fields |= {"errors": stats.errors, "dropped": stats.stale, "operations": counts}
+            _log.info("%s", line, extra={"fields": fields})
+            return
+        self.console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 def _by_state(counts: Mapping[tuple[str, str], int]) -> dict[str, int]:
