@@ -458,7 +458,7 @@ def test_the_escalation_markdown_shows_what_came_from_outside_as_text_and_comman
     from markdown_it import MarkdownIt
 
     words = "OOM ![p](https://attacker.example/p.png) <img src=x onerror=alert(1)> **APPROVED** __too__ "
-    words += "[login](https://x.example) `"
+    words += "[login](https://x.example) WWW.attacker.example $\\text{approved}$ `"
     job = "j1`: **DONE - ops approved** `x\n\n<img src=x onerror=alert(1)>"
     command = f"jobtrail resolve a-2 --by YOUR_NAME --reason '...' --to accepted --job-id {shlex.quote(job)}"
     bundle = {
@@ -495,6 +495,9 @@ def test_the_escalation_markdown_shows_what_came_from_outside_as_text_and_comman
     assert "**APPROVED**" in html and escape("<img src=x onerror=alert(1)>", quote=False) in html
     # each table keeps its columns (a | from outside is no cell border)
     assert [row.count("<td>") for row in re.findall(r"<tr>\s*<td>.*?</tr>", html, re.S)] == [5, 6]
+    # what GitHub reads beyond CommonMark: an autolink from www. in any case, and math between dollars
+    shown = bundle_markdown(bundle)
+    assert "WWW\\.attacker" in shown and "$" not in shown.replace("\\$", ""), shown
 
 
 def test_failed_item_ids_are_shown_as_written_never_read_as_markup(

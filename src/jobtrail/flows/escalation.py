@@ -204,9 +204,10 @@ def bundle_markdown(bundle: dict[str, Any]) -> str:
 
 
 #: what Markdown (CommonMark and GitHub's) reads inside a line: code spans, emphasis, links and images, HTML,
-#: entities, table cells, strikethrough, and the starts of autolinks (``https://``, ``www.``, an address's @);
-#: an underscore between two letters or digits (``job_00001``) never makes emphasis, and is left as it is
-_MARKDOWN = re.compile(r"[\\`*\[\]<>!|~&@]|(?<![^\W_])_|_(?![^\W_])|(?<=www)\.|:(?=//)")
+#: entities, table cells, strikethrough, GitHub's math (``$``), and the starts of autolinks (``https://``,
+#: ``www.`` in any case, an address's @); an underscore between two letters or digits (``job_00001``) never
+#: makes emphasis, and is left as it is
+_MARKDOWN = re.compile(r"[\\`*\[\]<>!|~&@$]|(?<![^\W_])_|_(?![^\W_])|(?<=(?i:www))\.|:(?=//)")
 
 
 def _md(text: object) -> str:
