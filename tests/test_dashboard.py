@@ -262,6 +262,44 @@ def test_healthz_on_the_dashboard_and_the_webhook_receiver(store: Store, monkeyp
             assert stale.status == 503 and body["status"] == "unavailable" and "revision 0008" in body["cause"]
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_ledger_file_deleted_or_replaced_under_the_dashboard_is_said_and_no_decision_is_lost(
+    tmp_path: Path, how: str
+) -> None:
+    """Found by a probe: with the SQLite file deleted (or moved away and a copy put in its place) the pages
+    still listed it, /healthz said ok, and a person's decision was answered 303 while it went into the
+    unlinked file (or the old one), never the ledger at --db. Now every page, /healthz and the form say
+    what happened, and the file at --db keeps what it had."""
+    path = tmp_path / "jobs.db"
+    with Store.open(str(path)) as first:
+        op_id = stuck(first)
+        entries = len(first.history(op_id))
+    store = Store.open(str(path))
+    try:
+        with serve(store, token=TOKEN) as base:
+            signed = call(base, "POST", "/login", form={"token": TOKEN}, Origin=base)
+            cookie = signed.headers["set-cookie"].split(";")[0]
+            queue = call(base, "GET", "/queue", Cookie=cookie)
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', queue.text)
+            assert queue.status == 200 and csrf is not None and op_id in queue.text
+            moved = tmp_path / "elsewhere.db"
+            path.rename(moved)
+            if how == "replaced":
+                path.write_bytes(moved.read_bytes())
+            health = call(base, "GET", "/healthz")
+            assert health.status == 503 and "deleted or moved" in json.loads(health.text)["cause"], health.text
+            page = call(base, "GET", "/", Cookie=cookie)
+            assert page.status == 503 and "deleted or moved" in html.unescape(page.text)
+            form = {"to_state": "failed", "by": "alice", "reason": "never ran", "csrf": csrf.group(1)}
+            decided = call(base, "POST", f"/ops/{op_id}/resolve", form=form, Cookie=cookie, Origin=base)
+            assert decided.status == 503 and "deleted or moved" in html.unescape(decided.text)
+    finally:
+        store.close()
+    for kept in [moved] + ([path] if how == "replaced" else []):
+        with Store.open(str(kept)) as after:
+            assert after.get(op_id).state is S.NEEDS_ATTENTION and len(after.history(op_id)) == entries
+
+
 def test_the_command_needs_its_extra_and_help_stays_light(tmp_path: Path) -> None:
     db = tmp_path / "j.db"
     Store.open(str(db)).close()

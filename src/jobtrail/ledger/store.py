@@ -499,6 +499,8 @@ class Store:
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Connection]:
+        # a pooled connection still reads the file that was deleted or replaced: what it shows is nobody's ledger
+        self.check_file()
         with self._errors("reading"), self._read_lock, self._one_at_a_time(), self.engine.connect() as conn:
             yield conn.execution_options(jobtrail_read=True)
 
@@ -539,6 +541,8 @@ class Store:
         polls (up to 100 ms between tries), and many pollers starve each other past
         the busy time-out while the lock is free most of the time.
         """
+        # a pooled connection would write into a file deleted or replaced under this process, and report success
+        self.check_file()
         with self._errors(doing), self._write_lock, self._one_at_a_time(), self.engine.begin() as conn:
             yield conn
 

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobtrail.domain.errors import require_extra
+from jobtrail.domain.errors import StorageError, require_extra
 from jobtrail.domain.redact import Secret
 from jobtrail.interfaces.dashboard.security import Access
 
@@ -114,7 +114,9 @@ def dashboard_app(
         middleware=[Middleware(SecurityHeaders)],
         # a client gone before its form arrived whole (or cut off by the server's deadline): nothing to answer, and
         # no traceback in the log for anyone who can open a connection
-        exception_handlers={ClientDisconnect: _gone},
+        # the database locked, unreachable, or its file deleted or replaced under this process: a page naming the
+        # cause, not a 500 with a traceback (and never a page or a write on a file nobody else reads)
+        exception_handlers={ClientDisconnect: _gone, StorageError: pages.unavailable},
     )
 
 

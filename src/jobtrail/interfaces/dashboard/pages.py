@@ -97,6 +97,10 @@ class Pages:
             return RedirectResponse("/login", status_code=303)
         return None
 
+    def unavailable(self, request: Request, exc: Exception) -> Response:
+        """The ledger could not be read or written (locked, unreachable, its file gone): 503, naming the cause."""
+        return self._render(request, "unavailable.html", status=503, why=str(exc))
+
     def _refused(self, request: Request, why: str) -> Response:
         return self._render(request, "refused.html", status=403, why=why)
 
