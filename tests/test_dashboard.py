@@ -218,6 +218,33 @@ def test_behind_a_tls_proxy_forms_from_the_public_origin_are_accepted(store: Sto
     assert store.get(op_id).state is S.FAILED
 
 
+def test_a_page_renamed_to_the_dashboards_address_is_refused(store: Store) -> None:
+    """Found by a probe: DNS rebinding. A site the operator visits renames itself to 127.0.0.1; its requests
+    then reach the dashboard as same-origin ones, naming the site in Host (and Origin). The read-only pages
+    were answered to it, and with a session its decision passed the Origin check, which read our origin off
+    that Host. Only the address the dashboard is reached at, localhost for a loopback one, and --origin's host
+    are answered."""
+    op_id = stuck(store)
+    with serve(store, token=TOKEN) as base:
+        port = urlsplit(base).port
+        evil = f"attacker.example:{port}"
+        for path in ("/queue", "/healthz", "/login"):
+            refused = call(base, "GET", path, Host=evil)
+            assert refused.status == 421 and "--origin" in refused.text and op_id not in refused.text
+        guess = call(base, "POST", "/login", form={"token": TOKEN}, Host=evil, Origin=f"http://{evil}")
+        assert guess.status == 421 and "set-cookie" not in guess.headers
+        for name in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+            assert call(base, "GET", "/login", Host=name).status == 200, name
+        for odd in (f"127.0.0.1:{port + 1}", "127.0.0.1", f"user@127.0.0.1:{port}", f"127.0.0.1:{port}/x", ""):
+            assert call(base, "GET", "/login", Host=odd).status == 421, odd
+    app = dashboard_app(store, token=Secret(TOKEN, redactor=store.redactor), public_origin="https://dash.example.com")
+    with serve_asgi(app) as base:
+        for name in ("dash.example.com", "dash.example.com:443"):
+            assert call(base, "GET", "/login", Host=name).status == 200, name
+        assert call(base, "GET", "/login", Host="dash.example.com:8443").status == 421
+        assert call(base, "GET", "/login", Host="evil.example.com").status == 421
+
+
 def test_workers_providers_and_audit_pages(store: Store, tmp_path: Path) -> None:
     from jobtrail.ledger.audit import make_anchor
 

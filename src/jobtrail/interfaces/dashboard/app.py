@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobtrail.domain.errors import StorageError, require_extra
 from jobtrail.domain.redact import Secret
-from jobtrail.interfaces.dashboard.security import Access
+from jobtrail.interfaces.dashboard.security import Access, host_allowed
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -60,6 +60,35 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class HostCheck:
+    """Refuses a request whose ``Host`` is not a name this dashboard is reached by (:func:`host_allowed`)."""
+
+    def __init__(self, app: ASGIApp, public_origin: str | None = None) -> None:
+        self.app = app
+        self.public_origin = public_origin
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or host_allowed(scope, self.public_origin):
+            await self.app(scope, receive, send)
+            return
+        server = scope.get("server") or ("127.0.0.1", 0)
+        why = (
+            f"this dashboard answers only to the address it is reached at ({server[0]}:{server[1]}"
+            + (", or localhost" if server[0] in ("127.0.0.1", "::1") else "")
+            + (f", or {self.public_origin}" if self.public_origin else "")
+            + "); a request naming another host (a site renaming itself to this address, or a proxy) is refused. "
+            "Open it by that address, or start it with --origin naming the one people use\n"
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 421,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), *_HEADERS],
+            }
+        )
+        await send({"type": "http.response.body", "body": why.encode()})
 
 
 def dashboard_app(
@@ -111,7 +140,7 @@ def dashboard_app(
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(SecurityHeaders)],
+        middleware=[Middleware(HostCheck, public_origin=public_origin), Middleware(SecurityHeaders)],
         # a client gone before its form arrived whole (or cut off by the server's deadline): nothing to answer, and
         # no traceback in the log for anyone who can open a connection
         # the database locked, unreachable, or its file deleted or replaced under this process: a page naming the

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from jobtrail.domain.redact import Secret
 
@@ -89,3 +92,53 @@ def same_origin(request: Request, public_origin: str | None = None) -> bool:
         return origin in mine
     referer = request.headers.get("referer")
     return referer is not None and any(referer == m or referer.startswith(m + "/") for m in mine)
+
+
+_DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def _name_and_port(authority: str, scheme: str) -> tuple[str, int | None] | None:
+    """``host[:port]`` as (lower-case name without brackets, port or None); None when it is not one."""
+    try:
+        parts = urlsplit(f"//{authority}")
+        name, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not name or parts.username is not None or parts.path or parts.query or parts.fragment:
+        return None
+    return name, port
+
+
+def host_allowed(scope: Mapping[str, Any], public_origin: str | None = None) -> bool:
+    """Whether the ``Host`` a request names is one this dashboard is reached by: the address the connection came
+    in on (and ``localhost`` when that address is a loopback one), or the host of ``public_origin``.
+
+    A page from another site can rename itself to this address (DNS rebinding): its requests then reach
+    127.0.0.1 as same-origin ones, with that site's name in ``Host``. Refusing every other name is what keeps
+    "it listens on 127.0.0.1" a protection. A connection over a Unix socket has no address to compare.
+    """
+    server = scope.get("server")
+    if not server or server[1] is None:
+        return True
+    scheme = str(scope.get("scheme", "http"))
+    headers = dict(scope.get("headers") or [])
+    named = _name_and_port(headers.get(b"host", b"").decode("latin-1"), scheme)
+    if named is None:
+        return False
+    name, port = named
+    port = port if port is not None else _DEFAULT_PORT.get(scheme)
+    address, server_port = str(server[0]).strip("[]").lower(), int(server[1])
+    names = {address}
+    try:
+        if ipaddress.ip_address(address).is_loopback:
+            names.add("localhost")
+    except ValueError:
+        pass
+    if name in names and port == server_port:
+        return True
+    if public_origin:
+        public = urlsplit(public_origin)
+        public_port = public.port if public.port is not None else _DEFAULT_PORT.get(public.scheme)
+        # behind a proxy the Host may be the public one, with or without its port
+        return name == (public.hostname or "") and named[1] in (None, public_port)
+    return False
