@@ -6,10 +6,13 @@ from __future__ import annotations
 import html
 import http.client
 import json
+import logging
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,12 +266,85 @@ def test_workers_providers_and_audit_pages(store: Store, tmp_path: Path) -> None
         assert "at-most-once creation" in providers and "cancel" in providers  # what `providers check` shows
         assert "In use in this ledger: fake." in providers  # the names, not the database's rows
         assert "Last run" not in call(base, "GET", "/audit").text  # the whole-ledger check runs when asked
-        audit = call(base, "GET", "/audit?run=1").text
+        assert "Last run" not in call(base, "GET", "/audit?run=1").text  # and a link does not ask
+        ran = call(base, "POST", "/audit", form={}, Origin=base)
+        assert ran.status == 303 and ran.headers["location"] == "/audit"
+        audit = call(base, "GET", "/audit").text
         assert "<b>OK</b> 1 operations" in audit and "anchor matches" in audit
         forged = json.loads(anchor.read_text())
         forged["root"] = "0" * 64
         anchor.write_text(json.dumps(forged))  # an anchor this ledger does not match: the page says so
-        assert "TAMPERED" in call(base, "GET", "/audit?run=1").text
+        call(base, "POST", "/audit", form={}, Referer=f"{base}/audit")
+        assert "TAMPERED" in call(base, "GET", "/audit").text
+
+
+def test_an_audit_runs_only_when_the_dashboards_own_page_asks_and_one_at_a_time(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a probe: GET /audit?run=1 re-read the whole ledger each time it was asked, 20 at once took the
+    dashboard down (its connection pool empty, /healthz 503), and any page could ask with an <img>. Now only a
+    POST from this dashboard's own page runs it, and while one runs no other starts: the asker sees its result."""
+    import jobtrail.ledger.audit as audit_module
+
+    op_in(store, S.SUCCEEDED)
+    real, runs = audit_module.verify, []
+
+    def slow_verify(*args: object, **kwargs: object) -> object:
+        runs.append(1)
+        time.sleep(1.0)  # long enough for the others to arrive while it runs
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(audit_module, "verify", slow_verify)
+    with serve(store) as base:
+        assert call(base, "POST", "/audit", form={}, Origin="http://evil.example").status == 403
+        assert call(base, "POST", "/audit", form={}).status == 403  # neither Origin nor Referer
+        assert not runs
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: call(base, "POST", "/audit", form={}, Origin=base), range(8)))
+        assert [a.status for a in answers] == [303] * 8
+        assert len(runs) == 1
+        assert "<b>OK</b> 1 operations" in call(base, "GET", "/audit").text
+
+
+def test_signing_out_ends_the_session_and_wrong_guesses_wait_their_turn(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a probe: a signed-out cookie still opened every page (a copy of it kept working for 12 hours),
+    and 200 guesses at once were 45 wrong guesses a second, none of them logged. Now signing out ends the
+    session itself; guesses are tried one at a time, a wrong one holding the next for half a second, each
+    logged, and past 10 waiting a sign-in is answered 429 without its guess being tried."""
+    with serve(store, token=TOKEN) as base:
+        signed = call(base, "POST", "/login", form={"token": TOKEN}, Origin=base)
+        cookie = signed.headers["set-cookie"].split(";")[0]
+        page = call(base, "GET", "/queue", Cookie=cookie)
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+        assert page.status == 200 and csrf is not None
+        out = call(base, "POST", "/logout", form={"csrf": csrf.group(1)}, Cookie=cookie, Origin=base)
+        assert out.status == 303 and "samesite=strict" in out.headers["set-cookie"].lower()
+        assert call(base, "GET", "/queue", Cookie=cookie).headers.get("location") == "/login"  # the copy too
+        again = call(base, "POST", "/login", form={"token": TOKEN}, Origin=base)
+        assert (
+            again.status == 303
+            and call(base, "GET", "/queue", Cookie=again.headers["set-cookie"].split(";")[0]).status == 200
+        )
+
+        caplog.set_level(logging.WARNING, logger="jobtrail.dashboard")
+        started = time.monotonic()
+        with ThreadPoolExecutor(6) as pool:
+            wrong = list(
+                pool.map(lambda i: call(base, "POST", "/login", form={"token": f"guess-{i}"}, Origin=base), range(6))
+            )
+        assert [w.status for w in wrong] == [403] * 6
+        assert time.monotonic() - started >= 6 * 0.5  # one after another: never faster than two a second
+        said = [r.getMessage() for r in caplog.records if "wrong access token" in r.getMessage()]
+        assert len(said) == 6 and not any("guess-" in line for line in said), said
+
+        with ThreadPoolExecutor(25) as pool:
+            flood = list(
+                pool.map(lambda i: call(base, "POST", "/login", form={"token": f"x{i}"}, Origin=base), range(25))
+            )
+        assert {f.status for f in flood} == {403, 429}
+        assert sum(f.status == 403 for f in flood) <= 11
 
 
 def test_healthz_on_the_dashboard_and_the_webhook_receiver(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -132,6 +132,7 @@ def dashboard_app(
         Route("/workers", pages.workers, methods=["GET"]),
         Route("/providers", pages.providers, methods=["GET"]),
         Route("/audit", pages.audit, methods=["GET"]),
+        Route("/audit", pages.run_audit, methods=["POST"]),
         Route("/login", pages.login_form, methods=["GET"]),
         Route("/login", pages.login, methods=["POST"]),
         Route("/logout", pages.logout, methods=["POST"]),

@@ -9,6 +9,8 @@ database never stalls the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +42,12 @@ _MAX_NAME, _MAX_REASON = 100, 2000
 _IN_USE_S = 30.0
 #: what a person typed into the search box is cut here: the search is a lookup, not a scan
 _MAX_TEXT = 200
+#: sign-ins waiting for their turn past this many are answered 429 at once (their guesses are not tried)
+_MAX_GUESSING = 10
+
+_STALE_CSRF = "the form's CSRF token is missing or stale: reload the page and send it again"
+
+_log = logging.getLogger("jobtrail.dashboard")
 
 
 class Pages:
@@ -73,6 +81,12 @@ class Pages:
         self.last_audit: dict[str, Any] | None = None
         #: (when, names): the providers in use change rarely, and finding them reads a whole index
         self._in_use: tuple[float, list[str]] = (0.0, [])
+        self._one_guess = asyncio.Lock()
+        self._guessing = 0  # sign-ins waiting their turn
+        self._wrong = 0
+        #: held while an audit runs: one at a time, however many ask
+        self._auditing = threading.Lock()
+        self._audit_started: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -114,7 +128,7 @@ class Pages:
         if not same_origin(request, self.public_origin):
             return "the form was not sent from this dashboard (its Origin or Referer is another site's)"
         if not self.access.csrf_matches(sid, str(form.get("csrf", ""))):
-            return "the form's CSRF token is missing or stale: reload the page and send it again"
+            return _STALE_CSRF
         return None
 
     # -- the list -----------------------------------------------------------------------------
@@ -270,9 +284,34 @@ class Pages:
     def audit(self, request: Request) -> Response:
         if (gate := self._gate(request)) is not None:
             return gate
-        if request.query_params.get("run"):
+        running = self._audit_started if self._auditing.locked() else None
+        return self._render(request, "audit.html", audit=self.last_audit, anchor_path=self.anchor_path, running=running)
+
+    async def run_audit(self, request: Request) -> Response:
+        """A POST from the audit page's own form (it reads the whole ledger: no other site may start it, nor a
+        link, nor a reload), one at a time: asked while one runs, the page says so and shows its result."""
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import RedirectResponse
+
+        form = await request.form()
+        if (gate := self._gate(request)) is not None:
+            return gate
+        if not same_origin(request, self.public_origin):
+            return self._refused(request, "the audit was not asked for from this dashboard's own page")
+        sid = self.access.session(request)
+        if sid is not None and not self.access.csrf_matches(sid, str(form.get("csrf", ""))):
+            return self._refused(request, _STALE_CSRF)
+        await run_in_threadpool(self._audit_once)
+        return RedirectResponse("/audit", status_code=303)
+
+    def _audit_once(self) -> None:
+        if not self._auditing.acquire(blocking=False):
+            return  # one is running: its result is what this asker will see
+        try:
+            self._audit_started = rfc3339(self.store.clock())
             self.last_audit = self._verify()
-        return self._render(request, "audit.html", audit=self.last_audit, anchor_path=self.anchor_path)
+        finally:
+            self._auditing.release()
 
     def _verify(self) -> dict[str, Any]:
         from jobtrail.ledger.audit import load_anchor, verify
@@ -302,8 +341,27 @@ class Pages:
             return self._refused(request, "this dashboard is read-only: it has no access token to sign in with")
         if not same_origin(request, self.public_origin):
             return self._refused(request, "the sign-in form was not sent from this dashboard")
-        if not self.access.token_matches(str(form.get("token", ""))):
-            await asyncio.sleep(0.5)  # each wrong guess costs the guesser half a second
+        if self._guessing >= _MAX_GUESSING:
+            return self._render(
+                request, "login.html", status=429, error="too many sign-ins at once: wait a moment and try again"
+            )
+        self._guessing += 1
+        try:
+            # one guess at a time for the whole dashboard, and a wrong one holds the next for half a second: at
+            # most two wrong guesses a second, however many connections a guesser opens
+            async with self._one_guess:
+                right = self.access.token_matches(str(form.get("token", "")))
+                if not right:
+                    self._wrong += 1
+                    _log.warning(
+                        "dashboard: a wrong access token from %s (%d wrong since the dashboard started)",
+                        request.client.host if request.client else "an unknown address",
+                        self._wrong,
+                    )
+                    await asyncio.sleep(0.5)
+        finally:
+            self._guessing -= 1
+        if not right:
             return self._render(request, "login.html", status=403, error="that is not the access token")
         answer = RedirectResponse("/", status_code=303)
         answer.set_cookie(
@@ -323,8 +381,11 @@ class Pages:
         why = self._write_check(request, form)
         if why is not None:
             return self._refused(request, why)
+        sid = self.access.session(request)
+        if sid is not None:
+            self.access.end(sid)
         answer = RedirectResponse("/login", status_code=303)
-        answer.delete_cookie(SESSION_COOKIE)
+        answer.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
         return answer
 
     # -- health ---------------------------------------------------------------------------------

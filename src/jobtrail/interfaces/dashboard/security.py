@@ -5,7 +5,8 @@ login's is refused. With one (``--token-env NAME``), a person signs in once with
 gets a session cookie (HttpOnly, SameSite=Strict); every page then needs it, and every POST must
 carry the session, come from the dashboard's own origin (``Origin``, else ``Referer``) and carry
 the session's CSRF token in its form. Sessions and CSRF tokens are HMACs under a key made at
-start: they need no storage, and a restart signs everyone out.
+start: a restart signs everyone out. Signing out ends the session here too (its id is kept until
+its time would have run out), not only in the browser that asked.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Access:
     def __init__(self, token: Secret | None) -> None:
         self._token = token
         self._key = secrets.token_bytes(32)
+        #: sessions signed out before their time ran out (id: when issued), forgotten once it would have
+        self._ended: dict[str, int] = {}
 
     @property
     def writable(self) -> bool:
@@ -62,9 +65,15 @@ class Access:
         if not sid or not hmac.compare_digest(mac, self._mac("session", sid)):
             return None
         issued = sid.rpartition("-")[2]
-        if not issued.isdigit() or time.time() - int(issued) > SESSION_S:
+        if not issued.isdigit() or time.time() - int(issued) > SESSION_S or sid in self._ended:
             return None
         return sid
+
+    def end(self, sid: str) -> None:
+        """Sign ``sid`` out for good: a copy of its cookie (another browser, a stolen one) opens nothing more."""
+        now = time.time()
+        self._ended = {s: at for s, at in self._ended.items() if now - at <= SESSION_S}
+        self._ended[sid] = int(sid.rpartition("-")[2])
 
     def csrf_token(self, sid: str) -> str:
         return self._mac("csrf", sid)
