@@ -226,3 +226,25 @@ def test_htmx_refreshes_a_live_timeline_under_the_content_security_policy(browse
         page.locator("#timeline li.ev").nth(before).wait_for(timeout=15_000)
         assert "status read" in page.locator("#timeline li.ev").last.inner_text()
         assert problems == []
+
+
+def test_a_page_refreshing_itself_after_its_session_ended_goes_to_the_sign_in_page_whole(
+    browser: Any, ledger: Store
+) -> None:
+    """Found by a probe: signed out in another tab, a live timeline's next refresh followed the redirect and put
+    the whole sign-in page, header and all, inside the timeline, which then stopped refreshing. Now the
+    page itself goes to the sign-in page."""
+    op = op_in(ledger, S.OBSERVING, operation_key="live")
+    with serve(ledger, token=TOKEN) as base:
+        context = browser.new_context()
+        try:
+            page, other = context.new_page(), context.new_page()
+            sign_in(page, base)
+            page.goto(f"{base}/ops/{op.operation_id}")
+            other.goto(f"{base}/queue")
+            other.click("button:has-text('Sign out')")
+            other.wait_for_url(base + "/login")
+            page.wait_for_url(base + "/login", timeout=15_000)  # the timeline refreshes every 5 s
+            assert page.locator("input[name=token]").count() == 1 and page.locator("header").count() == 1
+        finally:
+            context.close()

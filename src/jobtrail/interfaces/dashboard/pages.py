@@ -105,9 +105,13 @@ class Pages:
 
     def _gate(self, request: Request) -> Response | None:
         """With a token set, every page needs a signed-in session: a redirect to the sign-in page."""
-        from starlette.responses import RedirectResponse
+        from starlette.responses import RedirectResponse, Response
 
         if self.access.writable and self.access.session(request) is None:
+            if request.headers.get("hx-request"):
+                # a page's own refresh: htmx would follow a redirect and put the whole sign-in page inside it,
+                # so the whole page goes to the sign-in instead
+                return Response(status_code=401, headers={"hx-redirect": "/login", "cache-control": "no-store"})
             return RedirectResponse("/login", status_code=303)
         return None
 
