@@ -313,6 +313,12 @@ def test_a_person_resolves_what_automation_could_not(tmp_path: Path) -> None:
     kept.close()
     wrong = jobtrail("--db", db, "resolve", op.operation_id, "--to", "accepted", "--by", "alice", "--reason", "x")
     assert wrong.returncode == 2 and "needs the remote job id the person confirmed" in wrong.stderr
+    # a name or a reason shown turned around (or with an invisible character) is no record of who decided why
+    for by, why in (("\u202eecila\u202c", "x"), ("alice", "job \u202e00000_boj\u202c"), ("al\u200bice", "x")):
+        hidden = jobtrail("--db", db, "resolve", op.operation_id, "--to", "failed", "--by", by, "--reason", why)
+        assert hidden.returncode == 2 and "invisible formatting" in hidden.stderr, hidden.stderr
+    with Store.open(db) as unchanged:
+        assert unchanged.get(op.operation_id).state is S.NEEDS_ATTENTION
     done = jobtrail(
         "--db",
         db,

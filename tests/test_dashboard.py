@@ -194,6 +194,10 @@ def test_a_person_decides_only_signed_in_from_the_dashboard_with_its_csrf_token(
 
         bad = call(base, "POST", path, form={**good, "job_id": ""}, Cookie=cookie, Origin=base)
         assert bad.status == 409 and "needs the remote job id" in bad.text  # the state machine's own refusal
+        turned = call(base, "POST", path, form={**good, "by": "\u202eecila\u202c"}, Cookie=cookie, Origin=base)
+        assert turned.status == 409 and "U+202E" in turned.text  # shown as "alice", stored as another name
+        assert store.get(op_id).state is S.NEEDS_ATTENTION
+        good["reason"] = "kept b,\r\ncancelled a   by hand"  # a textarea's lines: one line in every listing
         done = call(base, "POST", path, form=good, Cookie=cookie, Referer=f"{base}/queue")
         assert done.status == 303 and done.headers["location"] == f"/ops/{op_id}"
     op = store.get(op_id)

@@ -13,7 +13,7 @@ from jobtrail.domain.errors import NoDecisionAwaited, UsageError
 from jobtrail.domain.evidence import HumanDecision
 from jobtrail.domain.jsonpath import unusable_id
 from jobtrail.domain.machine import decisions_from
-from jobtrail.domain.record import Changes, Operation
+from jobtrail.domain.record import Changes, Operation, check_shown
 from jobtrail.domain.states import FINAL_STATES, State
 from jobtrail.flows.observe import adopt_orphans
 from jobtrail.ledger.store import Store
@@ -26,7 +26,15 @@ DECISIONS = ("accepted", "create_pending", "failed", "cancelled")
 def decide(
     store: Store, ref: str, to_state: str, *, decided_by: str, reason: str, job_id: str | None = None
 ) -> Operation:
-    """Record ``decided_by``'s decision on the operation ``ref`` (an id or key) and move it to ``to_state``."""
+    """Record ``decided_by``'s decision on the operation ``ref`` (an id or key) and move it to ``to_state``.
+
+    The name and the reason are shown in every listing and history: the reason's line breaks and runs of
+    blanks become one space, and either holding a character that shows as nothing or turns the text around
+    (a bidirectional override: ``alice`` shown for another name) is refused, as in a key or a caller.
+    """
+    reason = " ".join(reason.split())
+    check_shown("name of the person deciding", decided_by)
+    check_shown("reason", reason)
     op = store.resolve(ref)  # an id, or the operation's key
     choices = [s.value for s in decisions_from(op.state) if s.value in DECISIONS]
     if not choices:
