@@ -530,3 +530,45 @@ def test_job_ids_a_listing_names_are_held_to_the_rule_of_a_creates_answer() -> N
     assert found.kind == "unknown" and found.remote_job_ids == () and "2 job id(s)" in found.detail
     listed = LookupOutcome(kind="candidates", path=ReconcileMode.LIST_BY_REFERENCE, remote_job_ids=("batch_ok", *lying))
     assert _usable(listed, provider).remote_job_ids == ("batch_ok",)
+
+
+def test_a_request_id_that_would_show_as_other_text_names_no_request(db_url: str) -> None:
+    """Found by a probe: a provider's X-Request-Id holding a right-to-left override was quoted in the history,
+    the timeline and the escalation bundle, where it read as another id. Such an id names no request (as a
+    job id holding one is unusable); the header itself is kept with the answer."""
+    from aiohttp import web
+
+    turned = "req_\u202e1234_DI\u202c"
+
+    async def create(_request: web.Request) -> web.StreamResponse:
+        return web.json_response({"id": "job-1"}, status=201, headers={"X-Request-Id": turned})
+
+    async def go() -> tuple[Any, list[dict[str, Any]], Any]:
+        app = web.Application()
+        app.router.add_post("/v1/jobs", create)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        config = {
+            "name": "turned",
+            "base_url": f"http://127.0.0.1:{port}",
+            "create": {"path": "/v1/jobs", "job_id": "$.id"},
+            "status": {"path": "/v1/jobs/{job_id}", "state": "$.status"},
+            "result": {"path": "/v1/jobs/{job_id}/result"},
+        }
+        with Store.open(db_url) as store:
+            jt = AsyncJobtrail(store=store, providers=[config])
+            try:
+                op = await jt.drive_create((await jt.submit("turned", {"prompt": "x"})).operation_id)
+                return op, store.observations(op.operation_id), store.history(op.operation_id)[-1]
+            finally:
+                await jt.providers["turned"].aclose()
+                await runner.cleanup()
+
+    op, observed, last = run(go())
+    assert op.state is S.ACCEPTED and op.remote_job_id == "job-1"
+    assert last.to_json()["provider_request_ids"] == [] and observed[0]["provider_request_id"] is None
+    kept = {name.lower(): value for name, value in observed[0]["raw"]["headers"].items()}
+    assert kept["x-request-id"] == turned  # what it sent is still on record, as it sent it
