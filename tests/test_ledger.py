@@ -311,6 +311,9 @@ def test_a_resting_operation_cannot_be_rescheduled_so_its_row_stays_what_its_las
         ({"operation_key": "a\u0085b"}, "control characters"),
         ({"caller": "agent\u2066-7"}, "the caller holds U\\+2066"),
         ({"approved_by": "alice\u202e"}, "the approver holds U\\+202E"),
+        # a name of 3,000 characters pushed every other column of the dashboard's list off the screen
+        ({"caller": "c" * 201}, "the caller must be at most 200 characters"),
+        ({"approved_by": "a" * 201}, "the approver must be at most 200 characters"),
         # and what renders as nothing though it is no formatting character: a variation selector after a letter,
         # a Hangul filler, a joiner between Latin letters, an unassigned code point, a tag
         ({"operation_key": "nightly\ufe0f"}, "U\\+FE0F VARIATION SELECTOR-16"),

@@ -18,6 +18,8 @@ DEFAULT_CREATE_DEADLINE = timedelta(hours=1)
 DEFAULT_RESULT_DEADLINE = timedelta(hours=24)
 DEFAULT_CANCEL_DEADLINE = timedelta(minutes=30)
 MAX_KEY_LENGTH = 200
+#: a caller's, an approver's or a deciding person's name: every listing shows it whole
+MAX_NAME_LENGTH = 200
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,9 +58,9 @@ class OperationSpec:
             raise UsageError(f"trace id {trace_id!r} is not a W3C trace id (32 lowercase hex digits, not all zeros)")
         if self.operation_key is not None:
             check_operation_key(self.operation_key)
-        check_shown("caller", self.caller)
+        check_name("caller", self.caller)
         if self.approved_by is not None:
-            check_shown("approver", self.approved_by)
+            check_name("approver", self.approved_by)
 
     def check_deadlines(self) -> None:
         """A caller's deadlines must lie ahead (the ledger itself records any, a past one included)."""
@@ -120,6 +122,15 @@ def check_shown(what: str, text: str) -> None:
             f"the {what} holds {unseen}: no control characters nor invisible formatting (bidirectional "
             "overrides, zero-width characters), which would make a listing show it as other text than it is"
         )
+
+
+def check_name(what: str, name: str) -> None:
+    """Raise :class:`UsageError` for a name (a caller's, an approver's) longer than :data:`MAX_NAME_LENGTH` or
+    not shown as it is (see :func:`check_shown`): one of 3,000 characters pushed every other column of a
+    listing off the screen."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise UsageError(f"the {what} must be at most {MAX_NAME_LENGTH} characters (it has {len(name)})")
+    check_shown(what, name)
 
 
 def check_operation_key(key: str) -> None:

@@ -13,7 +13,7 @@ from jobtrail.domain.errors import NoDecisionAwaited, UsageError
 from jobtrail.domain.evidence import HumanDecision
 from jobtrail.domain.jsonpath import unusable_id
 from jobtrail.domain.machine import decisions_from
-from jobtrail.domain.record import Changes, Operation, check_shown
+from jobtrail.domain.record import Changes, Operation, check_name, check_shown
 from jobtrail.domain.states import FINAL_STATES, State
 from jobtrail.flows.observe import adopt_orphans
 from jobtrail.ledger.store import Store
@@ -33,7 +33,7 @@ def decide(
     (a bidirectional override: ``alice`` shown for another name) is refused, as in a key or a caller.
     """
     reason = " ".join(reason.split())
-    check_shown("name of the person deciding", decided_by)
+    check_name("name of the person deciding", decided_by)
     check_shown("reason", reason)
     op = store.resolve(ref)  # an id, or the operation's key
     choices = [s.value for s in decisions_from(op.state) if s.value in DECISIONS]

@@ -18,7 +18,7 @@ from jobtrail.domain.canonical import request_fingerprint
 from jobtrail.domain.errors import OperationKeyConflict, UsageError
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.failpoints import failpoint
-from jobtrail.domain.record import Operation, check_operation_key, check_shown
+from jobtrail.domain.record import Operation, check_name, check_operation_key
 from jobtrail.domain.states import SETTLED_STATES, State
 from jobtrail.ledger import task_steps
 from jobtrail.runtime.liveness import no_worker
@@ -208,6 +208,6 @@ class Task:
 
 
 def open_task(client: AsyncJobtrail, task_id: str, caller: str) -> Task:
-    check_shown("caller", caller)
+    check_name("caller", caller)
     task_steps.open_task(client.store, task_id, caller)
     return Task(client, task_id)

@@ -86,7 +86,8 @@ def _observation_event(obs: dict[str, Any]) -> Event:
         f"HTTP {obs['http_status']}" if obs.get("http_status") is not None else "",
         f"remote state {obs['remote_state']}" if obs.get("remote_state") else "",
         f"({obs['raw_state']})" if obs.get("raw_state") and obs.get("raw_state") != obs.get("remote_state") else "",
-        f"progress {obs['progress']:.0%}" if isinstance(obs.get("progress"), float) else "",
+        # (a provider's figure, clamped: "progress inf%" tells no one anything)
+        f"progress {min(max(obs['progress'], 0.0), 1.0):.0%}" if isinstance(obs.get("progress"), float) else "",
         f"request id {obs['provider_request_id']}" if obs.get("provider_request_id") else "",
     ]
     raw = obs.get("raw")
