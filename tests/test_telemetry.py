@@ -171,6 +171,41 @@ def test_a_whole_life_cycle_is_one_trace_of_action_spans(
         fake.stop()
 
 
+def test_a_request_id_carrying_the_credential_reaches_no_span(
+    sdk: Sdk, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a probe: a provider that echoed the bearer token as its X-Request-Id had it put on every span
+    of the operation in clear (the ledger masked it). A request id is held to what a job id is: one carrying
+    the credential names no request, on a span or anywhere."""
+    canary = f"jtcanary_{secrets.token_hex(8)}"
+    monkeypatch.setenv("JT_TELEMETRY_KEY", canary)
+    fake = FakeProvider(require_bearer=canary).start()
+    store = Store.open(db_url)
+    try:
+        config = fake.provider_config(credential="env:JT_TELEMETRY_KEY")
+        jt = AsyncJobtrail(store=store, providers=[config])
+        fake.script(Fault.reject(400, echo_auth=True))
+
+        async def go() -> Any:
+            op = await jt.drive_create((await jt.submit("fake", {"x": 1})).operation_id)
+            for provider in jt.providers.values():
+                await provider.aclose()
+            return op
+
+        op = asyncio.run(go())
+        assert op.state is State.FAILED and fake.counts["creates_received"] == 1
+        spans = _of(sdk, op.trace_id)
+        assert spans and all("jobtrail.provider_request_id" not in (s.attributes or {}) for s in spans)
+        for s in spans:
+            for text in _texts(s):
+                assert canary not in text, (s.name, text)
+        (answer,) = store.observations(op.operation_id)
+        assert answer["provider_request_id"] is None and canary not in json.dumps(answer)
+    finally:
+        store.close()
+        fake.stop()
+
+
 def test_a_submit_inside_an_agent_s_span_joins_its_trace(sdk: Sdk, db_url: str, fake: FakeProvider) -> None:
     """The operation takes the ambient trace id; the create sent inside the agent's span is its child,
     and the worker's later actions (outside it) stay in that trace."""

@@ -42,7 +42,7 @@ from jobtrail.domain.jsonpath import (
     why_unusable,
 )
 from jobtrail.domain.machine import AMBIGUOUS_HTTP_STATUSES
-from jobtrail.domain.record import Operation, unseen_character
+from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
 from jobtrail.domain.states import RemoteState
 from jobtrail.domain.words import why_it_ended
@@ -465,9 +465,10 @@ class HttpProvider:
                 name, value = _text(name), _text(value)
             resp_headers[name] = value
             lower = name.lower()
-            if lower in _REQUEST_ID_HEADERS and request_id is None and unseen_character(value) is None:
-                # (one that would show as other text, an override turning it around, names no request: the
-                # header itself is still kept with the answer)
+            if lower in _REQUEST_ID_HEADERS and request_id is None and unusable(value, self.redactor) is None:
+                # held to what a job id is: one that carries the credential (echoed back) would go on every
+                # span and log line unmasked, one that shows as other text would be quoted as another id; such
+                # a header names no request (it is still kept, masked, with the answer)
                 request_id = value
             elif lower in _RETRY_HEADERS:
                 retry[lower] = value

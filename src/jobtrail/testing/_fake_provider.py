@@ -478,6 +478,7 @@ class FakeProvider(ServedInThread):
                     detail["detail"] = f"rejected credential {auth}"
                     detail["received_authorization"] = auth
                     headers["X-Debug-Authorization"] = auth
+                    headers["X-Request-Id"] = auth.removeprefix("Bearer ")  # (a request id is put on every span)
                 return web.json_response(
                     detail, status=fault.status, headers=headers, content_type="application/problem+json"
                 )
