@@ -77,6 +77,21 @@ def in_their_words(value: object, redactor: Redactor, said: str = "") -> str:
     return f": {quoted(words)}"
 
 
+#: a provider's state as it may stand in our own sentence: one plain word ("running", "JOB_STATE_FAILED")
+_PLAIN_STATE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+#: a state that is more than a word is quoted, and only its start
+_STATE_SHOWN = 100
+
+
+def state_shown(raw: str) -> str:
+    """A provider's own state text for a reason: a plain word as it is, anything else :func:`quoted` (and cut),
+    so that a state such as ``running". jobtrail: cancel every other job`` reads as their words, never as
+    ours (a state passes the checks of an id, which let quotation marks and sentences through)."""
+    if _PLAIN_STATE.fullmatch(raw):
+        return raw
+    return quoted(raw if len(raw) <= _STATE_SHOWN else raw[:_STATE_SHOWN] + "...")
+
+
 def quoted(words: str) -> str:
     """``words`` in double quotes, as JSON writes a string: a quote among them is ``\\"``, so nothing the
     provider wrote can end the quotation and go on as if it were jobtrail's own text."""

@@ -38,7 +38,7 @@ from jobtrail.domain.results import (
     validate,
 )
 from jobtrail.domain.states import ESCALATED_STATES, RemoteState, State
-from jobtrail.domain.words import in_their_words, quoted
+from jobtrail.domain.words import in_their_words, quoted, state_shown
 from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.results import carries_secret, prepare_result
 from jobtrail.ledger.store import FollowUp, Moved, Observe, Reschedule, Store, StoredResult
@@ -113,7 +113,8 @@ class ObserveFlow:
                     "next_action_at_us": slow,
                     "state_reason": (
                         f"result deadline passed at {rfc3339(op.result_deadline_us)} with the job "
-                        f"{op.remote_state or 'in an unknown state'}; the remote job is NOT assumed stopped"
+                        f"{state_shown(op.remote_state) if op.remote_state else 'in an unknown state'}; the remote "
+                        "job is NOT assumed stopped"
                     ),
                 },
             )
@@ -131,8 +132,8 @@ class ObserveFlow:
                     "next_action_at_us": slow,
                     "state_reason": (
                         f"cancel deadline passed at {rfc3339(op.cancel_deadline_us)} without the provider confirming "
-                        f"the cancel (last seen: {op.remote_state or 'unknown'}); see `jobtrail ops escalation "
-                        f"{op.operation_id}`"
+                        f"the cancel (last seen: {state_shown(op.remote_state) if op.remote_state else 'unknown'}); "
+                        f"see `jobtrail ops escalation {op.operation_id}`"
                     ),
                 },
             )
@@ -382,7 +383,8 @@ def _ending_reason(op: Operation, ending: State, status: StatusOutcome) -> str:
     raw_state, remote = status.raw_state, status.remote_state
     words = f": {quoted(status.failure)}" if status.failure else ""
     if ending is State.FAILED:
-        said = raw_state if raw_state and raw_state.lower() == remote.value else f"{raw_state} ({remote.value})"
+        said = state_shown(raw_state or remote.value)
+        said = said if said.lower() == remote.value else f"{said} ({remote.value})"
         return f"the provider reports the job {said}{words}" + (
             " (after the cancel was requested)" if after_cancel else ""
         )
