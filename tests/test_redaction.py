@@ -474,6 +474,25 @@ def test_a_credential_cut_into_strings_too_short_to_mask_is_seen_in_the_value(sh
     assert not Redactor().splits_a_credential(masked)  # nothing registered, nothing to find
 
 
+@pytest.mark.parametrize("cut", [20, 28, 33])
+def test_a_credential_split_where_one_piece_is_masked_on_its_own_is_withheld_whole(cut: int) -> None:
+    """Found by a probe: a credential in two strings, its first piece masked on its own (a key's format, or two
+    thirds of it), kept the second piece, 23 of 43 characters: the split was looked for in the masked value,
+    where the first piece no longer was. Looked for in the answer as it came, the answer is withheld whole;
+    one string holding the whole credential is still only masked."""
+    from jobtrail.domain import redact
+
+    canary = "sk_live_" + secrets.token_urlsafe(26)
+    redactor = Redactor()
+    redactor.register(canary)
+    kept = redactor.answer({"type": "t", "data": {"a": canary[:cut], "b": canary[cut:]}})
+    assert kept == {"withheld": redact.WITHHELD_SPLIT_CREDENTIAL}, kept
+    echoed = redactor.answer({"data": {"echo": f"Bearer {canary}", "id": "job-1"}})
+    assert echoed == {"data": {"echo": f"Bearer {redact.REDACTED}", "id": "job-1"}}
+    both = redactor.answer({"auth": f"Bearer {canary}", "a": canary[:cut], "b": canary[cut:]})
+    assert both == {"withheld": redact.WITHHELD_SPLIT_CREDENTIAL}
+
+
 @pytest.mark.parametrize("width", [76, 64, 16])
 def test_a_secret_format_in_base64_wrapped_in_lines_is_seen_across_the_breaks(width: int) -> None:
     """A known secret format (no credential registered) in base64 wrapped in lines, cut by a break so that no

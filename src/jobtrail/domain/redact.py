@@ -529,19 +529,31 @@ class Redactor:
         """A provider's answer (a JSON-like value) as it may be stored: masked string by string, or withheld
         whole when a credential runs across its strings in pieces too short for :meth:`value` to mask."""
         masked = self.value(value)
-        return {"withheld": WITHHELD_SPLIT_CREDENTIAL} if self.splits_a_credential(masked) else masked
+        return {"withheld": WITHHELD_SPLIT_CREDENTIAL} if self.splits_a_credential(value) else masked
 
     def splits_a_credential(self, value: Any) -> bool:
-        """Does a registered credential run across several strings of ``value`` (a JSON-like value), each
-        piece too short to be found on its own, as ``["<first half>", "<second half>"]``? :meth:`value`
-        masks a string at a time and cannot see it: a caller that stores its output asks this too."""
+        """Does a registered credential run across several strings of ``value`` (a JSON-like value as it came,
+        before masking), as ``["<first half>", "<second half>"]``? :meth:`value` masks a string at a time and
+        cannot see it: a caller that stores its output asks this too.
+
+        Asked of the masked value, it missed a split whose first piece was masked on its own (a key's format,
+        or two thirds of it): the rest was kept. A string holding a whole credential is masked on its own and
+        is no split, so such strings are left out of the second look."""
         if not self._detect:
             return False
         pieces: list[str] = []
         values: list[str] = []
         _strings(value, pieces, values)
-        if len(pieces) < 2:
+        if len(pieces) < 2 or not self._runs_across(pieces, values):
             return False
+        forms = [form for form in self._detect if len(form) >= 8]
+        apart = [p for p in pieces if not any(form in p for form in forms)]
+        if len(apart) == len(pieces):
+            return True
+        return len(apart) >= 2 and self._runs_across(apart, [v for v in values if not any(f in v for f in forms)])
+
+    def _runs_across(self, pieces: list[str], values: list[str]) -> bool:
+        """Whether a registered form is in the strings run together (keys and values, or values alone)."""
         # short values would match by accident in a long concatenation; a credential may run on from a key
         # into its value, or from one value into the next (the key between them left out)
         joined = ["".join(pieces), "".join(values)]
