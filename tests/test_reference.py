@@ -91,7 +91,13 @@ def test_the_fake_providers_options_are_the_declared_ones() -> None:
 
 def test_the_shapes_name_the_codes_states_and_exit_codes() -> None:
     assert [code for code, _ in EXIT_CODES] == [0, 1, 2, 3, 4, 130]
-    assert get_args(shapes.StepState) == (tasks.PLANNED, tasks.SUBMITTED, tasks.CONFIRMED, tasks.UNRESOLVED)
+    assert get_args(shapes.StepState) == (
+        tasks.PLANNED,
+        tasks.SUBMITTED,
+        tasks.CONFIRMED,
+        tasks.FAILED,
+        tasks.UNRESOLVED,
+    )
 
 
 def test_explain_exits_3_exactly_when_a_person_must_decide(db_url: str) -> None:

@@ -24,12 +24,44 @@ def open_task(store: Store, task_id: str, caller: str) -> None:
             conn.execute(sa.insert(t.tasks), {"task_id": task_id, "caller": caller, "created_at_us": store.clock()})
 
 
-def plan_step(store: Store, task_id: str, name: str, provider: str, key: str, fingerprint: str) -> None:
-    """Make the step's key durable (idempotent); a different request under the same name is refused."""
+def task_caller(store: Store, task_id: str) -> str | None:
+    """Who the task belongs to (the caller it was first opened by), or None if there is no such task."""
+    with store._read() as conn:
+        recorded = conn.execute(sa.select(t.tasks.c.caller).where(t.tasks.c.task_id == task_id)).scalar()
+    return None if recorded is None else str(recorded)
+
+
+def plan_step(
+    store: Store,
+    task_id: str,
+    name: str,
+    provider: str,
+    key: str,
+    fingerprint: str,
+    *,
+    planned_as: str | None = None,
+) -> None:
+    """Make the step's key durable (idempotent); a different request under the same name is refused, and so
+    is a key another step (of any task) already holds: one key names one side effect.
+
+    ``planned_as`` is a key the step may already have been planned under (its default key from before
+    default keys were escaped): a step re-declared after an upgrade keeps the key its operation carries.
+    """
     steps = t.task_steps.c
     with store.writing("planning a task step") as conn:
         row = conn.execute(sa.select(t.task_steps).where(steps.task_id == task_id, steps.name == name)).first()
         if row is None:
+            holder = conn.execute(
+                sa.select(steps.task_id, steps.name).where(steps.provider == provider, steps.operation_key == key)
+            ).first()
+            if holder is not None:
+                # two steps under one key would share one operation: one of them would never have its effect
+                raise OperationKeyConflict(
+                    f"operation key {key!r} is already the key of step {holder.name!r} of task {holder.task_id}; "
+                    "nothing was planned: give this step a key of its own (or none: the default key is made "
+                    "of the task's id and the step's name)",
+                    operation_key=key,
+                )
             position = conn.execute(
                 sa.select(sa.func.count()).select_from(t.task_steps).where(steps.task_id == task_id)
             ).scalar_one()
@@ -46,7 +78,11 @@ def plan_step(store: Store, task_id: str, name: str, provider: str, key: str, fi
                     "planned_at_us": store.clock(),
                 },
             )
-        elif row.request_fingerprint != fingerprint or row.provider != provider or row.operation_key != key:
+        elif (
+            row.request_fingerprint != fingerprint
+            or row.provider != provider
+            or row.operation_key not in (key, planned_as)
+        ):
             raise OperationKeyConflict(
                 f"step {name!r} of task {task_id} was planned with a different request; a changed step is "
                 "a new step: give it a new name",
@@ -62,6 +98,16 @@ def link_step(store: Store, task_id: str, name: str, operation_id: str) -> None:
             .where(t.task_steps.c.task_id == task_id, t.task_steps.c.name == name)
             .values(operation_id=operation_id)
         )
+
+
+def step_holding(store: Store, operation_id: str) -> tuple[str, str] | None:
+    """The step (task id, step name) whose effect the operation is, if any step has it linked."""
+    steps = t.task_steps.c
+    with store._read() as conn:
+        row = conn.execute(
+            sa.select(steps.task_id, steps.name).where(steps.operation_id == operation_id).limit(1)
+        ).first()
+    return None if row is None else (row.task_id, row.name)
 
 
 def step_rows(store: Store, task_id: str, name: str | None = None) -> list[Any]:
