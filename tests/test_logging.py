@@ -9,18 +9,19 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from jobtrail import Store
 from jobtrail.domain.redact import REDACTED, Redactor, Secret, install_log_redaction
 from jobtrail.flows.telemetry import action_span
-from jobtrail.interfaces.logs import configure_logging
+from jobtrail.interfaces.logs import CONFIGURED, configure_logging
 from jobtrail.testing import FakeProvider
 
-from helpers import spec
+from helpers import free_port, spec, wait_for_port
 from processes import (
     finish,
     pipe_capacity,
@@ -36,15 +37,13 @@ log = logging.getLogger("jobtrail")
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
     """configure_logging changes process-wide loggers: put them back after the test."""
-    kept = {
-        name: (logging.getLogger(name).level, list(logging.getLogger(name).handlers))
-        for name in ("jobtrail", "aiohttp", "uvicorn")
-    }
+    loggers = [logging.getLogger(name) for name in CONFIGURED] + [logging.getLogger()]
+    kept = {logger: (logger.level, list(logger.handlers), logger.propagate) for logger in loggers}
     yield
-    for name, (level, handlers) in kept.items():
-        logger = logging.getLogger(name)
+    for logger, (level, handlers, propagate) in kept.items():
         logger.setLevel(level)
         logger.handlers[:] = handlers
+        logger.propagate = propagate
 
 
 def _lines(err: str) -> list[dict[str, object]]:
@@ -189,3 +188,126 @@ def test_a_line_longer_than_the_pipe_arrives_whole_from_the_command_under_python
         out = getattr(command, stream).read()
         assert command.wait(60) == 0
     assert out == b"x" * size + b"\nnext line\n", f"{len(out)} bytes"
+
+
+def _mcp_session(db: str, provider: Path, *more: str) -> tuple[subprocess.Popen[bytes], Callable[..., Any]]:
+    """A `jobtrail mcp` process spoken to on its pipes, initialized, and a function that calls one tool."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobtrail", "--db", db, "mcp", "--provider", str(provider), "--agent", "bot", *more],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    ids = iter(range(1, 1_000_000))
+
+    def send(method: str, params: dict[str, Any] | None = None) -> Any:
+        request_id = next(ids)
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        proc.stdin.flush()
+        reply = json.loads(proc.stdout.readline())
+        assert reply["id"] == request_id, reply
+        return reply
+
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    send("initialize", hello)
+    proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+    proc.stdin.flush()
+
+    def call(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = send("tools/call", {"name": tool, "arguments": arguments})["result"]
+        return result
+
+    return proc, call
+
+
+def _stderr_at_exit(proc: subprocess.Popen[bytes]) -> str:
+    """Its stdin closed (the agent went away): everything it wrote on stderr until it exited by itself."""
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    return err.decode("utf-8", "replace")
+
+
+def test_under_json_lines_an_mcp_servers_stderr_is_json_lines_each_written_once(tmp_path: Path) -> None:
+    """Found by a probe: `jobtrail mcp --log-format json` wrote each of jobtrail's lines twice, once as JSON
+    and once as a Rich block from the handler the MCP SDK puts on the root logger (unmasked, not in the
+    format asked for). Every line on stderr is one JSON object, and each is written once."""
+    db = str(tmp_path / "jobs.db")
+    Store.open(db).close()
+    fake = FakeProvider(job_duration_s=0.2).start()
+    try:
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        proc, call = _mcp_session(db, provider, "--with-worker", "--log-format", "json")
+        failing = {"prompt": "x", "fail": True, "fake": {"duration": 0.2, "failure": "line1\nline2 \x1b[31mRED"}}
+        submitted = call("submit_job", {"provider": "fake", "operation_key": "f1", "request": failing})
+        assert not submitted.get("isError"), submitted
+        for _ in range(30):
+            waited = call("wait_for_change", {"operation_id": "f1", "timeout_s": 5})["structuredContent"]
+            if waited["settled"]:
+                break
+        assert waited["state"] == "failed", waited
+        assert call("job_status", {"operation_id": "nothing-of-mine"})["isError"] is True
+        err = _stderr_at_exit(proc)
+    finally:
+        fake.stop()
+    lines = [line for line in err.splitlines() if line.strip()]
+    docs = [json.loads(line) for line in lines]  # fails on any line that is not JSON
+    assert all(isinstance(doc, dict) for doc in docs), lines
+    messages = [str(doc["message"]) for doc in docs]
+    created = [m for m in messages if m.endswith("created (state create_pending)")]
+    assert len(created) == 1, messages
+
+
+def test_an_mcp_server_that_sent_a_create_itself_exits_without_an_unclosed_session(tmp_path: Path) -> None:
+    """Found by a probe: a `jobtrail mcp` without a worker sends a create itself, and at exit its provider's
+    HTTP session was left to the garbage collector: "Unclosed client session" / "Unclosed connector" errors
+    on stderr, which an operator reads as a fault. The server closes them as it ends."""
+    db = str(tmp_path / "jobs.db")
+    Store.open(db).close()
+    fake = FakeProvider(job_duration_s=30).start()
+    try:
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        proc, call = _mcp_session(db, provider, "--log-format", "json")
+        submitted = call("submit_job", {"provider": "fake", "operation_key": "k1", "request": {"prompt": "x"}})
+        assert submitted["structuredContent"]["state"] == "accepted", submitted
+        err = _stderr_at_exit(proc)
+    finally:
+        fake.stop()
+    assert fake.counts["jobs_created"] == 1
+    assert "Unclosed" not in err and "error" not in [json.loads(line)["level"] for line in err.splitlines()], err
+
+
+def test_under_json_lines_an_mcp_server_over_http_says_where_it_listens_in_a_json_line(tmp_path: Path) -> None:
+    """Found by a probe: (its `mcp --log-format json` finding, over --http) the line naming the server's
+    address was plain text among the JSON lines. It is one of them."""
+    import signal
+
+    db = str(tmp_path / "jobs.db")
+    Store.open(db).close()
+    fake = FakeProvider()  # never started: nothing is sent
+    provider = fake.write_provider_file(tmp_path / "fake.toml", base_url="http://127.0.0.1:9")
+    port = free_port()
+    command = ["mcp", "--provider", str(provider), "--http", str(port), "--log-format", "json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobtrail", "--db", db, *command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for_port(port, proc)
+        proc.send_signal(signal.SIGTERM)  # (Ctrl-C's goodbye is the CLI's own line, not a log line)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    docs = [json.loads(line) for line in err.decode().splitlines() if line.strip()]  # fails on a line not JSON
+    assert f"MCP over streamable HTTP on http://127.0.0.1:{port}/mcp" in [doc["message"] for doc in docs], docs

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from jobtrail.domain.canonical import rfc3339
+from jobtrail.domain.canonical import nesting, rfc3339
 from jobtrail.domain.explain import cancel_story
 from jobtrail.domain.results import describe, is_json
 from jobtrail.interfaces.shapes import OperationListJson, ResultJson, StatusJson, WaitJson
@@ -58,10 +58,17 @@ def result_missing(operation_id: str, why: str) -> ResultJson:
     )
 
 
-def result_found(row: Mapping[str, Any], data: bytes, jobtrail: str, *, out: str | None = None) -> ResultJson:
+def result_found(
+    row: Mapping[str, Any], data: bytes, jobtrail: str, *, out: str | None = None, max_depth: int | None = None
+) -> ResultJson:
     """A stored result's record and its content: JSON parsed, other text as text, other bytes in base64;
     larger than :data:`RESULT_INLINE_BYTES`, a note says how to fetch it instead (``jobtrail``: how that
-    command reaches the ledger, :attr:`Store.command`)."""
+    command reaches the ledger, :attr:`Store.command`).
+
+    ``max_depth``: JSON nested deeper than this is given unparsed (its exact text, or base64), with a note
+    saying so: where the answer goes on as structure that its reader cannot take that deep (an MCP
+    client's structured output stops short of what the ledger stores and ``jobtrail result`` hands out).
+    """
     doc: dict[str, Any] = describe(row) | {
         "why": None,
         "result": None,
@@ -77,7 +84,9 @@ def result_found(row: Mapping[str, Any], data: bytes, jobtrail: str, *, out: str
         )
         return cast(ResultJson, doc)
     parsed = None
-    if is_json(row["content_type"]):
+    depth = nesting(data) if max_depth is not None and is_json(row["content_type"]) else 0
+    too_deep = max_depth is not None and depth > max_depth
+    if is_json(row["content_type"]) and not too_deep:
         try:
             parsed = json.loads(data)
         except (ValueError, RecursionError):
@@ -89,4 +98,11 @@ def result_found(row: Mapping[str, Any], data: bytes, jobtrail: str, *, out: str
             doc["result_text"] = data.decode("utf-8")
         except UnicodeDecodeError:
             doc["result_base64"] = base64.b64encode(data).decode("ascii")
+    if too_deep:
+        given = "result_text" if doc["result_text"] is not None else "result_base64"
+        doc["note"] = (
+            f"the result is JSON nested {depth} levels deep, more than the {max_depth} this answer carries as "
+            f"structure: {given} holds it exactly as stored (sha256 {row['sha256']}), for you to parse; or write it "
+            f"to a file with `{jobtrail} result {row['operation_id']} --out FILE`"
+        )
     return cast(ResultJson, doc)

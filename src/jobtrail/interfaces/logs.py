@@ -23,6 +23,8 @@ LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 #: marks the handler installed here, so configuring again replaces it instead of adding a second
 _OURS = "jobtrail"
+#: the loggers given our handler and a level (the root gets the handler too)
+CONFIGURED = ("jobtrail", "aiohttp", "uvicorn", "mcp")
 
 
 class ContextFilter(logging.Filter):
@@ -101,7 +103,11 @@ def json_lines() -> bool:
 def configure_logging(level: str = "info", fmt: str = "text") -> logging.Handler:
     """Send ``jobtrail``'s log lines (the HTTP stack's and the MCP SDK's too) at ``level`` and up to stderr as ``fmt``.
 
-    Idempotent: a second call replaces the handler the first installed.
+    Our handler is the one that writes to stderr: each logger configured here stops propagating (its lines
+    are written once, by ours), and ours sits on the root logger as well, so any other library's warnings
+    are redacted and formatted alike, and ``logging.basicConfig`` (which the MCP SDK calls, adding a Rich
+    handler of its own that wrote every line a second time, unmasked, not in ``--log-format``) finds the
+    root configured and adds nothing. Idempotent: a second call replaces the handler the first installed.
     """
     if level not in LEVELS or fmt not in FORMATS:
         raise ValueError(f"log level must be one of {LEVELS} and format one of {FORMATS}")
@@ -112,16 +118,16 @@ def configure_logging(level: str = "info", fmt: str = "text") -> logging.Handler
     handler.addFilter(RedactingFilter())
     handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    for name in ("jobtrail", "aiohttp", "uvicorn", "mcp"):
-        logger = logging.getLogger(name)
+    threshold = getattr(logging, level.upper())
+    for name in (*CONFIGURED, ""):
+        logger = logging.getLogger(name or None)
         for old in [h for h in logger.handlers if h.get_name() == _OURS]:
             logger.removeHandler(old)
         logger.addHandler(handler)
-        if name == "mcp":
-            # the MCP SDK puts a handler of its own on the root logger (unmasked, not in --log-format): its
-            # lines (a failed tool's message among them) go through ours alone
-            logger.propagate = False
+        if not name:
+            continue  # the root keeps its level (warnings): other libraries' chatter stays out
+        # written by our handler here, never again by one further up (the root's holds ours too)
+        logger.propagate = False
         # the HTTP stack's info lines are one per request: only its warnings and errors
-        threshold = getattr(logging, level.upper())
         logger.setLevel(threshold if name == "jobtrail" else max(threshold, logging.WARNING))
     return handler

@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from datetime import timedelta
 from typing import Annotated, Any, Literal, cast
 
-from jobtrail.domain.canonical import names_a_key_twice, nesting
-from jobtrail.domain.errors import JobtrailError, OperationNotFound, UsageError, missing_extra
+from jobtrail.domain.canonical import MAX_ANSWER_DEPTH, names_a_key_twice, nesting
+from jobtrail.domain.errors import JobtrailError, OperationKeyConflict, OperationNotFound, UsageError, missing_extra
 from jobtrail.flows.cancel import request_cancel
 from jobtrail.runtime.client import AsyncJobtrail
 
@@ -40,7 +40,7 @@ try:
     from pydantic import Field, ValidationError
 except ImportError as exc:  # the ``mcp`` extra
     raise missing_extra("mcp", "the MCP server (jobtrail mcp)", exc) from exc
-from jobtrail.domain.record import Operation
+from jobtrail.domain.record import MAX_KEY_LENGTH, Operation, check_name
 from jobtrail.domain.redact import Redactor, is_credential_field, looks_secret, redact_text
 from jobtrail.domain.results import ResultMissing
 from jobtrail.domain.states import SETTLED_STATES, State
@@ -202,6 +202,35 @@ def _missing(operation_id: str) -> OperationNotFound:
     )
 
 
+def _key_taken(operation_key: str) -> UsageError:
+    """The one answer for a key the ledger holds for an operation this agent cannot see, whatever that
+    operation's request: no id, no fingerprint, and the same words whether the requests match or not
+    (different words would tell the agent whether another agent sent this very request)."""
+    return UsageError(
+        f"the operation_key {operation_key!r} cannot be used by this agent: choose another key for this job"
+    )
+
+
+def check_agent(agent: str, approver: str | None = None) -> None:
+    """Refuse an agent name the server cannot keep apart from others (and an approver's not shown as it is).
+
+    The server keeps each agent's operation keys apart by prefixing them with ``AGENT/``: with a ``/`` in
+    a name, agent ``a``'s key ``b/c`` and agent ``a/b``'s key ``c`` would be one key, one agent's operation
+    the other's. An invisible character would make two names that read the same two agents.
+    """
+    what = "agent name (--agent)"
+    if not agent.strip():
+        raise UsageError(f"the {what} is empty: give the name recorded as the caller of every job it submits")
+    if "/" in agent:
+        raise UsageError(
+            f"the {what} {agent!r} holds '/', which the server uses to keep each agent's operation keys apart; "
+            f"choose a name without '/' (e.g. {agent.replace('/', '-')!r})"
+        )
+    check_name(what, agent)
+    if approver is not None:
+        check_name("approver name (--approver)", approver)
+
+
 def _limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
         raise UsageError(f"limit must be a whole number from 1 to {MAX_LIST}, not {limit!r}")
@@ -251,7 +280,11 @@ def _argument_problem(error: Mapping[str, Any]) -> str:
         return f"{where} is required"
     given = redact_text(repr(error.get("input")))
     given = given if len(given) <= 60 else given[:57] + "..."
-    return f"{where}: {error.get('msg', 'invalid')}, not {given}"
+    message = error.get("msg", "invalid")
+    if error.get("type") in ("int_type", "float_type"):
+        # numbers are strict: "7" or true read as a number would be a guess (true was a 1 s deadline)
+        message += " (a JSON number, not text and not true/false)"
+    return f"{where}: {message}, not {given}"
 
 
 #: the arguments' types: what each means, and where the values are a closed set, the set
@@ -284,14 +317,19 @@ StateFilter = Annotated[
     Field(description="only operations in this state (e.g. needs_attention); omit for every state"),
 ]
 Limit = Annotated[int, Field(description="at most this many items, newest first", ge=1, le=MAX_LIST, strict=True)]
+# strict: a number only; without it pydantic reads "7" and " 9 " as numbers, and true as 1 (a 1 s deadline)
 CreateDeadline = Annotated[
-    int,
-    Field(description="seconds within which the job must be created (re-sent only with the same token)", ge=1),
+    float,
+    Field(
+        description="seconds within which the job must be created (re-sent only with the same token)",
+        ge=1,
+        strict=True,
+    ),
 ]
 ResultDeadline = Annotated[
-    int, Field(description="seconds within which the job must end; past it a person decides", ge=1)
+    float, Field(description="seconds within which the job must end; past it a person decides", ge=1, strict=True)
 ]
-WaitSeconds = Annotated[float, Field(description="seconds to wait at most", ge=0, le=120)]
+WaitSeconds = Annotated[float, Field(description="seconds to wait at most", ge=0, le=120, strict=True)]
 CancelReason = Annotated[str, Field(description="why (kept in the history)", min_length=1, max_length=2000)]
 
 
@@ -317,6 +355,8 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
     """The MCP tools, acting for ``agent`` (only its operations unless ``shared``)."""
     from importlib.metadata import version
 
+    check_agent(agent, approver)
+
     server = _Server(name="jobtrail", version=version("jobtrail"), instructions=INSTRUCTIONS)
     store = jt.store
     redactors = (store.redactor,)
@@ -336,12 +376,28 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
     def visible(op: Operation) -> bool:
         return shared or op.caller == agent
 
+    async def one_of_mine(key: str) -> Operation:
+        """This agent's one operation under ``key``, of any provider; several: their ids, to choose one."""
+        mine = await jt.io(store.list_operations, key=prefix + key, caller=agent, limit=20)
+        if len(mine) == 1:
+            return mine[0]
+        if not mine:
+            raise _missing(key)
+        listed = ", ".join(f"{op.operation_id} ({op.provider})" for op in sorted(mine, key=lambda o: o.provider))
+        raise UsageError(f"the key {key!r} is used with several providers: {listed}; give the operation id")
+
     async def get(operation_id: str) -> Operation:
         """By its id, or by the operation_key this agent gave it (an agent that lost its memory has the key)."""
         try:
             op = await jt.io(store.resolve, operation_id, key_prefix="" if shared else prefix)
         except OperationNotFound:
             raise _missing(operation_id) from None
+        except UsageError:
+            if shared:
+                raise
+            # a key held with several providers: the ledger's message lists every holder's id, another
+            # agent's among them; this agent is told of its own only
+            op = await one_of_mine(operation_id)
         if not visible(op):
             raise _missing(operation_id)
         return op
@@ -395,21 +451,32 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
     ) -> SubmitJson:
         jt.provider(provider)  # an unknown provider is named as such before anything else
         guard_request(request, url_fields=_url_fields(jt, provider), redactors=redactors)
-        if not operation_key or len(operation_key) > 200:
-            raise UsageError("operation_key must be 1 to 200 characters")
+        # the ledger holds the key with this agent's prefix: the agent's own room is what the prefix leaves
+        room = MAX_KEY_LENGTH - (0 if shared else len(prefix))
+        if not operation_key or len(operation_key) > room:
+            raise UsageError(f"operation_key must be 1 to {room} characters for this agent; choose a shorter key")
         create_s = _seconds("create_deadline_s", create_deadline_s, 1, 30 * 86400)
         result_s = _seconds("result_deadline_s", result_deadline_s, 1, 365 * 86400)
-        op, created = await jt.ensure(
-            provider,
-            request,
-            key=await own_key(provider, operation_key),
-            caller=agent,
-            approved_by=approver,
-            create_deadline=timedelta(seconds=create_s),
-            result_deadline=timedelta(seconds=result_s),
-        )
-        if not visible(op):  # only a key that collides across agent names could get here
-            raise UsageError("this operation_key cannot be used by this agent; choose another")
+        key = await own_key(provider, operation_key)
+        try:
+            op, created = await jt.ensure(
+                provider,
+                request,
+                key=key,
+                caller=agent,
+                approved_by=approver,
+                create_deadline=timedelta(seconds=create_s),
+                result_deadline=timedelta(seconds=result_s),
+            )
+        except OperationKeyConflict:
+            # the ledger's message names the holder's id and request fingerprint: for this agent's own
+            # operation that is what it needs; another's answers as a key taken, nothing more
+            holder = await jt.io(store.find_by_key, provider, key)
+            if holder is None or not visible(holder):
+                raise _key_taken(operation_key) from None
+            raise
+        if not visible(op):  # a key made by another (the CLI, a --shared server) with this agent's prefix
+            raise _key_taken(operation_key)
         if op.state is State.CREATE_PENDING and op.attempts == 0:
             op = await jt.drive_create(op.operation_id)
         # created False: this key and request already had an operation; it is returned as it stands
@@ -458,8 +525,9 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
 
     @tool(
         "The collected, validated result of a succeeded job: its record (sha256, size, checks) and its content "
-        "(result: JSON; result_text: other text; result_base64: other bytes; note: how to fetch one over "
-        "64 KiB). Without one, result is null and why says why."
+        "(result: JSON; result_text: other text, or JSON nested deeper than "
+        f"{MAX_ANSWER_DEPTH} levels, as stored; result_base64: other bytes; note: how to fetch one over 64 KiB, "
+        "or why JSON came as text). Without one, result is null and why says why."
     )
     async def get_result(operation_id: OperationRef) -> ResultJson:
         operation_id = (await get(operation_id)).operation_id
@@ -472,7 +540,8 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
                 f"the stored result of {operation_id} carries a configured credential and is not handed out; "
                 "tell the operator (check no_credentials)"
             )
-        return result_found(row, data, store.command)
+        # deeper, the SDK cannot serialize it as structured output (pydantic stops at its own depth limit)
+        return result_found(row, data, store.command, max_depth=MAX_ANSWER_DEPTH)
 
     @tool(
         "Your operations that wait for a person (needs_attention, unconfirmed cancels, timed-out "

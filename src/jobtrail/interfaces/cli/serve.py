@@ -222,10 +222,21 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
     type=click.Path(dir_okay=False),
     help="Provider file the agent may use, by name (repeatable).",
 )
-@click.option("--agent", default="agent", show_default=True, help="Identity recorded as the caller of every job.")
+@click.option(
+    "--agent",
+    default="agent",
+    show_default=True,
+    help="Identity recorded as the caller of every job (no '/': it keeps each agent's operation keys apart).",
+)
 @click.option("--approver", help="Identity recorded as approving every job this server submits.")
 @click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
-@click.option("--http", "http_port", type=int, help="Serve streamable HTTP on 127.0.0.1:PORT instead of stdio.")
+@click.option(
+    "--http",
+    "http_port",
+    type=int,
+    help="Serve streamable HTTP on 127.0.0.1:PORT instead of stdio. It has no authentication: every local "
+    "process and user can call the tools as --agent (see the README).",
+)
 @click.option(
     "--shared",
     is_flag=True,
@@ -251,10 +262,14 @@ def mcp(
     Example:
       jobtrail --db jobs.db mcp --provider examples/openai-batch.toml --agent bot --approver alice --with-worker
     """
-    from jobtrail.interfaces.mcp import build_server, guarded_http_app, serve_stdio
+    import logging
+
+    from jobtrail.interfaces.logs import json_lines
+    from jobtrail.interfaces.mcp import build_server, check_agent, guarded_http_app, serve_stdio
     from jobtrail.runtime.client import AsyncJobtrail
     from jobtrail.runtime.worker import Worker
 
+    check_agent(agent, approver)  # before the ledger is opened (or made) for a server that cannot start
     jt = AsyncJobtrail(store=open_store(ctx), providers=list(provider_files), actor=f"mcp:{agent}")
     server = build_server(jt, agent=agent, approver=approver, shared=shared)
 
@@ -267,7 +282,11 @@ def mcp(
 
                 # log_config None: uvicorn's lines go through our handler (redacted, as --log-format asks)
                 app = guarded_http_app(server)
-                click.echo(f"MCP over streamable HTTP on http://127.0.0.1:{http_port}/mcp", err=True)
+                where = f"MCP over streamable HTTP on http://127.0.0.1:{http_port}/mcp"
+                if json_lines():  # stderr holds JSON lines only
+                    logging.getLogger("jobtrail").info(where)
+                else:
+                    click.echo(where, err=True)
                 await serve_async(app, host="127.0.0.1", port=http_port, log_level="warning", log_config=None)
             else:
                 await serve_stdio(server)
@@ -275,6 +294,9 @@ def mcp(
             if runner is not None and task is not None:
                 runner.stop()
                 await task
+            # the providers' HTTP sessions (a create this server sent itself opened one), closed on this
+            # loop: left to the garbage collector, each was an "Unclosed client session" error at exit
+            await jt.aclose()
 
     run_loop(run())
 
