@@ -170,6 +170,30 @@ def test_under_json_lines_the_workers_stderr_is_json_lines_to_its_end_summary_in
         fake.stop()
 
 
+def test_under_json_lines_the_commands_own_notices_are_json_lines_too(tmp_path: Path) -> None:
+    """Found by a probe: under ``--log-format json`` the worker still wrote "jobtrail: made a new, empty
+    ledger ..." and "--timeout ran out ..." as plain text. They are log lines like the others now."""
+    fake = FakeProvider(job_duration_s=0.1).start()
+    try:
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        fresh = str(tmp_path / "fresh.db")  # no ledger there yet: the worker makes one, and says so
+        code, _out, err = finish(start_worker(fresh, provider, "new", "--until-settled", "--log-format", "json"))
+        assert code == 0, err
+        docs = [json.loads(line) for line in err.splitlines() if line.strip()]
+        made = [doc for doc in docs if "made a new, empty ledger" in str(doc["message"])]
+        assert len(made) == 1 and made[0]["level"] == "warning", docs
+        db_url = str(tmp_path / "jobs.db")
+        fake.job_duration_s = 30
+        submit_many(db_url, fake, 1)
+        args = ("--until-settled", "--timeout", "1", "--log-format", "json")
+        code, _out, err = finish(start_worker(db_url, provider, "short", *args))
+        assert code != 0, err
+        docs = [json.loads(line) for line in err.splitlines() if line.strip()]
+        assert any("--timeout 1 s ran out" in str(doc["message"]) for doc in docs), docs
+    finally:
+        fake.stop()
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs Linux's /proc/<pid>/wchan")
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 def test_a_line_longer_than_the_pipe_arrives_whole_from_the_command_under_pythonunbuffered(stream: str) -> None:

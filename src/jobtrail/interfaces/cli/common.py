@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -74,6 +75,17 @@ def emit_json(doc: Any) -> None:
     click.echo(_printable(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False)))
 
 
+def notice(message: str, level: int = logging.WARNING) -> None:
+    """One line on stderr, ``jobtrail: message``; under ``--log-format json`` a JSON log line like the others
+    (at ``level``): a log read as JSON lines holds nothing else."""
+    from jobtrail.interfaces.logs import json_lines
+
+    if json_lines():
+        logging.getLogger("jobtrail").log(level, "%s", message)
+    else:
+        click.echo(f"jobtrail: {message}", err=True)
+
+
 def fail(message: str, code: int) -> NoReturn:
     """One line on stderr and the exit code; under ``--json`` also ``{"error": {...}}`` on stdout."""
     message = _printable(message)
@@ -81,7 +93,7 @@ def fail(message: str, code: int) -> NoReturn:
     if ctx is not None and ctx.find_root().meta.get("jobtrail.json"):
         # one line: a command that prints JSON lines (submit) stays JSON lines when it fails
         click.echo(json.dumps({"error": {"message": message, "exit_code": code}}, ensure_ascii=False))
-    click.echo(f"jobtrail: {message}", err=True)
+    notice(message, logging.ERROR)
     sys.exit(code)
 
 
@@ -145,10 +157,9 @@ def open_store(ctx: click.Context, *, create: bool = True) -> Store:
             # a typo in --db makes a new ledger instead of finding the one meant: say so, once, where it is
             from jobtrail.ledger.store import shown_url
 
-            click.echo(
-                f"jobtrail: made a new, empty ledger in {shown_url(obj['store'].engine.url)} (there was none); "
-                "if you meant another, check --db or JOBTRAIL_DB",
-                err=True,
+            notice(
+                f"made a new, empty ledger in {shown_url(obj['store'].engine.url)} (there was none); "
+                "if you meant another, check --db or JOBTRAIL_DB"
             )
     store: Store = obj["store"]
     return store

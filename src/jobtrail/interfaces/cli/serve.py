@@ -17,6 +17,7 @@ from jobtrail.interfaces.cli.common import (
     console,
     emit_json,
     log_options,
+    notice,
     open_store,
 )
 from jobtrail.runtime.loop import run as run_loop
@@ -158,10 +159,9 @@ def worker(
             }
         )
     if until_settled and not stats.settled and not runner.stopped:
-        click.echo(
-            f"jobtrail: --timeout {timeout or 0:g} s ran out with operations still to act on; run the worker "
-            "again (or longer), and see `jobtrail ops list` for what is left",
-            err=True,
+        notice(
+            f"--timeout {timeout or 0:g} s ran out with operations still to act on; run the worker "
+            "again (or longer), and see `jobtrail ops list` for what is left"
         )
         sys.exit(EXIT_STILL_RUNNING)
 
