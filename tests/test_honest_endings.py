@@ -422,7 +422,8 @@ def test_a_providers_state_text_is_quoted_in_a_reason_never_read_as_ours(db_url:
             "create": {"path": "/v1/jobs", "job_id": "$.id"},
             "status": {"path": "/v1/jobs/{job_id}", "state": "$.status"},
             "result": {"path": "/v1/jobs/{job_id}/result"},
-            "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 0.05},
+            # every 0.05 s until an ending; past the result deadline, every 5 s (the reason is read before)
+            "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 5},
         }
         if ending == "failed":
             cfg["states"] = {"failed": [said]}

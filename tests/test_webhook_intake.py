@@ -151,7 +151,7 @@ def test_a_person_confirming_the_job_id_attaches_the_events_waiting_for_it(
     finally:
         fake.stop()
     assert [r["operation_id"] for r in rows(ledger, "webhook_events")] == [op.operation_id]
-    assert [o["raw"] for o in webhook_observations(ledger, op.operation_id)] == [{"adopted_orphan_events": 1}]
+    assert [o["raw"]["event_id"] for o in webhook_observations(ledger, op.operation_id)] == ["evt_early"]
     after = ledger.get(op.operation_id)
     assert after.state is S.ACCEPTED
     assert after.next_action_at_us is not None and after.next_action_at_us <= ledger.clock()

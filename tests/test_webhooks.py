@@ -19,11 +19,12 @@ import sqlalchemy as sa
 
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.interfaces.webhooks import webhook_app
+from jobtrail.ledger.audit import verify
 from jobtrail.providers.http import load_provider
 from jobtrail.runtime.worker import Worker
 from jobtrail.testing import FakeProvider, send_webhook, signed_headers
 
-from helpers import free_port, serve_asgi
+from helpers import free_port, serve_asgi, sql
 
 S = State
 
@@ -231,14 +232,22 @@ def test_an_older_event_is_recorded_and_moves_nothing(ledger: Store, fake: FakeP
 
 
 def test_an_event_for_an_unknown_job_is_kept_and_matched_later(ledger: Store, fake: FakeProvider, secret: str) -> None:
+    """Kept, then filed with what it said once the operation learns its job: found by a probe, only the count
+    of adopted events was filed, and what they said went when their rows were pruned."""
     cfg = cfg_for(fake)
+    said = {"type": "job.failed", "data": {"id": "job_00001", "error": "GPU on fire"}}
     with serve(ledger, cfg) as url:
-        orphan = send_webhook(url, secret, event("job_00001", "job.running"), event_id="evt_early")
+        orphan = send_webhook(url, secret, said, event_id="evt_early")
     assert orphan[0] == 202 and orphan[1]["status"] == "orphan"
     op = accepted_op(ledger, cfg)
     assert op.remote_job_id == "job_00001"
     assert [r["operation_id"] for r in rows(ledger, "webhook_events")] == [op.operation_id]
-    assert webhook_observations(ledger, op.operation_id)[0]["raw"] == {"adopted_orphan_events": 1}
+    (filed,) = webhook_observations(ledger, op.operation_id)
+    assert filed["raw"] == {"event_id": "evt_early", "type": "job.failed", "adopted": True, "event": said}
+    assert filed["raw_state"] == "job.failed" and filed["provider_time"]
+    sql(ledger, "DELETE FROM webhook_events")  # retention: the event rows go, what they said stays
+    assert webhook_observations(ledger, op.operation_id)[0]["raw"]["event"]["data"]["error"] == "GPU on fire"
+    assert verify(ledger).ok
 
 
 def test_webhooks_settle_an_operation_long_before_its_next_poll(db_url: str, ledger: Store, secret: str) -> None:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -96,15 +97,31 @@ def parse_json(text: str | bytes) -> Any:
     past 64 bits into a float, where ``json`` keeps it exact.
     """
     data = text.encode("utf-8", errors="surrogatepass") if isinstance(text, str) else bytes(text)
-    if _NINETEEN_DIGITS not in data.translate(_DIGITS_AS_ZEROS):  # (beyond ASCII, UTF-8 has no byte below 128)
+    digits = data.translate(_DIGITS_AS_ZEROS)  # (beyond ASCII, UTF-8 has no byte below 128)
+    if _NINETEEN_DIGITS not in digits:
         try:
             return orjson.loads(text)
         except (ValueError, TypeError):
             pass
+    # Python reads no integer of more digits than its limit (4300 unless set otherwise), and its refusal tells
+    # the reader to raise the limit: sent back to whoever sent the text, that is advice about our interpreter.
+    # Only a text with so long a run of digits gets a reader of its own, which says what is wrong with the text
+    limit = sys.get_int_max_str_digits()
+    whole = _whole if limit and b"0" * (limit + 1) in digits else None
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite, parse_int=whole)
     except RecursionError:  # a provider's answer is data: an error any caller handles, not a crash
         raise ValueError(_TOO_DEEP) from None
+
+
+def _whole(literal: str) -> int:
+    try:
+        return int(literal)
+    except ValueError:  # (the scanner hands over a sign and digits only: nothing but their count is refused)
+        raise ValueError(
+            f"a number with more than {sys.get_int_max_str_digits()} digits ({len(literal.lstrip('-'))}): "
+            "too long to be read as a number"
+        ) from None
 
 
 #: the deepest a provider's answer or a webhook may nest: far past any API's answers, and far short of the

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jobtrail.domain.canonical import canonical_bytes, rfc3339
+from jobtrail.domain.canonical import canonical_bytes, parse_json, rfc3339
 from jobtrail.domain.evidence import (
     CancelIntent,
     DeadlinePassed,
@@ -42,7 +42,7 @@ from jobtrail.domain.words import in_their_words, quoted, state_shown
 from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.results import carries_secret, prepare_result
 from jobtrail.ledger.store import FollowUp, Moved, Observe, Reschedule, Store, StoredResult
-from jobtrail.ledger.webhook_events import attach_orphans
+from jobtrail.ledger.webhook_events import Orphan, attach_orphans
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, StatusOutcome
 
@@ -710,9 +710,24 @@ def pull_poll_forward(store: Store, operation_id: str) -> None:
 
 
 def adopt_orphans(store: Store, provider: str, remote_job_id: str, operation_id: str) -> int:
-    """Attach events that arrived before the operation knew its job id; returns how many."""
-    adopted = attach_orphans(store, provider, remote_job_id, operation_id)
-    if adopted:
-        store.add_observation(operation_id, kind="webhook", raw={"adopted_orphan_events": adopted})
-        pull_poll_forward(store, operation_id)
-    return adopted
+    """Attach events that arrived before the operation knew its job id, each an observation of the operation
+    with what it said, and bring its next poll forward; returns how many."""
+
+    def filing(op: Operation, orphans: list[Orphan]) -> list[Observe | Reschedule]:
+        writes: list[Observe | Reschedule] = [
+            Observe(
+                operation_id=op.operation_id,
+                kind="webhook",
+                raw={"event_id": o.event_id, "type": o.event_type, "adopted": True, "event": parse_json(o.body)},
+                provider_time=rfc3339(o.provider_time * _US) if o.provider_time else None,  # (Unix seconds)
+                remote_state=None,
+                raw_state=o.event_type,
+            )
+            for o in orphans
+        ]
+        now = store.clock()
+        if op.state in WATCHED_STATES and (op.next_action_at_us or 0) > now:  # the status query decides
+            writes.append(Reschedule(op=op, changes={"next_action_at_us": now}))
+        return writes
+
+    return attach_orphans(store, provider, remote_job_id, operation_id, filing)

@@ -11,11 +11,19 @@ whole within :data:`HEADERS_DEADLINE_S` of the connection's start or the last
 answer, and its body within the server's body deadline of the headers (an
 answer given early, a 401 before the body, does not extend it), or the
 connection is closed. The answer itself takes as long as it takes.
+
+uvicorn also takes as many connections as are opened, and holds a body's first
+tens of kilobytes for each before the application reads it: past
+:data:`MAX_CONNECTIONS` open at once, a request is answered 503 at once instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import threading
+import time
 from typing import Any
 
 import h11
@@ -26,6 +34,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 HEADERS_DEADLINE_S = 10.0
 #: and its body, where the application sets no time of its own: a dashboard form or an MCP message
 BODY_DEADLINE_S = 10.0
+#: uvicorn's ``limit_concurrency``: past this many connections (or requests under way) open at once, a new request
+#: is answered 503 (which a webhook provider retries later) before the application sees it. Without it, each
+#: connection cost its buffers (uvicorn reads up to 64 KiB of a body and more arrives with them before it stops
+#: reading; the receiver held up to a whole delivery besides) and anyone could open thousands: 1,500 held 1.6 GiB.
+#: Each of the three servers answers a few clients: a provider delivering a burst of events, a few people's
+#: browsers, an agent or two; 256 leaves them far more room than they use, and bounds what is held to tens of MiB
+MAX_CONNECTIONS = 256
 
 
 class DeadlineProtocol(H11Protocol):
@@ -78,14 +93,51 @@ class DeadlineProtocol(H11Protocol):
 
 
 def serve(app: Any, *, host: str, port: int, body_s: float = BODY_DEADLINE_S, **options: Any) -> None:
-    """``uvicorn.run`` with :class:`DeadlineProtocol` (``body_s``: each request's body deadline)."""
-    uvicorn.run(app, host=host, port=port, http=_protocol(body_s), **options)
+    """``uvicorn.run`` with :class:`DeadlineProtocol` (``body_s``: each request's body deadline) and at most
+    :data:`MAX_CONNECTIONS` connections served at once (``limit_concurrency`` in ``options`` sets another)."""
+    uvicorn.run(app, host=host, port=port, http=_protocol(body_s), **_limited(options))
 
 
 async def serve_async(app: Any, *, host: str, port: int, body_s: float = BODY_DEADLINE_S, **options: Any) -> None:
     """:func:`serve` on the running event loop."""
-    config = uvicorn.Config(app, host=host, port=port, http=_protocol(body_s), **options)
+    config = uvicorn.Config(app, host=host, port=port, http=_protocol(body_s), **_limited(options))
     await uvicorn.Server(config).serve()
+
+
+def _limited(options: dict[str, Any]) -> dict[str, Any]:
+    limits = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _OverTheLimit) for f in limits.filters):
+        limits.addFilter(_OverTheLimit())
+    return {"limit_concurrency": MAX_CONNECTIONS, **options}
+
+
+class _OverTheLimit(logging.Filter):
+    """uvicorn's warning for a request refused over ``limit_concurrency``, one line a second at most: it writes
+    one for each, so a flood of connections, the thing the limit is for, flooded the log too."""
+
+    _TEXT = "Exceeded concurrency limit."
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._shown_at = -math.inf
+        self._unshown = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self._TEXT:
+            return True
+        with self._lock:
+            now = time.monotonic()
+            if now - self._shown_at < 1.0:
+                self._unshown += 1
+                return False
+            unshown, self._unshown, self._shown_at = self._unshown, 0, now
+        # (uvicorn's line has no arguments of its own)
+        record.msg, record.args = (
+            "more connections open at once than the server's limit: a request was answered 503%s",
+            (f", and {unshown} more since the last such line" if unshown else "",),
+        )
+        return True
 
 
 def _protocol(body_s: float) -> type[DeadlineProtocol]:

@@ -8,6 +8,13 @@ active secret so keys can rotate), recorded once per event id (a uniqueness
 constraint: two receivers racing store one), matched to an operation by remote
 job id or client reference, and then only brings that operation's next poll
 forward. A webhook never ends an operation: the status query that follows does.
+The event, its observation and the poll brought forward are written in one
+transaction: a delivery answered 503 left nothing behind, and its redelivery is
+recorded whole.
+
+Bodies are read whole before their signature can be checked, so what they may
+hold at once is capped across all requests (:class:`InFlight`); a delivery that
+finds no room is answered 503 with ``Retry-After`` before its body is read.
 
 Unknown jobs: the event is accepted and kept as an orphan; when an operation
 later learns that job id, its orphan events are attached to it and its first
@@ -30,7 +37,9 @@ import contextlib
 import contextvars
 import logging
 import math
+import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,18 +47,12 @@ from jobtrail.domain.canonical import compact_json, parse_answer, rfc3339
 from jobtrail.domain.errors import ConfigError, StorageError, require_extra
 from jobtrail.domain.jsonpath import extract
 from jobtrail.domain.record import Operation
-from jobtrail.flows.observe import pull_poll_forward
+from jobtrail.flows.observe import WATCHED_STATES
 from jobtrail.flows.telemetry import webhook_received, webhook_refused, webhook_span
 from jobtrail.interfaces.health import health_response
 from jobtrail.ledger.offload import Offload, threads
-from jobtrail.ledger.store import Store
-from jobtrail.ledger.webhook_events import (
-    attach_event,
-    count_refusals,
-    match_operation,
-    newest_event_time,
-    record_event,
-)
+from jobtrail.ledger.store import Observe, Reschedule, Store
+from jobtrail.ledger.webhook_events import Filing, Kept, attach_event, count_refusals, match_operation, record_event
 from jobtrail.providers.http import CREDENTIAL_TTL_S
 from jobtrail.providers.webhooks import CredentialsToMask, Refused, WebhookConfig, check_headers, verify
 
@@ -58,24 +61,63 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 
-# Starlette and standardwebhooks come with the ``webhooks`` extra and are imported where the
-# receiver runs: a worker reading a provider file's [webhooks] table needs neither.
+# Starlette comes with the ``webhooks`` extra and is imported where the receiver runs: a worker reading a
+# provider file's [webhooks] table does not need it. (Signatures are checked with the standard library's hmac,
+# over the body's bytes as they came: see providers.webhooks.verify.)
 
 log = logging.getLogger("jobtrail")
 _US = 1_000_000
 #: how often refused deliveries are counted in the ledger (see :class:`Refusals`)
 REFUSAL_FLUSH_S = 1.0
+#: the most bytes of delivery bodies a receiver holds at once, all its requests together (see :class:`InFlight`):
+#: 32 deliveries of the largest size by default, thousands of the few kilobytes most providers send
+MAX_BYTES_IN_FLIGHT = 32 * 1024 * 1024
 
 
-def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
-    """An RFC 9457 problem body."""
+def problem(status: int, title: str, detail: str, *, retry_after_s: int | None = None) -> JSONResponse:
+    """An RFC 9457 problem body (with ``Retry-After`` when the refusal says when to come back)."""
     from starlette.responses import JSONResponse
 
     return JSONResponse(
-        {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra},
+        {"type": "about:blank", "title": title, "status": status, "detail": detail},
         status_code=status,
         media_type="application/problem+json",
+        headers=None if retry_after_s is None else {"Retry-After": str(retry_after_s)},
     )
+
+
+class InFlight:
+    """The bytes of delivery bodies held at once, across every request a receiver is answering.
+
+    A delivery's body is read whole before its signature can be checked, so anyone who can reach the receiver
+    could make it hold ``max_bytes`` for each connection they opened, with no limit on how many (300 held
+    390 MiB, 1,500 held 1.6 GiB). Room for a body is taken before a byte of it is read, as much as its
+    ``Content-Length`` says (a body sent in chunks: ``max_bytes``), and given back when its request is
+    answered; a delivery that finds no room is answered 503 with ``Retry-After`` and its body is not read.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()  # (one loop as a rule; a host may run requests on loops of their own)
+
+    def take(self, size: int, retry_after_s: int) -> int:
+        """Hold ``size`` bytes for one body; returns them (to give back), or raises :class:`Refused`."""
+        with self._lock:
+            if self.held + size > self.limit:
+                raise Refused(
+                    503,
+                    "receiver busy",
+                    f"the receiver holds as many delivery bodies as it may ({self.limit} bytes); deliver it "
+                    f"again in {retry_after_s} s",
+                    retry_after_s=retry_after_s,
+                )
+            self.held += size
+        return size
+
+    def give_back(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
 
 
 class Receiver:
@@ -85,11 +127,21 @@ class Receiver:
     stalls the other deliveries this receiver is answering.
     """
 
-    def __init__(self, store: Store, configs: Mapping[str, WebhookConfig], *, io: Offload = threads) -> None:
+    def __init__(
+        self,
+        store: Store,
+        configs: Mapping[str, WebhookConfig],
+        *,
+        io: Offload = threads,
+        max_bytes_in_flight: int = MAX_BYTES_IN_FLIGHT,
+    ) -> None:
         self.store = store
         self.io = io
         self.configs = dict(configs)
-        self._secrets = {name: cfg.resolve_secrets(store.redactor) for name, cfg in self.configs.items()}
+        #: each provider's signing keys, decoded once (as they were checked)
+        self._keys = {name: cfg.signing_keys(store.redactor) for name, cfg in self.configs.items()}
+        # (never less than the largest delivery: one of those must fit when nothing else is held)
+        self.in_flight = InFlight(max(max_bytes_in_flight, *(cfg.max_bytes for cfg in self.configs.values())))
         #: the providers' own credentials: an event may echo one, and this process sends none that would
         #: teach the ledger's redactor its value
         self.credentials = CredentialsToMask(
@@ -104,9 +156,13 @@ class Receiver:
         config = self.configs.get(name)
         if config is None:
             return problem(404, "unknown provider", f"no webhooks are configured for provider {name!r}")
+        held = 0
         try:
             # unsigned, malformed or stale deliveries are refused before a byte of the body is read
             check_headers(request.headers, config.tolerance_s, self.store.clock() / _US)
+            # and so is one there is no room for: by the time that room is free again, every body held now has
+            # arrived whole or been cut off (read_timeout_s)
+            held = self.in_flight.take(_body_size(request, config.max_bytes), math.ceil(config.read_timeout_s))
             try:
                 body = await asyncio.wait_for(_read_limited(request, config.max_bytes), config.read_timeout_s)
             except TimeoutError:
@@ -114,7 +170,7 @@ class Receiver:
                     408, "request timeout", f"the body did not arrive within {config.read_timeout_s:g} s"
                 ) from None
             event_id, timestamp = verify(
-                body, request.headers, self._secrets[name], config.tolerance_s, self.store.clock() / _US
+                body, request.headers, self._keys[name], config.tolerance_s, self.store.clock() / _US
             )
             try:
                 event = parse_answer(body)
@@ -124,11 +180,15 @@ class Receiver:
         except Refused as no:
             webhook_refused(name, no.title)
             await self.refusals.add(name, no)
-            return problem(no.status, no.title, no.detail)
+            return problem(no.status, no.title, no.detail, retry_after_s=no.retry_after_s)
         except StorageError as exc:
-            # nothing was recorded; a 503 makes the provider deliver the event again later
+            # nothing was recorded (an event is recorded and filed under its operation in one transaction), or
+            # an event was kept as an orphan and not yet filed under the operation found for it since: its
+            # redelivery files it. Either way a 503 makes the provider deliver the event again later
             log.error("webhook for provider %s not recorded: %s", name, exc)
             return problem(503, "storage unavailable", "the event could not be recorded now; deliver it again later")
+        finally:
+            self.in_flight.give_back(held)
 
     def _record(self, provider: str, config: WebhookConfig, event_id: str, timestamp: int, event: Any) -> JSONResponse:
         self.credentials.refresh()  # (read again now and then: a rotated credential is masked too)
@@ -178,43 +238,76 @@ class Receiver:
             "body": compact_json(store.redactor.answer(event)),
             "expires_at_us": now + int(config.retention_s * _US),
         }
-        if not record_event(store, row):
-            return "duplicate", JSONResponse({"status": "duplicate", "event_id": event_id}, status_code=200)
+        filing = self._filing(event_id, timestamp, event_type, event)
+        kept = record_event(store, row, filing)
+        if kept.operation_id is not None:
+            return _filed(event_id, kept) if kept.new else _duplicate(event_id)
+        # Kept as an orphan, now or by an earlier delivery of it (which may have failed after keeping it, before
+        # filing it under the operation it found then: its 503 sent the provider here, to finish it).
+        # Looked for before the event was stored: an operation may have learned this job id since, and looked
+        # for its orphans before this one was stored. It wrote the job id, then looked for orphans; this wrote
+        # the orphan, then looks for the job id: one of the two sees the other.
+        op = op or match_operation(store, provider, job_id, reference)
         if op is None:
-            # Looked for before the event was stored: an operation may have learned this job id since, and
-            # looked for its orphans before this one was stored. It wrote the job id, then looked for
-            # orphans; this wrote the orphan, then looks for the job id: one of the two sees the other.
-            op = match_operation(store, provider, job_id, reference)
-            if op is None:
-                return "orphan", JSONResponse(
-                    {
-                        "status": "orphan",
-                        "event_id": event_id,
-                        "detail": "no operation knows this job yet; the event is kept",
-                    },
-                    status_code=202,
+            if not kept.new:
+                return _duplicate(event_id)
+            return "orphan", JSONResponse(
+                {
+                    "status": "orphan",
+                    "event_id": event_id,
+                    "detail": "no operation knows this job yet; the event is kept",
+                },
+                status_code=202,
+            )
+        attached = attach_event(store, provider, event_id, timestamp, op.operation_id, filing)
+        if attached is None:
+            if not kept.new:
+                return _duplicate(event_id)
+            # the operation's adoption took it first: it recorded the adoption and brought the poll forward
+            return "accepted", JSONResponse(
+                {"status": "accepted", "event_id": event_id, "operation_id": op.operation_id, "adopted": True},
+                status_code=202,
+            )
+        return _filed(event_id, attached)
+
+    def _filing(self, event_id: str, timestamp: int, event_type: str | None, event: Any) -> Filing:
+        """What filing the event under an operation writes, in the transaction that records the event: its
+        observation, and (unless it is older than one filed already) the operation's next poll made due now,
+        if the operation is watched. The event decides nothing more: the status query that follows does."""
+        store = self.store
+
+        def writes(op: Operation, stale: bool) -> list[Observe | Reschedule]:
+            observed: list[Observe | Reschedule] = [
+                Observe(
+                    operation_id=op.operation_id,
+                    kind="webhook",
+                    raw={"event_id": event_id, "type": event_type, "stale": stale, "event": event},
+                    provider_time=rfc3339(timestamp * _US),
+                    remote_state=None,
+                    raw_state=event_type,
                 )
-            if not attach_event(store, provider, event_id, op.operation_id):
-                # the operation's adoption took it first: it recorded the adoption and brought the poll forward
-                return "accepted", JSONResponse(
-                    {"status": "accepted", "event_id": event_id, "operation_id": op.operation_id, "adopted": True},
-                    status_code=202,
-                )
-        stale = newest_event_time(store, op.operation_id, event_id) > timestamp
-        store.add_observation(
-            op.operation_id,
-            kind="webhook",
-            raw={"event_id": event_id, "type": event_type, "stale": stale, "event": event},
-            provider_time=rfc3339(timestamp * _US),
-            remote_state=None,
-            raw_state=event_type,
-        )
-        if not stale:
-            pull_poll_forward(store, op.operation_id)
-        return "stale" if stale else "accepted", JSONResponse(
-            {"status": "accepted", "event_id": event_id, "operation_id": op.operation_id, "stale": stale},
-            status_code=202,
-        )
+            ]
+            now = store.clock()
+            if not stale and op.state in WATCHED_STATES and (op.next_action_at_us or 0) > now:
+                observed.append(Reschedule(op=op, changes={"next_action_at_us": now}))
+            return observed
+
+        return writes
+
+
+def _filed(event_id: str, kept: Kept) -> tuple[str, JSONResponse]:
+    from starlette.responses import JSONResponse
+
+    return "stale" if kept.stale else "accepted", JSONResponse(
+        {"status": "accepted", "event_id": event_id, "operation_id": kept.operation_id, "stale": kept.stale},
+        status_code=202,
+    )
+
+
+def _duplicate(event_id: str) -> tuple[str, JSONResponse]:
+    from starlette.responses import JSONResponse
+
+    return "duplicate", JSONResponse({"status": "duplicate", "event_id": event_id}, status_code=200)
 
 
 class Refusals:
@@ -319,29 +412,63 @@ class Refusals:
         await self._written(loop)
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
+def _body_size(request: Request, limit: int) -> int:
+    """The bytes a body will take: its ``Content-Length`` (413 past ``limit``), or ``limit`` for one sent in
+    chunks, whose size is known only at its end."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is None or not declared.isdigit():
+        return limit
+    if int(declared) > limit:
         raise Refused(413, "payload too large", f"the body is over {limit} bytes")
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise Refused(413, "payload too large", f"the body is over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return int(declared)
 
 
-def webhook_app(store: Store, configs: Mapping[str, WebhookConfig], *, io: Offload = threads) -> Starlette:
-    """The ASGI app: mount it in your own app, or run ``jobtrail webhooks serve``."""
-    require_extra("webhooks", "the webhook receiver", "starlette", "standardwebhooks")
+async def _read_limited(request: Request, limit: int) -> bytes:
+    from starlette.requests import ClientDisconnect
+
+    body, chunk = bytearray(), b""
+    try:
+        # (closed however the read ends: a stream left waiting for its next chunk holds its last one)
+        async with contextlib.aclosing(request.stream()) as stream:
+            async for chunk in stream:
+                if len(body) + len(chunk) > limit:
+                    raise Refused(413, "payload too large", f"the body is over {limit} bytes")
+                body += chunk
+        return bytes(body)
+    except ClientDisconnect as gone:
+        traceback.clear_frames(gone.__traceback__)  # (the stream's, which holds the last chunk: see below)
+        # a refusal like the others (counted, a log line a second at most), not an error with a traceback
+        # each: anyone can hang up halfway through a body, as often as they like
+        raise Refused(
+            400, "client disconnected", "the client closed the connection before the whole body arrived"
+        ) from None
+    finally:
+        # What was read is let go now, however the read ends. An error's traceback keeps this frame, and
+        # asyncio.wait_for keeps the error in a reference cycle that only the garbage collector's full pass,
+        # which megabytes of bytes do not bring on, breaks: clients hanging up halfway through their bodies
+        # grew the receiver by what it had read of them, round after round (35 MiB for every 300)
+        body.clear()
+        chunk = b""  # (the last chunk, up to 64 KiB, likewise)
+
+
+def webhook_app(
+    store: Store,
+    configs: Mapping[str, WebhookConfig],
+    *,
+    io: Offload = threads,
+    max_bytes_in_flight: int = MAX_BYTES_IN_FLIGHT,
+) -> Starlette:
+    """The ASGI app: mount it in your own app, or run ``jobtrail webhooks serve``.
+
+    ``max_bytes_in_flight``: the most bytes of delivery bodies held at once (see :class:`InFlight`); never less
+    than the largest ``max_bytes``."""
+    require_extra("webhooks", "the webhook receiver", "starlette")
     from starlette.applications import Starlette
     from starlette.routing import Route
 
     if not configs:
         raise ConfigError('no provider declares [webhooks]; add secrets = ["env:NAME"] to a provider file')
-    receiver = Receiver(store, configs, io=io)
+    receiver = Receiver(store, configs, io=io, max_bytes_in_flight=max_bytes_in_flight)
 
     def healthz(request: Request) -> Response:  # sync: Starlette runs it in its thread pool, off the loop
         return health_response(store)

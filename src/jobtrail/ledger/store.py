@@ -791,6 +791,24 @@ class Store:
                 log.info("operation %s created (state create_pending)", outcome.op.operation_id)
         return results
 
+    def apply_within(self, conn: Connection, batch: Sequence[Change | Reschedule | Observe]) -> list[Applied]:
+        """As :meth:`apply`, in a transaction the caller holds (from :meth:`writing`) that writes something of
+        its own too, all landing or none (a webhook event and its observation): the caller has locked the
+        records' rows (:meth:`locked_record`)."""
+        now = self.clock()
+        prepared = [(slot, *self._prepare(item, now)) for slot, item in enumerate(batch)]
+        results: list[Applied] = [None] * len(prepared)
+        self._apply_to_records(conn, prepared, results, now)
+        return results
+
+    @staticmethod
+    def locked_record(conn: Connection, operation_id: str) -> Operation:
+        """The record as stored, its row locked until ``conn``'s transaction ends (on SQLite the write lock
+        held already does that)."""
+        ops = t.operations
+        found = conn.execute(sa.select(ops).where(ops.c.operation_id == operation_id).with_for_update())
+        return _operation(found.mappings().one())
+
     def _apply_to_records(
         self,
         conn: Connection,

@@ -9,6 +9,7 @@ secret so keys can rotate. Receiving a delivery is
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import logging
 import re
@@ -16,10 +17,11 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from typing import Protocol
 
 from jobtrail.domain.errors import ConfigError
-from jobtrail.domain.redact import Redactor, Secret
+from jobtrail.domain.record import unseen_character
+from jobtrail.domain.redact import Redactor
 from jobtrail.providers.config import Section
 from jobtrail.providers.credentials import Credential
 
@@ -44,13 +46,13 @@ class WebhookConfig:
     #: :class:`CredentialsToMask`)
     provider_credentials: tuple[Credential, ...] = ()
 
-    def resolve_secrets(self, redactor: Redactor) -> list[Secret]:
-        """Each signing secret, read now and checked: one that could never verify a delivery (not base64,
-        or too short to be a key) stops the receiver at its start, instead of refusing every delivery."""
-        resolved = [Credential(ref, "bearer").resolve(redactor) for ref in self.secrets]
-        for ref, secret in zip(self.secrets, resolved, strict=True):
-            _check_signing_key(ref, secret.reveal())
-        return resolved
+    def signing_keys(self, redactor: Redactor) -> list[bytes]:
+        """Each signing secret, read now and decoded into the key deliveries are verified with: one that could
+        never verify a delivery (not base64, or too short to be a key) stops the receiver at its start, instead
+        of refusing every delivery."""
+        return [
+            signing_key(ref, Credential(ref, "bearer").resolve(redactor).reveal(), redactor) for ref in self.secrets
+        ]
 
 
 #: the shortest signing key accepted, in bytes (Standard Webhooks makes them 24 to 64 random bytes)
@@ -58,13 +60,19 @@ MIN_KEY_BYTES = 16
 _MAKE_ONE = "python -c \"import base64, secrets; print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\""
 
 
-def _check_signing_key(ref: str, value: str) -> None:
-    """A Standard Webhooks secret is ``whsec_`` and the key in base64 (the prefix may be left off), as the
-    library that verifies deliveries reads it. The error names the reference, never the value."""
-    # as that library reads it too: surrounding blanks (an environment variable's newline) and padding left off
-    # are no matter; any other character outside base64's alphabet is, for the library would skip it and sign
-    # with another key than the provider's
-    text = value.strip().removeprefix("whsec_")
+def signing_key(ref: str, value: str, redactor: Redactor) -> bytes:
+    """The key a Standard Webhooks secret holds: ``whsec_`` and the key in base64 (the prefix may be left off).
+    The error names the reference, never the value.
+
+    Decoded here once, and deliveries are verified with what this returns: the secret was checked stripped and
+    verified as it was read, so one with a blank around it (an environment variable's newline, a pasted space)
+    passed the check and then failed every delivery."""
+    # surrounding blanks and padding left off are no matter; any other character outside base64's alphabet is:
+    # a reader that skipped it would sign with another key than the provider's
+    text = value.strip()
+    redactor.register(text)  # (as the provider shows it: the value read, blanks and all, is registered already)
+    text = text.removeprefix("whsec_")
+    redactor.register(text)
     try:
         key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except ValueError:
@@ -79,6 +87,7 @@ def _check_signing_key(ref: str, value: str) -> None:
             f"{MIN_KEY_BYTES} random bytes; Standard Webhooks uses 24 to 64); make one with {_MAKE_ONE} "
             "and give it to the provider"
         )
+    return key
 
 
 class CredentialsToMask:
@@ -165,9 +174,19 @@ def parse_webhooks(section: Section, provider_credential: Credential | None = No
 
 
 class Refused(Exception):
-    def __init__(self, status: int, title: str, detail: str) -> None:
+    """A delivery refused: the answer's status, a title (the reason it is counted by) and a detail; a refusal
+    that a later delivery would not meet (the receiver busy) says when to come back (``retry_after_s``)."""
+
+    def __init__(self, status: int, title: str, detail: str, *, retry_after_s: int | None = None) -> None:
         super().__init__(detail)
         self.status, self.title, self.detail = status, title, detail
+        self.retry_after_s = retry_after_s
+
+
+class HeaderLines(Protocol):
+    """A request's headers as Starlette gives them: every line of a name, in order."""
+
+    def getlist(self, key: str) -> list[str]: ...
 
 
 #: a Unix time in seconds (12 digits reach the year 33658; more is an attack, not a clock)
@@ -176,18 +195,33 @@ _MAX_ID = 256
 _MAX_SIGNATURES = 8192
 
 
-def check_headers(headers: Mapping[str, str], tolerance_s: float, now_s: float) -> tuple[str, int, str]:
-    """What can be refused before the body is read: returns (event id, timestamp, signatures)."""
-    event_id = headers.get("webhook-id")
-    stamp = headers.get("webhook-timestamp")
-    signatures = headers.get("webhook-signature")
-    if not event_id or not stamp or not signatures:
+def check_headers(headers: HeaderLines, tolerance_s: float, now_s: float) -> tuple[str, str, list[str]]:
+    """What can be refused before the body is read: returns (event id, timestamp as sent, signatures).
+
+    Every ``webhook-signature`` line is read: a sender (or a proxy on its way) may put each signature on a
+    line of its own, and one that matches on the second line is as good as one on the first."""
+    ids, stamps = headers.getlist("webhook-id"), headers.getlist("webhook-timestamp")
+    signatures = " ".join(headers.getlist("webhook-signature"))
+    event_id, stamp = (ids or [""])[0], (stamps or [""])[0]
+    if not event_id or not stamp or not signatures.strip():
         raise Refused(401, "missing signature", "webhook-id, webhook-timestamp and webhook-signature are required")
     if "." in event_id or len(event_id) > _MAX_ID or not _TIMESTAMP.fullmatch(stamp):
         raise Refused(
             401,
             "bad signature headers",
             f"webhook-id must not contain '.' (at most {_MAX_ID} characters); webhook-timestamp is Unix seconds",
+        )
+    unusable = _unusable_id(event_id)
+    if unusable is not None:
+        # The id is how deliveries are told apart, kept and shown as it came: a control character in it would
+        # show as other text in a listing or a terminal. And a header's bytes beyond ASCII reach us read as
+        # Latin-1 (as HTTP has it), while a sender signs them as it holds them (UTF-8, as a rule): no signature
+        # made over them could be checked as it was made. Either way sending it again will not help: a 400
+        raise Refused(
+            400,
+            "unusable webhook-id",
+            f"the webhook-id holds {unusable}: an event id must be printable ASCII (letters, digits, '_', '-' and "
+            "such, as Standard Webhooks ids are); nothing of this delivery was kept",
         )
     if len(signatures) > _MAX_SIGNATURES:
         raise Refused(401, "bad signature headers", f"webhook-signature is over {_MAX_SIGNATURES} characters")
@@ -198,35 +232,41 @@ def check_headers(headers: Mapping[str, str], tolerance_s: float, now_s: float) 
             "timestamp outside tolerance",
             f"the delivery is {abs(now_s - timestamp):.0f} s from now (tolerance {tolerance_s:.0f} s)",
         )
-    return event_id, timestamp, signatures
+    return event_id, stamp, signatures.split()
+
+
+def _unusable_id(event_id: str) -> str | None:
+    """What in ``event_id`` is not printable ASCII (the first such character, and where), or None."""
+    if event_id.isascii() and event_id.isprintable():
+        return None
+    at, char = next((i, c) for i, c in enumerate(event_id) if not (c.isascii() and c.isprintable()))
+    if char.isascii():
+        return unseen_character(event_id) or f"U+{ord(char):04X} at position {at + 1}"
+    return f"a byte beyond ASCII (0x{ord(char):02X}) at position {at + 1}"
 
 
 def verify(
-    body: bytes, headers: Mapping[str, str], secrets: Sequence[Secret], tolerance_s: float, now_s: float
+    body: bytes, headers: HeaderLines, keys: Sequence[bytes], tolerance_s: float, now_s: float
 ) -> tuple[str, int]:
-    """Check a Standard Webhooks delivery; returns (event id, timestamp) or raises :class:`Refused`."""
-    event_id, timestamp, signatures = check_headers(headers, tolerance_s, now_s)
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise Refused(400, "malformed body", "the body is not UTF-8") from None
+    """Check a Standard Webhooks delivery; returns (event id, timestamp) or raises :class:`Refused`.
+
+    The signature is checked over the body's bytes as they came, before anything reads them: a body that is
+    not UTF-8, or not JSON, is a matter for whoever signed it (a 400), and anyone else's a bad signature (a
+    401), whatever its bytes."""
+    event_id, stamp, signatures = check_headers(headers, tolerance_s, now_s)
     offered = []
-    for token in signatures.split():
-        version, _, value = token.partition(",")
+    for token in signatures:
+        # (a proxy joins the lines of one header with ", ": the comma left at a signature's end is not its own)
+        version, _, value = token.rstrip(",").partition(",")
         if version == "v1" and value:
             try:
                 offered.append(base64.b64decode(value, validate=True))
             except ValueError:
                 continue
-    from standardwebhooks import Webhook  # the ``webhooks`` extra: only a receiver verifies deliveries
-
-    when = datetime.fromtimestamp(timestamp, tz=UTC)
-    for secret in secrets:
-        try:
-            expected = base64.b64decode(Webhook(secret.reveal()).sign(event_id, when, text).partition(",")[2])
-        except Exception as exc:  # a malformed secret must not take the receiver down
-            log.warning("a configured webhook secret cannot be used (%s); check its value", type(exc).__name__)
-            continue
+    # v1: HMAC-SHA256 over "{id}.{timestamp}.{body}", the id and timestamp as sent (ASCII, checked above)
+    signed = f"{event_id}.{stamp}.".encode("ascii") + body
+    for key in keys:
+        expected = hmac.new(key, signed, hashlib.sha256).digest()
         if any(hmac.compare_digest(expected, candidate) for candidate in offered):
-            return event_id, timestamp
+            return event_id, int(stamp)
     raise Refused(401, "bad signature", "no v1 signature matches an active secret")
