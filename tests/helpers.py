@@ -7,8 +7,8 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -315,3 +315,22 @@ def serve_asgi(app: Any, port: int | None = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@asynccontextmanager
+async def provider_of_our_own(*routes: tuple[str, str, Callable[[Any], Awaitable[Any]]]) -> AsyncIterator[str]:
+    """A provider that answers as a test scripts it (each route: method, path, aiohttp handler), on a real
+    socket on 127.0.0.1, for the life of the block: its base URL."""
+    from aiohttp import web
+
+    app = web.Application()
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()

@@ -19,7 +19,7 @@ from jobtrail.domain.words import in_their_words
 from jobtrail.ledger.audit import verify
 from jobtrail.testing import FakeProvider, Fault
 
-from helpers import op_in
+from helpers import op_in, provider_of_our_own
 
 S = State
 
@@ -544,28 +544,21 @@ def test_a_request_id_that_would_show_as_other_text_names_no_request(db_url: str
         return web.json_response({"id": "job-1"}, status=201, headers={"X-Request-Id": turned})
 
     async def go() -> tuple[Any, list[dict[str, Any]], Any]:
-        app = web.Application()
-        app.router.add_post("/v1/jobs", create)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        config = {
-            "name": "turned",
-            "base_url": f"http://127.0.0.1:{port}",
-            "create": {"path": "/v1/jobs", "job_id": "$.id"},
-            "status": {"path": "/v1/jobs/{job_id}", "state": "$.status"},
-            "result": {"path": "/v1/jobs/{job_id}/result"},
-        }
-        with Store.open(db_url) as store:
-            jt = AsyncJobtrail(store=store, providers=[config])
-            try:
-                op = await jt.drive_create((await jt.submit("turned", {"prompt": "x"})).operation_id)
-                return op, store.observations(op.operation_id), store.history(op.operation_id)[-1]
-            finally:
-                await jt.providers["turned"].aclose()
-                await runner.cleanup()
+        async with provider_of_our_own(("POST", "/v1/jobs", create)) as base:
+            config = {
+                "name": "turned",
+                "base_url": base,
+                "create": {"path": "/v1/jobs", "job_id": "$.id"},
+                "status": {"path": "/v1/jobs/{job_id}", "state": "$.status"},
+                "result": {"path": "/v1/jobs/{job_id}/result"},
+            }
+            with Store.open(db_url) as store:
+                jt = AsyncJobtrail(store=store, providers=[config])
+                try:
+                    op = await jt.drive_create((await jt.submit("turned", {"prompt": "x"})).operation_id)
+                    return op, store.observations(op.operation_id), store.history(op.operation_id)[-1]
+                finally:
+                    await jt.providers["turned"].aclose()
 
     op, observed, last = run(go())
     assert op.state is S.ACCEPTED and op.remote_job_id == "job-1"

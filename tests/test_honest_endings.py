@@ -29,6 +29,8 @@ from jobtrail.providers.contract import LookupOutcome, ReconcileMode
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.testing import FakeProvider, Fault
 
+from helpers import provider_of_our_own
+
 S = State
 BATCH = {"content_type": "application/x-ndjson", "batch": {"id": "$.custom_id", "error": "$.error"}}
 
@@ -408,44 +410,36 @@ def test_a_providers_state_text_is_quoted_in_a_reason_never_read_as_ours(db_url:
         return web.json_response({"status": said})
 
     async def go() -> Operation:
-        app = web.Application()
-        app.router.add_post("/v1/jobs", create)
-        app.router.add_get("/v1/jobs/{job_id}", status)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        cfg: dict[str, Any] = {
-            "name": "hostile",
-            "base_url": f"http://127.0.0.1:{port}",
-            "create": {"path": "/v1/jobs", "job_id": "$.id"},
-            "status": {"path": "/v1/jobs/{job_id}", "state": "$.status"},
-            "result": {"path": "/v1/jobs/{job_id}/result"},
-            # every 0.05 s until an ending; past the result deadline, every 5 s (the reason is read before)
-            "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 5},
-        }
-        if ending == "failed":
-            cfg["states"] = {"failed": [said]}
         from jobtrail.runtime.worker import Worker
 
-        with Store.open(db_url) as store:
-            jt = AsyncJobtrail(store=store, providers=[cfg])
-            try:
-                op = await jt.submit("hostile", {"x": 1}, result_deadline=timedelta(seconds=1.5))
-                worker = Worker(store, dict(jt.providers), worker_id="w", idle_s=0.01)
-                want = S.FAILED if ending == "failed" else S.RESULT_TIMED_OUT
-                running = asyncio.create_task(worker.run(timeout=20))
-                while (await asyncio.to_thread(store.get, op.operation_id)).state is not want:
-                    assert not running.done()
-                    await asyncio.sleep(0.05)
-                worker.stop()
-                await running
-                return await asyncio.to_thread(store.get, op.operation_id)
-            finally:
-                for provider in jt.providers.values():
-                    await provider.aclose()
-                await runner.cleanup()
+        async with provider_of_our_own(("POST", "/v1/jobs", create), ("GET", "/v1/jobs/{job_id}", status)) as base:
+            cfg: dict[str, Any] = {
+                "name": "hostile",
+                "base_url": base,
+                "create": {"path": "/v1/jobs", "job_id": "$.id"},
+                "status": {"path": "/v1/jobs/{job_id}", "state": "$.status"},
+                "result": {"path": "/v1/jobs/{job_id}/result"},
+                # every 0.05 s until an ending; past the result deadline, every 5 s (the reason is read before)
+                "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 5},
+            }
+            if ending == "failed":
+                cfg["states"] = {"failed": [said]}
+            with Store.open(db_url) as store:
+                jt = AsyncJobtrail(store=store, providers=[cfg])
+                try:
+                    op = await jt.submit("hostile", {"x": 1}, result_deadline=timedelta(seconds=1.5))
+                    worker = Worker(store, dict(jt.providers), worker_id="w", idle_s=0.01)
+                    want = S.FAILED if ending == "failed" else S.RESULT_TIMED_OUT
+                    running = asyncio.create_task(worker.run(timeout=20))
+                    while (await asyncio.to_thread(store.get, op.operation_id)).state is not want:
+                        assert not running.done()
+                        await asyncio.sleep(0.05)
+                    worker.stop()
+                    await running
+                    return await asyncio.to_thread(store.get, op.operation_id)
+                finally:
+                    for provider in jt.providers.values():
+                        await provider.aclose()
 
     op = asyncio.run(go())
     reason = op.state_reason or ""

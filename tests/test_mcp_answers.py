@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from test_mcp import result_of
 
 from jobtrail import Jobtrail, Store
 from jobtrail.ledger.results import read_result
@@ -28,15 +29,6 @@ def fake() -> Iterator[FakeProvider]:
     provider = FakeProvider(job_duration_s=0.2).start()
     yield provider
     provider.stop()
-
-
-def result_of(answer: Any) -> Any:
-    """A tool's answer as the agent reads it: its structured content, or {"error": its text}."""
-    text = "".join(getattr(c, "text", "") for c in answer.content)
-    if getattr(answer, "is_error", False) or getattr(answer, "isError", False):
-        return {"error": text}
-    structured = getattr(answer, "structured_content", None) or getattr(answer, "structuredContent", None)
-    return structured if structured is not None else json.loads(text)
 
 
 def served(db: str, provider: Path, calls: list[tuple[str, dict[str, Any]]], *more: str) -> list[Any]:
