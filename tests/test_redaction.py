@@ -491,6 +491,9 @@ def test_a_credential_split_where_one_piece_is_masked_on_its_own_is_withheld_who
     assert echoed == {"data": {"echo": f"Bearer {redact.REDACTED}", "id": "job-1"}}
     both = redactor.answer({"auth": f"Bearer {canary}", "a": canary[:cut], "b": canary[cut:]})
     assert both == {"withheld": redact.WITHHELD_SPLIT_CREDENTIAL}
+    # (found by a review) a piece of the split in the very string that echoes the whole credential
+    beside = redactor.answer({"x": f"{canary} {canary[:14]}", "y": canary[14:29], "z": canary[29:]})
+    assert beside == {"withheld": redact.WITHHELD_SPLIT_CREDENTIAL}, beside
 
 
 @pytest.mark.parametrize("width", [76, 64, 16])

@@ -537,8 +537,9 @@ class Redactor:
         cannot see it: a caller that stores its output asks this too.
 
         Asked of the masked value, it missed a split whose first piece was masked on its own (a key's format,
-        or two thirds of it): the rest was kept. A string holding a whole credential is masked on its own and
-        is no split, so such strings are left out of the second look."""
+        or two thirds of it): the rest was kept. A whole credential in one string is masked on its own and is
+        no split: for the second look it is cut out of its string (what is around it stays, a piece of a split
+        beside an echoed copy among it)."""
         if not self._detect:
             return False
         pieces: list[str] = []
@@ -546,11 +547,16 @@ class Redactor:
         _strings(value, pieces, values)
         if len(pieces) < 2 or not self._runs_across(pieces, values):
             return False
-        forms = [form for form in self._detect if len(form) >= 8]
-        apart = [p for p in pieces if not any(form in p for form in forms)]
-        if len(apart) == len(pieces):
+        forms = sorted((form for form in self._detect if len(form) >= 8), key=len, reverse=True)
+        if not any(form in p for p in pieces for form in forms):
             return True
-        return len(apart) >= 2 and self._runs_across(apart, [v for v in values if not any(f in v for f in forms)])
+
+        def cut(text: str) -> str:
+            for form in forms:  # (longest first: a shorter form inside a longer one is cut with it)
+                text = text.replace(form, "\0")
+            return text
+
+        return self._runs_across([cut(p) for p in pieces], [cut(v) for v in values])
 
     def _runs_across(self, pieces: list[str], values: list[str]) -> bool:
         """Whether a registered form is in the strings run together (keys and values, or values alone)."""
