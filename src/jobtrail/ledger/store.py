@@ -288,6 +288,9 @@ class Store:
         self._file_identity: tuple[int, int] | None = None
         #: a SQLite database in memory: one connection (see _make_engine), gone when the store closes
         self.in_memory = _in_memory(engine.url)
+        #: the SQLite file, absolute: a relative path would name another file after a change of directory
+        database = self.engine.url.database if self.dialect == "sqlite" and not self.in_memory else None
+        self._file_path = os.path.abspath(database) if database else None
         self._write_lock = _process_write_lock(engine)
         # in memory, a read takes its turn on the one connection as a write does
         self._read_lock = self._write_lock if self.in_memory else contextlib.nullcontext()
@@ -428,7 +431,7 @@ class Store:
         SQLite keeps writing to an unlinked file without a word, and the next process
         would open an empty ledger: a long-running process must stop instead.
         """
-        path = self.engine.url.database if self.dialect == "sqlite" and not self.in_memory else None
+        path = self._file_path
         if not path:
             return
         try:
@@ -436,6 +439,11 @@ class Store:
             seen: tuple[int, int] | None = (stat.st_dev, stat.st_ino)
         except FileNotFoundError:
             seen = None
+        except OSError as exc:  # (its folder's permissions changed, a network file system gone stale)
+            raise StorageError(
+                f"the database file {path} cannot be looked at ({exc.strerror or exc}); check the file and its "
+                "folder, then start again"
+            ) from exc
         if self._file_identity is None and seen is not None:
             self._file_identity = seen
             return
@@ -499,10 +507,11 @@ class Store:
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Connection]:
-        # a pooled connection still reads the file that was deleted or replaced: what it shows is nobody's ledger
-        self.check_file()
-        with self._errors("reading"), self._read_lock, self._one_at_a_time(), self.engine.connect() as conn:
-            yield conn.execution_options(jobtrail_read=True)
+        with self._errors("reading"), self._read_lock, self._one_at_a_time():
+            # a pooled connection still reads a file deleted or replaced since: what it shows is nobody's ledger
+            self.check_file()
+            with self.engine.connect() as conn:
+                yield conn.execution_options(jobtrail_read=True)
 
     @contextlib.contextmanager
     def _glance(self) -> Iterator[Connection]:
@@ -541,10 +550,12 @@ class Store:
         polls (up to 100 ms between tries), and many pollers starve each other past
         the busy time-out while the lock is free most of the time.
         """
-        # a pooled connection would write into a file deleted or replaced under this process, and report success
-        self.check_file()
-        with self._errors(doing), self._write_lock, self._one_at_a_time(), self.engine.begin() as conn:
-            yield conn
+        with self._errors(doing), self._write_lock, self._one_at_a_time():
+            # (once this thread's turn has come) a pooled connection would write into a file deleted or replaced
+            # under this process, and report success
+            self.check_file()
+            with self.engine.begin() as conn:
+                yield conn
 
     # -- creating ---------------------------------------------------------------
 
