@@ -252,6 +252,27 @@ def test_a_page_renamed_to_the_dashboards_address_is_refused(store: Store) -> No
         assert call(base, "GET", "/login", Host="evil.example.com").status == 421
 
 
+@pytest.mark.parametrize(
+    ("server", "host", "answered"),
+    [
+        (("::ffff:127.0.0.1", 8790), "127.0.0.1:8790", True),  # (found by a review) a dual-stack socket's IPv4 client
+        (("::ffff:127.0.0.1", 8790), "localhost:8790", True),
+        (("::1", 8790), "[::1]:8790", True),
+        (("::1", 8790), "localhost:8790", True),
+        (("::ffff:127.0.0.1", 8790), "attacker.example:8790", False),
+        (("10.0.0.5", 8790), "localhost:8790", False),  # not a loopback address: only its own name
+        (("10.0.0.5", 8790), "10.0.0.5:8790", True),
+    ],
+)
+def test_the_host_a_request_names_is_checked_against_the_address_it_reached(
+    server: tuple[str, int], host: str, answered: bool
+) -> None:
+    from jobtrail.interfaces.dashboard.security import host_allowed
+
+    scope = {"type": "http", "server": server, "scheme": "http", "headers": [(b"host", host.encode())]}
+    assert host_allowed(scope) is answered
+
+
 def test_workers_providers_and_audit_pages(store: Store, tmp_path: Path) -> None:
     from jobtrail.ledger.audit import make_anchor
 

@@ -73,10 +73,11 @@ class HostCheck:
         if scope["type"] != "http" or host_allowed(scope, self.public_origin):
             await self.app(scope, receive, send)
             return
-        server = scope.get("server") or ("127.0.0.1", 0)
+        host, port = scope.get("server") or ("127.0.0.1", 0)
+        shown = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
         why = (
-            f"this dashboard answers only to the address it is reached at ({server[0]}:{server[1]}"
-            + (", or localhost" if server[0] in ("127.0.0.1", "::1") else "")
+            f"this dashboard answers only to the address it is reached at ({shown}"
+            + (", or localhost" if host in ("127.0.0.1", "::1") else "")
             + (f", or {self.public_origin}" if self.public_origin else "")
             + "); a request naming another host (a site renaming itself to this address, or a proxy) is refused. "
             "Open it by that address, or start it with --origin naming the one people use\n"

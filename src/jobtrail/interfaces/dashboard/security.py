@@ -139,10 +139,16 @@ def host_allowed(scope: Mapping[str, Any], public_origin: str | None = None) -> 
     address, server_port = str(server[0]).strip("[]").lower(), int(server[1])
     names = {address}
     try:
-        if ipaddress.ip_address(address).is_loopback:
-            names.add("localhost")
+        ip = ipaddress.ip_address(address)
     except ValueError:
         pass
+    else:
+        # on a dual-stack socket an IPv4 client arrives at ::ffff:127.0.0.1, and asks for 127.0.0.1
+        mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+        if mapped is not None:
+            names.add(str(mapped))
+        if (mapped or ip).is_loopback:
+            names.add("localhost")
     if name in names and port == server_port:
         return True
     if public_origin:
