@@ -42,7 +42,7 @@ _MAX_NAME, _MAX_REASON = 100, 2000
 _IN_USE_S = 30.0
 #: what a person typed into the search box is cut here: the search is a lookup, not a scan
 _MAX_TEXT = 200
-#: sign-ins waiting for their turn past this many are answered 429 at once (their guesses are not tried)
+#: sign-ins from one address waiting for their turn past this many are answered 429 at once (not tried)
 _MAX_GUESSING = 10
 
 _STALE_CSRF = "the form's CSRF token is missing or stale: reload the page and send it again"
@@ -82,7 +82,7 @@ class Pages:
         #: (when, names): the providers in use change rarely, and finding them reads a whole index
         self._in_use: tuple[float, list[str]] = (0.0, [])
         self._one_guess = asyncio.Lock()
-        self._guessing = 0  # sign-ins waiting their turn
+        self._guessing: dict[str, int] = {}  # sign-ins waiting their turn, by the address they come from
         self._wrong = 0
         #: held while an audit runs: one at a time, however many ask
         self._auditing = threading.Lock()
@@ -345,11 +345,13 @@ class Pages:
             return self._refused(request, "this dashboard is read-only: it has no access token to sign in with")
         if not same_origin(request, self.public_origin):
             return self._refused(request, "the sign-in form was not sent from this dashboard")
-        if self._guessing >= _MAX_GUESSING:
+        # counted by address: one guesser's queue may not shut the others out (they wait their turn, no more)
+        client = request.client.host if request.client else ""
+        if self._guessing.get(client, 0) >= _MAX_GUESSING:
             return self._render(
                 request, "login.html", status=429, error="too many sign-ins at once: wait a moment and try again"
             )
-        self._guessing += 1
+        self._guessing[client] = self._guessing.get(client, 0) + 1
         try:
             # one guess at a time for the whole dashboard, and a wrong one holds the next for half a second: at
             # most two wrong guesses a second, however many connections a guesser opens
@@ -359,12 +361,14 @@ class Pages:
                     self._wrong += 1
                     _log.warning(
                         "dashboard: a wrong access token from %s (%d wrong since the dashboard started)",
-                        request.client.host if request.client else "an unknown address",
+                        client or "an unknown address",
                         self._wrong,
                     )
                     await asyncio.sleep(0.5)
         finally:
-            self._guessing -= 1
+            self._guessing[client] -= 1
+            if not self._guessing[client]:
+                del self._guessing[client]
         if not right:
             return self._render(request, "login.html", status=403, error="that is not the access token")
         answer = RedirectResponse("/", status_code=303)
