@@ -100,6 +100,19 @@ def json_lines() -> bool:
     return any(h.get_name() == _OURS and isinstance(h.formatter, JsonFormatter) for h in handlers)
 
 
+def say(message: str, level: int = logging.INFO, fields: dict[str, Any] | None = None) -> None:
+    """A line the command owes its reader (a notice, the worker's summary at exit), written by our handler
+    whatever ``--log-level`` leaves out: a level is for log chatter, and these said what they say in text
+    mode at any level. ``fields``: the line's figures, as fields of their own in a JSON line."""
+    logger = logging.getLogger("jobtrail")
+    handler = next((h for h in logger.handlers if h.get_name() == _OURS), None)
+    record = logger.makeRecord("jobtrail", level, __file__, 0, message, (), None, extra={"fields": fields or {}})
+    if handler is None:
+        logger.handle(record)
+    else:
+        handler.handle(record)
+
+
 def configure_logging(level: str = "info", fmt: str = "text") -> logging.Handler:
     """Send ``jobtrail``'s log lines (the HTTP stack's and the MCP SDK's too) at ``level`` and up to stderr as ``fmt``.
 

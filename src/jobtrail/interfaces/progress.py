@@ -22,13 +22,12 @@ from rich.text import Text
 
 from jobtrail.domain.errors import JobtrailError
 from jobtrail.domain.states import State
-from jobtrail.interfaces.logs import json_lines
+from jobtrail.interfaces.logs import json_lines, say
 from jobtrail.ledger.gauges import operations_by_state
 
 if TYPE_CHECKING:
     from jobtrail.runtime.worker import Worker, WorkerStats
 
-_log = logging.getLogger("jobtrail.worker")
 _REFRESH_S = 0.5
 #: the order states are shown in: the life cycle's
 _ORDER = {state.value: n for n, state in enumerate(State)}
@@ -114,7 +113,7 @@ class WorkerProgress:
         if json_lines():  # a log read as JSON lines holds nothing else: the summary is one of them, at info
             fields = {"worker": runner.worker_id, "actions": stats.actions, "elapsed_s": round(elapsed, 3)}
             fields |= {"errors": stats.errors, "dropped": stats.stale, "operations": counts}
-            _log.info("%s", line, extra={"fields": fields})
+            say(line, logging.INFO, fields)
             return
         self.console.print(line, soft_wrap=True, highlight=False, markup=False)
 

@@ -78,10 +78,10 @@ def emit_json(doc: Any) -> None:
 def notice(message: str, level: int = logging.WARNING) -> None:
     """One line on stderr, ``jobtrail: message``; under ``--log-format json`` a JSON log line like the others
     (at ``level``): a log read as JSON lines holds nothing else."""
-    from jobtrail.interfaces.logs import json_lines
+    from jobtrail.interfaces.logs import json_lines, say
 
     if json_lines():
-        logging.getLogger("jobtrail").log(level, "%s", message)
+        say(message, level)
     else:
         click.echo(f"jobtrail: {message}", err=True)
 
