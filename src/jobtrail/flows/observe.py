@@ -698,13 +698,21 @@ def fetch_observation(operation_id: str, resp: Response | NoAnswer, *, attempt: 
     )
 
 
+def poll_now(op: Operation, now: int) -> Reschedule | None:
+    """The write that makes a watched operation's next poll due now (None: not watched, or due already). A
+    webhook decides nothing more: the status query it brings forward does."""
+    if op.state in WATCHED_STATES and (op.next_action_at_us or 0) > now:
+        return Reschedule(op=op, changes={"next_action_at_us": now})
+    return None
+
+
 def pull_poll_forward(store: Store, operation_id: str) -> None:
     """Make the operation's next poll due now (if it is being watched); it decides, not the webhook."""
     for _ in range(5):
-        op = store.get(operation_id)
-        if op.state not in WATCHED_STATES or (op.next_action_at_us or 0) <= store.clock():
+        write = poll_now(store.get(operation_id), store.clock())
+        if write is None:
             return
-        result = store.apply([Reschedule(op=op, changes={"next_action_at_us": store.clock()})])[0]
+        result = store.apply([write])[0]
         if not isinstance(result, Moved):  # landed; a record that moved on is read again
             return
 
@@ -725,9 +733,7 @@ def adopt_orphans(store: Store, provider: str, remote_job_id: str, operation_id:
             )
             for o in orphans
         ]
-        now = store.clock()
-        if op.state in WATCHED_STATES and (op.next_action_at_us or 0) > now:  # the status query decides
-            writes.append(Reschedule(op=op, changes={"next_action_at_us": now}))
-        return writes
+        write = poll_now(op, store.clock())
+        return writes if write is None else [*writes, write]
 
     return attach_orphans(store, provider, remote_job_id, operation_id, filing)

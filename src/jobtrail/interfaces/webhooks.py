@@ -47,7 +47,7 @@ from jobtrail.domain.canonical import compact_json, parse_answer, rfc3339
 from jobtrail.domain.errors import ConfigError, StorageError, require_extra
 from jobtrail.domain.jsonpath import extract
 from jobtrail.domain.record import Operation
-from jobtrail.flows.observe import WATCHED_STATES
+from jobtrail.flows.observe import poll_now
 from jobtrail.flows.telemetry import webhook_received, webhook_refused, webhook_span
 from jobtrail.interfaces.health import health_response
 from jobtrail.ledger.offload import Offload, threads
@@ -287,10 +287,8 @@ class Receiver:
                     raw_state=event_type,
                 )
             ]
-            now = store.clock()
-            if not stale and op.state in WATCHED_STATES and (op.next_action_at_us or 0) > now:
-                observed.append(Reschedule(op=op, changes={"next_action_at_us": now}))
-            return observed
+            write = None if stale else poll_now(op, store.clock())
+            return observed if write is None else [*observed, write]
 
         return writes
 
