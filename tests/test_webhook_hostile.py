@@ -228,25 +228,33 @@ def test_an_event_kept_as_an_orphan_but_not_filed_under_its_operation_is_filed_w
 # -- finding 3: what a flood of bodies can make the receiver hold --------------------------------------------
 
 
-def test_a_delivery_that_finds_no_room_for_its_body_is_answered_503_with_retry_after_before_it_is_read(
+def test_a_delivery_that_finds_no_room_for_its_body_is_answered_503_with_retry_after_and_not_read_on(
     store: Store, fake: FakeProvider, secret: str
 ) -> None:
     """Found by a probe: each unauthenticated connection could make the receiver hold max_bytes of body, with no
-    limit on how many. Room for bodies is now shared: one that finds none is refused before a byte is read."""
+    limit on how many. Room for bodies is now shared, taken as their bytes arrive: a delivery whose bytes find
+    none is refused and the rest not read; and (found by a review) connections that declare bodies and send
+    nothing hold no room at all, so they cannot shut real deliveries out."""
     cfg = cfg_for(fake, max_bytes=1000)
     op = accepted_op(store, cfg)
     app = webhook_app(store, {"fake": load_provider(cfg).config.webhooks}, max_bytes_in_flight=3000)
     with serve_asgi(app) as base:
         url = f"{base}/webhooks/fake"
-        holding = [start_body(url, 1000, b"{" + b" " * 9) for _ in range(3)]  # room for 3 bodies of 1000 bytes
-        time.sleep(0.5)  # (each one's room is taken when the receiver starts on it)
-        waiting = start_body(url, 1000, b"", timeout=5)
-        head = answer_head(waiting)  # answered without a byte of its body sent
+        silent = [start_body(url, 1000, b"") for _ in range(5)]  # declared, nothing sent: no room held
+        time.sleep(0.5)
+        meanwhile = send_webhook(url, secret, event(op.remote_job_id), event_id="evt_meanwhile")
+        holding = [start_body(url, 1000, b"{" + b" " * 998) for _ in range(3)]  # room for 3 bodies of 1000 bytes
+        time.sleep(0.5)  # (each one's room is taken as its bytes arrive)
+        waiting = start_body(url, 1000, b"{" + b" " * 9, timeout=5)
+        head = answer_head(waiting)  # answered at its first bytes, the rest never read
         waiting.close()
+        for sock in silent:
+            sock.close()
         for sock in holding:
             sock.close()
         time.sleep(0.5)  # the room they held is given back as the receiver hears they hung up
         later = send_webhook(url, secret, event(op.remote_job_id), event_id="evt_after")
+    assert meanwhile[0] == 202, meanwhile
     assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 10" in head.lower(), head
     assert later[0] == 202
     assert counted(store)["receiver busy"] == 1
