@@ -41,7 +41,7 @@ from jobtrail.domain.states import ESCALATED_STATES, RemoteState, State
 from jobtrail.domain.words import in_their_words, quoted, state_shown
 from jobtrail.flows.telemetry import provider_call
 from jobtrail.ledger.results import carries_secret, prepare_result
-from jobtrail.ledger.store import FollowUp, Moved, Observe, Reschedule, Store, StoredResult
+from jobtrail.ledger.store import FollowUp, Observe, Reschedule, Store, StoredResult
 from jobtrail.ledger.webhook_events import Orphan, attach_orphans
 from jobtrail.ledger.writer import Writer
 from jobtrail.providers.contract import NoAnswer, Provider, Response, Spooled, StatusOutcome
@@ -704,17 +704,6 @@ def poll_now(op: Operation, now: int) -> Reschedule | None:
     if op.state in WATCHED_STATES and (op.next_action_at_us or 0) > now:
         return Reschedule(op=op, changes={"next_action_at_us": now})
     return None
-
-
-def pull_poll_forward(store: Store, operation_id: str) -> None:
-    """Make the operation's next poll due now (if it is being watched); it decides, not the webhook."""
-    for _ in range(5):
-        write = poll_now(store.get(operation_id), store.clock())
-        if write is None:
-            return
-        result = store.apply([write])[0]
-        if not isinstance(result, Moved):  # landed; a record that moved on is read again
-            return
 
 
 def adopt_orphans(store: Store, provider: str, remote_job_id: str, operation_id: str) -> int:

@@ -13,8 +13,9 @@ transaction: a delivery answered 503 left nothing behind, and its redelivery is
 recorded whole.
 
 Bodies are read whole before their signature can be checked, so what they may
-hold at once is capped across all requests (:class:`InFlight`); a delivery that
-finds no room is answered 503 with ``Retry-After`` before its body is read.
+hold at once is capped across all requests, counted as they arrive
+(:class:`InFlight`); a delivery whose bytes find no room is answered 503 with
+``Retry-After``, and the rest of its body is not read.
 
 Unknown jobs: the event is accepted and kept as an orphan; when an operation
 later learns that job id, its orphan events are attached to it and its first

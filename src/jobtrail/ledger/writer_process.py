@@ -769,7 +769,6 @@ def _serve(store: Store, run: list[Any], held: _Held | None = None) -> list[tupl
     _, method, args, kwargs = run[0]
     batch: list[tuple[int, Write]] = []
     try:
-        store.check_file()  # a SQLite file deleted under the worker: refuse, rather than write into a new one
         if method == "claim":
             claimed = store.claim(*args, **kwargs)
             return [("done", (claimed, [held.keep(op.operation_id, _without_body(op)) for op in claimed]))]
