@@ -24,6 +24,7 @@ from jobtrail import ConflictingJobIds, Store
 from jobtrail.domain.redact import Secret
 from jobtrail.interfaces.dashboard import dashboard_app
 from jobtrail.ledger import browse
+from jobtrail.ledger.migrate import UNREACHABLE
 
 from helpers import S, op_in, serve_asgi, sql, succeed
 
@@ -392,7 +393,7 @@ def test_healthz_on_the_dashboard_and_the_webhook_receiver(store: Store, monkeyp
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_ledger_file_deleted_or_replaced_under_the_dashboard_is_said_and_no_decision_is_lost(
-    tmp_path: Path, how: str
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Found by a probe: with the SQLite file deleted (or moved away and a copy put in its place) the pages
     still listed it, /healthz said ok, and a person's decision was answered 303 while it went into the
@@ -414,8 +415,13 @@ def test_a_ledger_file_deleted_or_replaced_under_the_dashboard_is_said_and_no_de
             path.rename(moved)
             if how == "replaced":
                 path.write_bytes(moved.read_bytes())
-            health = call(base, "GET", "/healthz")
-            assert health.status == 503 and "deleted or moved" in json.loads(health.text)["cause"], health.text
+            with caplog.at_level(logging.WARNING, logger="jobtrail"):
+                health = call(base, "GET", "/healthz")
+            # the open endpoint says the ledger cannot be read, and where it is only to the log
+            assert health.status == 503 and json.loads(health.text)["cause"] == UNREACHABLE, health.text
+            assert str(tmp_path) not in health.text
+            assert any("deleted or moved" in r.getMessage() for r in caplog.records)
+            assert call(base, "GET", "/").status in (303, 401, 503) and str(tmp_path) not in call(base, "GET", "/").text
             page = call(base, "GET", "/", Cookie=cookie)
             assert page.status == 503 and "deleted or moved" in html.unescape(page.text)
             form = {"to_state": "failed", "by": "alice", "reason": "never ran", "csrf": csrf.group(1)}

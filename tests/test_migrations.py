@@ -124,5 +124,5 @@ def test_healthz_says_a_newer_ledger_needs_a_newer_jobtrail(open_store: Callable
     store = open_store()
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
-    fine, said = schema_health(store)
+    fine, said, _ = schema_health(store)
     assert not fine and "made by a newer jobtrail" in said and "pip install -U jobtrail" in said

@@ -111,21 +111,27 @@ def upgrade(conn: Connection, revision: str = "head") -> str | None:
     return current
 
 
-def schema_health(store: Store) -> tuple[bool, str]:
-    """(fine, what): the database answers and its schema is the one this code expects (``/healthz``)."""
+#: what ``/healthz`` says of a database it cannot read: the error itself names hosts, users, databases and
+#: paths, which an open endpoint (the webhook receiver faces the internet) must not show; it goes to the log
+UNREACHABLE = "database unreachable; the cause is in this process's log"
+
+
+def schema_health(store: Store) -> tuple[bool, str, str | None]:
+    """(fine, what, detail): the database answers and its schema is the one this code expects (``/healthz``).
+    ``what`` may be shown to anyone; ``detail``, when set, is the error behind it, for the log only."""
     try:
         with store._read() as conn:
             revision = current_revision(conn)
     except StorageError as exc:
-        return False, f"database unreachable: {exc}"
+        return False, UNREACHABLE, str(exc)
     if revision is not None and not _ours(revision):
         return False, (
             f"schema is at revision {revision}, made by a newer jobtrail; this one knows revisions up to {HEAD}: "
             "upgrade this jobtrail (pip install -U jobtrail)"
-        )
+        ), None
     if revision != HEAD:
         return False, (
             f"schema is at revision {revision or 'none'}, this jobtrail expects {HEAD}: "
             "start a worker (`jobtrail worker`), which creates or upgrades it"
-        )
-    return True, f"schema at revision {revision}"
+        ), None
+    return True, f"schema at revision {revision}", None
