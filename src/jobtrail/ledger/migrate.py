@@ -125,13 +125,21 @@ def schema_health(store: Store) -> tuple[bool, str, str | None]:
     except StorageError as exc:
         return False, UNREACHABLE, str(exc)
     if revision is not None and not _ours(revision):
-        return False, (
-            f"schema is at revision {revision}, made by a newer jobtrail; this one knows revisions up to {HEAD}: "
-            "upgrade this jobtrail (pip install -U jobtrail)"
-        ), None
+        return (
+            False,
+            (
+                f"schema is at revision {revision}, made by a newer jobtrail; this one knows revisions up to {HEAD}: "
+                "upgrade this jobtrail (pip install -U jobtrail)"
+            ),
+            None,
+        )
     if revision != HEAD:
-        return False, (
-            f"schema is at revision {revision or 'none'}, this jobtrail expects {HEAD}: "
-            "start a worker (`jobtrail worker`), which creates or upgrades it"
-        ), None
+        return (
+            False,
+            (
+                f"schema is at revision {revision or 'none'}, this jobtrail expects {HEAD}: "
+                "start a worker (`jobtrail worker`), which creates or upgrades it"
+            ),
+            None,
+        )
     return True, f"schema at revision {revision}", None
