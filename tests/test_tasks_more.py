@@ -170,8 +170,11 @@ def test_a_step_adopts_only_its_own_operation_found_by_its_key(db_url: str, fake
             task = await jt.task("nightly-export", caller="agent-7")
             await task.step("start-export", provider="fake", request=PLANNED, key="export-1")
             other = await jt.submit("fake", PLANNED, key="export-1", caller="agent-9")
+            # said as blocked, with what to do, not as planned with an action run() refuses; whose it is, not said
             (view,) = task.steps()
-            assert (view.state, view.operation_id, view.operation_state) == ("planned", None, None)
+            assert (view.state, view.operation_id, view.operation_state) == ("blocked", None, None)
+            assert "new name" in view.next_action and other.operation_id not in str(task.explain())
+            assert task.explain()["next_step"] == "start-export" and "agent-9" not in str(task.explain())
             with pytest.raises(OperationKeyConflict, match="not this step's"):
                 await task.run("start-export", PLANNED)
             assert [o.operation_id for o in jt.store.list_operations()] == [other.operation_id]

@@ -26,7 +26,7 @@ CancelOutcome = Literal["requested", "already_requested", "deferred", "already_e
 CancelStanding = Literal[
     "deferred", "pending", "confirmed", "lost_race", "after_the_end", "unconfirmed", "a_person_decides"
 ]
-StepState = Literal["planned", "submitted", "confirmed", "failed", "unresolved"]
+StepState = Literal["planned", "blocked", "submitted", "confirmed", "failed", "unresolved"]
 
 
 class LeaseJson(TypedDict):

@@ -32,10 +32,13 @@ from jobtrail.runtime.liveness import no_worker
 if TYPE_CHECKING:
     from jobtrail.runtime.client import AsyncJobtrail
 
-#: step states, in the order a step moves through them; a step ends confirmed, failed or unresolved
+#: step states, in the order a step moves through them; a step ends confirmed, failed or unresolved (or is
+#: blocked, see BLOCKED, before it starts)
 PLANNED, SUBMITTED, CONFIRMED, UNRESOLVED = "planned", "submitted", "confirmed", "unresolved"
 #: the step's operation ended and no job was ever made (a rejected create, or a person's decision)
 FAILED = "failed"
+#: the step's key names an operation that is not the step's own: run() refuses it, now and always
+BLOCKED = "blocked"
 _UNCERTAIN = {State.CREATE_PENDING, State.CREATE_UNKNOWN, State.RECONCILIATION}
 #: endings that, without a job id or a result, say the step's effect never happened
 _ENDED_WITHOUT_EFFECT = {State.FAILED, State.CANCELLED}
@@ -231,7 +234,7 @@ class Task:
         return self._views(None)
 
     def next_step(self) -> StepView | None:
-        """The first step not confirmed (planned, submitted, failed or unresolved), or None."""
+        """The first step not confirmed (planned, blocked, submitted, failed or unresolved), or None."""
         return next((s for s in self.steps() if s.state != CONFIRMED), None)
 
     def explain(self) -> dict[str, Any]:
@@ -283,9 +286,29 @@ class Task:
                 op: Operation | None = self.store.get(row.operation_id)
             else:
                 found = self.store.find_by_key(row.provider, row.operation_key)
-                op = found if found is not None and self._own(row, found, caller) else None
+                if found is not None and not self._own(row, found, caller):
+                    views.append(_blocked(self.task_id, row))
+                    continue
+                op = found
             views.append(_view(self.task_id, row, op))
         return views
+
+
+def _blocked(task_id: str, row: Any) -> StepView:
+    """A step whose key another operation holds: said as it is, not as ``planned`` with an action that run()
+    refuses. Which operation holds it is not said: it may be another caller's, whose ids are not this one's
+    to learn (its key alone was taken)."""
+    return StepView(
+        task_id,
+        row.name,
+        row.operation_key,
+        row.provider,
+        BLOCKED,
+        None,
+        {"why": f"operation key {row.operation_key!r} already names an operation that is not this step's"},
+        "plan it again under a new name with a key of its own (task.step(name, ..., key=...)); under this key it "
+        "can never run, and nothing of it was sent",
+    )
 
 
 def open_task(client: AsyncJobtrail, task_id: str, caller: str) -> Task:
