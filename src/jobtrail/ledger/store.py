@@ -2179,16 +2179,23 @@ def _make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    engine = sa.create_engine(url, pool_pre_ping=True)
-    event.listen(engine, "connect", _postgres_connect)
+    # Nothing is kept in the session, for a pooler in transaction mode (PgBouncer, RDS Proxy, Supavisor) hands
+    # each transaction whichever server connection is free, shared with other clients: psycopg's automatic
+    # prepared statements ("_pg3_1") collided there ("already exists" on every write after the first), and a
+    # session's SET landed on one server connection while the next transaction ran on another.
+    engine = sa.create_engine(url, pool_pre_ping=True, connect_args={"prepare_threshold": None})
+    event.listen(engine, "begin", _postgres_begin)
     return engine
 
 
-def _postgres_connect(dbapi_conn: Any, _record: Any) -> None:
-    # for the session, not one transaction: every statement this connection runs waits that long at most
-    with dbapi_conn.cursor() as cursor:
-        cursor.execute(f"SET lock_timeout = {int(POSTGRES_LOCK_TIMEOUT_MS)}")
-    dbapi_conn.commit()
+def _postgres_begin(conn: Connection) -> None:
+    # every transaction's statements wait that long at most for a lock (SET LOCAL: the transaction's own). On
+    # the driver's own cursor: the connection's options would make it a server-side cursor under yield_per
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(f"SET LOCAL lock_timeout = {int(POSTGRES_LOCK_TIMEOUT_MS)}")
+    finally:
+        cursor.close()
 
 
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
