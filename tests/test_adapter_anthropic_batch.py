@@ -511,3 +511,69 @@ def test_the_fake_checks_create_bodies_against_the_sdk_request_types() -> None:
     wrong = batch_body(1)
     wrong["requests"][0]["params"]["messages"] = [{"role": "robot", "content": "x"}]
     assert "role" in (check_create(wrong) or "")
+
+
+# -- a provider that lies (found by probing against a strict server) --------------------------------------
+
+
+def _settle(db_url: str, cfg: dict[str, Any], body: Any, *, result_deadline_s: float = 600) -> str:
+    """Submit and run an in-process worker until nothing is left to do (a short result deadline ends a
+    result that is never good enough instead of fetching it again for RESULT_PATIENCE_S)."""
+    from datetime import timedelta
+
+    async def go() -> str:
+        with Store.open(db_url) as store:
+            jt = AsyncJobtrail(store=store, providers=[cfg])
+            op = await jt.submit("anthropic", body, result_deadline=timedelta(seconds=result_deadline_s))
+            worker = Worker(store, {"anthropic": load_provider(cfg)}, worker_id="w", idle_s=0.02)
+            await worker.run(until_settled=True, timeout=15)
+            for provider in [*worker.providers.values(), *jt.providers.values()]:
+                await provider.aclose()
+            return op.operation_id
+
+    return asyncio.run(go())
+
+
+def test_a_results_url_that_appears_after_ended_is_collected(db_url: str, fake: AnthropicBatchFake) -> None:
+    """The first status read says ended with results_url null: the collector reads the batch again for it
+    (it ended result_unavailable, blaming a [result] path the operator may not even set)."""
+    fake.plan(BatchPlan(outcomes=("succeeded", "errored"), duration_s=0.1, results_url_hidden_reads=1))
+    op_id = _settle(db_url, config(fake), batch_body(4))
+    with Store.open(db_url) as store:
+        op = store.get(op_id)
+        assert op.state is S.SUCCEEDED, op.state_reason
+        assert by_outcome(store, op_id) == {"errored": 2, "succeeded": 2}
+        assert [o["http_status"] for o in store.observations(op_id) if o["kind"] == "result_fetch"] == [200]
+        assert verify(store).ok
+    assert fake.counts["results"] == 1 and fake.counts["batches_created"] == 1
+
+
+def test_a_results_file_cut_short_at_a_line_is_not_stored_as_success(db_url: str, fake: AnthropicBatchFake) -> None:
+    """The results JSONL lost its last line (still well-formed): stored as success with an item missing.
+    Every request has a line, so fewer lines than request_counts is refused, and the record says why."""
+    fake.plan(BatchPlan(outcomes=("succeeded",), duration_s=0.1, lines_lost=1))
+    op_id = _settle(db_url, config(fake), batch_body(3), result_deadline_s=3)
+    with Store.open(db_url) as store:
+        op = store.get(op_id)
+        assert op.state is S.RESULT_UNAVAILABLE, op.state_reason
+        assert "incomplete_result" in (op.state_reason or "") and "holds 2 line(s)" in (op.state_reason or "")
+        assert stored_result(store, op_id) is None
+        assert verify(store).ok
+    assert fake.counts["results"] >= 1 and fake.counts["batches_created"] == 1
+
+
+def test_a_listing_that_repeats_its_cursor_is_named_as_such(
+    db_url: str, tmp_path: Path, fake: AnthropicBatchFake, api_key: str
+) -> None:
+    """A lost create, then every list page says has_more with the same last_id: the listing stops at the
+    repeat (2 requests, not LIST_PAGES) and says so, instead of "more than 2000 batches are newer"."""
+    fake.list_repeats = True
+    fake.script(CreateFault.drop())
+    op_id = _settle(db_url, config(fake), batch_body(2))
+    with Store.open(db_url) as store:
+        op = store.get(op_id)
+        assert op.state is S.NEEDS_ATTENTION, op.state_reason
+        assert "last_id repeats" in (op.state_reason or "")
+        assert op.remote_job_id is None
+    assert fake.counts["lists"] == 2
+    assert fake.counts["creates_received"] == 1 and fake.counts["batches_created"] == 1

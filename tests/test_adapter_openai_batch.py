@@ -639,3 +639,105 @@ def test_a_file_that_changed_since_submit_is_never_uploaded(db_url: str, fake: O
     detail = json.loads(history[-1].evidence)["detail"]
     assert history[-1].cause == "create_not_sent" and "the file changed since" in detail
     assert fake.counts["uploads_received"] == 0
+
+
+# -- a provider that lies (found by probing against a strict server) -----------------------------------------
+
+
+def _settle_with(
+    db_url: str, fake: OpenAIBatchFake, request: dict[str, Any], *, result_deadline_s: float, timeout: float = 10
+) -> Any:
+    """``settle`` with a short result deadline, so a result that is never good enough ends instead of
+    being fetched again for RESULT_PATIENCE_S."""
+    from datetime import timedelta
+
+    async def go() -> Any:
+        store = Store.open(db_url)
+        jt = AsyncJobtrail(store=store, providers=[config(fake)])
+        op = await jt.submit(NAME, request, caller="test", result_deadline=timedelta(seconds=result_deadline_s))
+        await run_worker(store, fake, timeout=timeout)
+        final = store.get(op.operation_id)
+        await jt.aclose()
+        return final
+
+    return asyncio.run(go())
+
+
+def test_file_ids_that_appear_after_completed_are_collected(db_url: str, fake: OpenAIBatchFake) -> None:
+    """The status says completed before it names the output file (output_file_id null on that read): the
+    collector reads the batch again for its files instead of fetching the stale "no files" for ever."""
+    file_id = fake.add_input_file(4, BatchPlan(duration_s=0.2, failed_items=1, files_hidden_reads=1))
+    op = settle(db_url, fake, {"input_file_id": file_id}, timeout=10)
+    record, _history, observations, result = stored(db_url, op.operation_id)
+    assert record.state is S.SUCCEEDED, record.state_reason
+    assert result is not None and result[1] == expected_result(fake, record.remote_job_id)
+    assert result[0]["summary"]["items"] == 4 and result[0]["summary"]["failed"] == 1
+    fetches = [o for o in observations if o["kind"] == "result_fetch"]
+    assert [o["http_status"] for o in fetches] == [200], "one fetch, after one more status read"
+    assert fake.counts["content_reads"] == 2 and fake.counts["batches_created"] == 1
+
+
+def test_a_timestamp_past_any_calendar_does_not_wedge_polling(db_url: str, fake: OpenAIBatchFake) -> None:
+    """completed_at: 10**20 made every poll raise OverflowError (nothing recorded, the operation stuck in
+    accepted); now the stamp is left out of the provider time and the batch is collected."""
+    file_id = fake.add_input_file(3, BatchPlan(duration_s=0.2, completed_at=10**20))
+    op = settle(db_url, fake, {"input_file_id": file_id}, timeout=10)
+    record, _history, observations, result = stored(db_url, op.operation_id)
+    assert record.state is S.SUCCEEDED, record.state_reason
+    assert result is not None and result[0]["summary"]["items"] == 3
+    completed = next(o for o in observations if o["kind"] == "status_poll" and o["raw_state"] == "completed")
+    assert completed["provider_time"] is not None and completed["provider_time"] < "9999"
+
+
+def test_a_listing_that_hands_out_the_same_cursor_again_is_read_once(db_url: str, fake: OpenAIBatchFake) -> None:
+    """The create's answer is lost and every list page says has_more with the same last_id: the listing
+    stops at the repeat (2 pages, not 100 per try), and the batch it found carrying our token is adopted."""
+    fake.list_repeats = True
+    file_id = fake.add_input_file(3, BatchPlan(duration_s=0.3))
+    fake.script("create", Fault.lost_response())
+    op = settle(db_url, fake, {"input_file_id": file_id}, timeout=10)
+    record, history, observations, _result = stored(db_url, op.operation_id)
+    assert record.state is S.SUCCEEDED, record.state_reason
+    assert fake.counts["creates_received"] == 1 and fake.counts["batches_created"] == 1
+    assert fake.counts["lists"] == 2
+    lookup = next(o for o in observations if o["kind"] == "reconcile_lookup")
+    assert lookup["raw"]["kind"] == "found" and lookup["raw"]["body"]["matched"] == [record.remote_job_id]
+    assert lookup["raw"]["body"]["complete"] is False
+    assert "confirmed_create" in [e.cause for e in history]
+
+
+def test_a_repeating_listing_without_our_batch_proves_no_absence(fake: OpenAIBatchFake, tmp_path: Path) -> None:
+    """The same repeating list, our batch not on it: "cannot tell", never "absent" (which would re-send)."""
+    from jobtrail.providers.contract import ReconcileMode
+
+    fake.add_foreign_batches(2)
+    fake.list_repeats = True
+    provider = load_provider(config(fake))
+
+    async def go() -> Any:
+        store = Store.open(str(tmp_path / "ledger.db"))
+        jt = AsyncJobtrail(store=store, providers=[provider])
+        op = await jt.submit(NAME, {"input_file_id": fake.add_input_file(1)}, caller="test")
+        found = await provider.lookup(op, ReconcileMode.LIST_BY_REFERENCE)
+        listed = await provider.candidates(op, op.created_at_us - 1_000_000, store.clock())
+        await jt.aclose()
+        return found, listed
+
+    found, listed = asyncio.run(go())
+    assert found.kind == "unknown" and "points back to a page already read" in found.detail
+    assert listed.kind == "unknown"
+    assert fake.counts["lists"] == 4 and fake.counts["creates_received"] == 0
+
+
+def test_an_output_file_cut_short_at_a_line_is_not_stored_as_success(db_url: str, fake: OpenAIBatchFake) -> None:
+    """The output file lost its last 2 lines (well-formed JSONL still): it was stored as a success with 2
+    items silently missing. Now it is refused against request_counts, and the record says so."""
+    file_id = fake.add_input_file(6, BatchPlan(duration_s=0.2, lines_lost=2))
+    op = _settle_with(db_url, fake, {"input_file_id": file_id}, result_deadline_s=3)
+    record, _history, observations, result = stored(db_url, op.operation_id)
+    assert record.state is S.RESULT_UNAVAILABLE, record.state_reason
+    assert "incomplete_result" in (record.state_reason or "") and "hold 4 line(s)" in (record.state_reason or "")
+    assert result is None
+    fetches = [o for o in observations if o["kind"] == "result_fetch"]
+    assert fetches and all(o["raw"]["error"]["error"] == "incomplete_result" for o in fetches)
+    assert fake.counts["content_reads"] >= 1 and fake.counts["batches_created"] == 1

@@ -109,6 +109,12 @@ class Spooled:
         self.path.unlink(missing_ok=True)
 
 
+def count_lines(data: bytes | Spooled) -> int:
+    """The non-blank lines of a fetched body (a JSONL file's records). Blocking: run it off the event loop."""
+    lines = data.split(b"\n") if isinstance(data, bytes) else data.lines()
+    return sum(1 for line in lines if line.strip())
+
+
 def join_bodies(parts: Sequence[bytes | Spooled], *, spool_over: int) -> bytes | Spooled:
     """Several fetched bodies as one, each ending in a newline (JSONL files, say): in memory while the
     total stays under ``spool_over`` bytes, else streamed into a file of its own. The parts' files are

@@ -20,6 +20,7 @@ What the API allows us to promise:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import urllib.parse
@@ -31,7 +32,15 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import RemoteState
-from jobtrail.providers.contract import LookupOutcome, NoAnswer, ReconcileMode, Response, StatusOutcome
+from jobtrail.providers.contract import (
+    LookupOutcome,
+    NoAnswer,
+    ReconcileMode,
+    Response,
+    Spooled,
+    StatusOutcome,
+    count_lines,
+)
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
 
@@ -165,6 +174,43 @@ class AnthropicBatchProvider(HttpProvider):
         ref = seen.result_ref if ended is RemoteState.SUCCEEDED or ran else None
         return dataclasses.replace(seen, remote_state=ended, progress=progress, result_ref=ref, provider_time=when)
 
+    async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
+        """The results JSONL from ``results_url``, held to the batch's request counts: every request has a
+        line (succeeded, errored, canceled or expired), so fewer lines is an incomplete file, not a result."""
+        if result_ref is None:
+            # the ending status gave no usable results_url: ask again (the reference stored then never changes)
+            seen = await self.status(op)
+            if seen.response.http_status is None:
+                return NoAnswer(seen.error_class or "no_answer", "re-reading the batch for its results_url")
+            if seen.response.http_status != 200:
+                return seen.response
+            if seen.result_ref is None:
+                return NoAnswer(
+                    "no_results_url",
+                    f"the batch is {seen.raw_state or 'in an unknown state'} but gives no results_url that can "
+                    "be used (null, or one that carries a credential or control characters): nothing to fetch "
+                    "yet; it is read again later, and if that stays so, look at the batch in the Anthropic "
+                    "console",
+                )
+            result_ref = seen.result_ref
+        sent = await super().fetch_result(op, result_ref)
+        fetched = sent.fetched if isinstance(sent, Response) and sent.http_status == 200 else None
+        counts = _counts(op.partial_effects)
+        if fetched is None or not counts:
+            return sent
+        total = sum(counts.values())
+        lines = await asyncio.to_thread(count_lines, fetched)
+        if lines >= total:
+            return sent
+        if isinstance(fetched, Spooled):
+            fetched.discard()
+        return NoAnswer(
+            "incomplete_result",
+            f"the results file holds {lines} line(s), but the batch's request_counts say it has {total} "
+            "request(s), each with a line: the file is incomplete (cut short on the way); nothing is stored, "
+            "and it is read again later",
+        )
+
     lists_candidates = True
 
     async def candidates(self, op: Operation, since_us: int, until_us: int) -> LookupOutcome:
@@ -175,6 +221,8 @@ class AnthropicBatchProvider(HttpProvider):
         wanted = _request_count(op.request_body)
         found: list[str] = []
         ruled_out: list[str] = []
+        listed: set[str] = set()
+        cursors: set[str] = set()
         seen_total = pages = 0
         after: str | None = None
         last: Response | None = None
@@ -199,8 +247,9 @@ class AnthropicBatchProvider(HttpProvider):
                 seen_total += 1
                 job_id = extract("$.id", item, {}, self.redactor)
                 created = _epoch(extract("$.created_at", item, {}, self.redactor))
-                if job_id is None or created is None:
-                    continue
+                if job_id is None or created is None or job_id in listed:
+                    continue  # (a page served twice must not make one batch two)
+                listed.add(job_id)
                 if created < since:
                     older = True  # newest first: every later batch is older still
                     continue
@@ -221,6 +270,17 @@ class AnthropicBatchProvider(HttpProvider):
                     response=_summary(sent, pages, seen_total, found, ruled_out),
                     detail=f"listing batches: page {pages} says has_more without a usable last_id to page on",
                 )
+            if after in cursors:
+                # a cursor handed out twice would be paged through until LIST_PAGES, and then be taken for
+                # thousands of newer batches
+                return LookupOutcome(
+                    kind="unknown",
+                    path=mode,
+                    response=_summary(sent, pages, seen_total, found, ruled_out),
+                    detail=f"listing batches: page {pages} points back to a page already read (last_id repeats); "
+                    "the list cannot be read to its end",
+                )
+            cursors.add(after)
         else:
             assert last is not None
             return LookupOutcome(

@@ -56,6 +56,7 @@ from jobtrail.providers.contract import (
     Spooled,
     StatusOutcome,
     WireAnswer,
+    count_lines,
     join_bodies,
 )
 from jobtrail.providers.http import SPOOL_OVER_BYTES, HttpProvider, parse_config
@@ -82,6 +83,9 @@ ENDPOINTS = (
 LIST_MARGIN_S = 600
 #: listing gives up (cannot tell) after this many pages of 100
 MAX_LIST_PAGES = 100
+#: the last second a provider's Unix timestamp may name (9999-12-31T23:59:59Z): past it, or before 1970,
+#: a ``*_at`` field is a lie that ``time.gmtime`` cannot even format, so it is left out of the provider time
+_LATEST_STAMP = 253402300799
 #: a file or batch id we put into a URL: OpenAI's are like ``file-abc123`` and ``batch_abc123``
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,199}")
 #: the result reference the status hands the collector: both file ids
@@ -229,20 +233,24 @@ class _OpenAIProvider(HttpProvider):
         """Every object created since ``since_s`` (newest first), page by page, within one call's time-out."""
         mode = ReconcileMode.LIST_BY_REFERENCE
         batches: list[dict[str, Any]] = []
+        listed: set[str] = set()
+        cursors: set[str] = set()
         after: str | None = None
         pages = 0
         last = Response()
         stopped = "the list ended"
+        # False once the list could not be read to its end: what was found still counts, absence does not
+        complete = True
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 while True:
                     if pages >= MAX_LIST_PAGES:
-                        return LookupOutcome(
-                            kind="unknown",
-                            path=mode,
-                            detail=f"{pages} pages ({len(batches)} objects) listed without reaching any older "
-                            "than the operation; cannot tell",
+                        complete = False
+                        stopped = (
+                            f"{pages} pages ({len(batches)} objects) listed without reaching any older than the "
+                            "operation; cannot tell"
                         )
+                        break
                     url = self._url(path, op)
                     if after is not None:
                         url += "&after=" + urllib.parse.quote(after, safe="")
@@ -269,6 +277,9 @@ class _OpenAIProvider(HttpProvider):
                         if isinstance(created, int | float) and created < since_s:
                             older = True  # newest first: everything after this is older still
                             break
+                        if item["id"] in listed:  # a page served again must not make one batch two
+                            continue
+                        listed.add(item["id"])
                         batches.append(item)
                     if older:
                         stopped = "reached objects created before the operation"
@@ -285,6 +296,15 @@ class _OpenAIProvider(HttpProvider):
                             path=mode,
                             detail="the list says more pages follow but gives no cursor to them; absence is not proven",
                         )
+                    if cursor in cursors:
+                        # a provider that hands out a cursor it gave before would be paged through forever
+                        complete = False
+                        stopped = (
+                            f"page {pages} says more pages follow but points back to a page already read; the "
+                            "list cannot be read to its end"
+                        )
+                        break
+                    cursors.add(cursor)
                     after = cursor
         except TimeoutError:
             return LookupOutcome(
@@ -298,6 +318,7 @@ class _OpenAIProvider(HttpProvider):
             "scanned": len(batches),
             "stopped": stopped,
             "since": int(since_s),
+            "complete": complete,
         }
         return batches, summary, last
 
@@ -407,6 +428,10 @@ class OpenAIBatchProvider(_OpenAIProvider):
         if isinstance(listed, LookupOutcome):
             return listed
         batches, summary, last = listed
+        if not summary["complete"]:
+            return LookupOutcome(
+                kind="unknown", path=ReconcileMode.LIST_BY_REFERENCE, response=last, detail=summary["stopped"]
+            )
         until_s = until_us / 1_000_000 + LIST_MARGIN_S
         ids = tuple(
             str(b["id"])
@@ -435,7 +460,15 @@ class OpenAIBatchProvider(_OpenAIProvider):
             total, done, failed = (counts.get(k) for k in ("total", "completed", "failed"))
             if isinstance(total, int) and isinstance(done, int) and isinstance(failed, int) and total > 0:
                 progress = round(min(1.0, (done + failed) / total), 4)
-        stamps = [v for k, v in body.items() if k.endswith("_at") and isinstance(v, int) and k != "expires_at"]
+        stamps = [
+            v
+            for k, v in body.items()
+            if k.endswith("_at")
+            and k != "expires_at"
+            and isinstance(v, int)
+            and not isinstance(v, bool)
+            and 0 <= v <= _LATEST_STAMP
+        ]
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(stamps))) if stamps else None
         return dataclasses.replace(
             outcome,
@@ -448,13 +481,12 @@ class OpenAIBatchProvider(_OpenAIProvider):
     async def fetch_result(self, op: Operation, result_ref: str | None) -> Response | NoAnswer:
         files = _parse_ref(result_ref)
         if not files:
-            return Response(
-                body={
-                    "error": "refused",
-                    "detail": "the batch ended without an output or error file (or with file ids that cannot be "
-                    "used): there is nothing to fetch",
-                }
-            )
+            # the status that ended the batch named no usable file: ask again, since OpenAI may set the file
+            # ids after the status says completed, and the reference stored then would never change
+            again = await self._files_now(op)
+            if not isinstance(again, list):
+                return again
+            files = again
         budget = self.config.result_spec.max_bytes
         parts: list[bytes | Spooled] = []
         last: Response | None = None
@@ -479,12 +511,40 @@ class OpenAIBatchProvider(_OpenAIProvider):
                 for part in parts:
                     if isinstance(part, Spooled):
                         part.discard()
+        short = await _fewer_lines_than_counted(data, _answered(op.partial_effects))
+        if short is not None:
+            if isinstance(data, Spooled):
+                data.discard()
+            return NoAnswer(
+                "incomplete_result",
+                f"the output and error files hold {short[0]} line(s), but the batch's request_counts say "
+                f"{short[1]} request(s) were answered: the files are incomplete (cut short on the way, or not "
+                "all written yet); nothing is stored, and they are read again later",
+            )
         return Response(
             http_status=200,
             headers={"Content-Type": "application/jsonl"},
             provider_request_id=last.provider_request_id,
             raw=data if isinstance(data, bytes) else None,
             spooled=data if isinstance(data, Spooled) else None,
+        )
+
+    async def _files_now(self, op: Operation) -> list[tuple[str, str]] | Response | NoAnswer:
+        """The batch's output and error files as a status read gives them now, or why there are none."""
+        seen = await self.status(op)
+        resp = seen.response
+        if resp.http_status is None:
+            return NoAnswer(seen.error_class or "no_answer", "re-reading the batch for its output and error files")
+        if resp.http_status != 200:
+            return dataclasses.replace(resp, body={"batch": "re-read for its file ids", "answer": resp.body})
+        files = _parse_ref(seen.result_ref)
+        if files:
+            return files
+        return NoAnswer(
+            "no_result_file",
+            f"the batch is {seen.raw_state or 'in an unknown state'} but names no output_file_id or error_file_id "
+            "that can be used (null, or not a plain file id): nothing to fetch yet; it is read again later, and "
+            "if that stays so, look at the batch in OpenAI's dashboard",
         )
 
 
@@ -614,6 +674,29 @@ def _result_ref(batch: Mapping[str, Any], redactor: Redactor) -> str | None:
     return _REF_PREFIX + ",".join(parts) if parts else None
 
 
+def _answered(effects: Any) -> int | None:
+    """How many requests the last status read counted as done (completed + failed): each has a line in the
+    output or error file. None when no usable counts were seen (nothing to hold the files to)."""
+    counts = effects.get("request_counts") if isinstance(effects, dict) else None
+    if not isinstance(counts, dict):
+        return None
+    done, failed = counts.get("completed"), counts.get("failed")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (done, failed)):
+        return None
+    assert isinstance(done, int) and isinstance(failed, int)
+    return done + failed
+
+
+async def _fewer_lines_than_counted(data: bytes | Spooled, expected: int | None) -> tuple[int, int] | None:
+    """(lines, expected) when ``data`` holds fewer non-blank lines than ``expected``: a results file cut at a
+    line boundary (a connection closed early with no length given) parses as whole JSONL, and its missing
+    items would otherwise be stored as a success."""
+    if not expected:
+        return None
+    lines = await asyncio.to_thread(count_lines, data)
+    return (lines, expected) if lines < expected else None
+
+
 def _parse_ref(ref: str | None) -> list[tuple[str, str]]:
     if ref is None or not ref.startswith(_REF_PREFIX):
         return []
@@ -652,4 +735,6 @@ def _matched(
     response = dataclasses.replace(last, body=summary)
     if ids:
         return LookupOutcome(kind="found", path=mode, response=response, remote_job_ids=ids)
+    if not summary.get("complete", True):  # a list not read to its end proves no absence
+        return LookupOutcome(kind="unknown", path=mode, response=response, detail=summary["stopped"])
     return LookupOutcome(kind="absent", path=mode, response=response, detail=absent)

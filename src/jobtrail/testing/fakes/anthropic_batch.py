@@ -95,6 +95,11 @@ class BatchPlan:
     outcomes: tuple[str, ...] = ("succeeded",)
     duration_s: float | None = None
     done_before_cancel: float = 0.5
+    # -- lies, for testing a client against a provider that misbehaves --
+    #: an ended batch's first this-many status reads show ``results_url: null`` (set later)
+    results_url_hidden_reads: int = 0
+    #: lines left out of the end of the results file (a file cut short at a line boundary)
+    lines_lost: int = 0
 
     def __post_init__(self) -> None:
         if not self.outcomes or any(o not in OUTCOMES for o in self.outcomes):
@@ -113,6 +118,8 @@ class FakeBatch:
     plan: BatchPlan
     cancel_at: float | None = None
     results_read: int = 0
+    #: status reads made once it had ended (see BatchPlan.results_url_hidden_reads)
+    ended_reads: int = 0
 
     def _wall(self, mono: float) -> datetime:
         return datetime.fromtimestamp(self.created_wall + (mono - self.started), tz=UTC)
@@ -162,6 +169,8 @@ class FakeBatch:
             "archived_at": None,
             "results_url": f"{base_url}/v1/messages/batches/{self.id}/results" if ended else None,
         }
+        if ended and self.ended_reads <= self.plan.results_url_hidden_reads:
+            doc["results_url"] = None
         return _sdk_dump("MessageBatch", doc)
 
     def results(self) -> bytes:
@@ -184,6 +193,8 @@ class FakeBatch:
                 result["error"] = _error_doc("invalid_request_error", f"item {request['custom_id']} refused", None)
             item = {"custom_id": request["custom_id"], "result": result}
             lines.append(json.dumps(_sdk_dump("MessageBatchIndividualResponse", item), separators=(",", ":")))
+        if self.plan.lines_lost:
+            lines = lines[: max(0, len(lines) - self.plan.lines_lost)]
         return ("\n".join(lines) + "\n").encode()
 
 
@@ -203,6 +214,8 @@ class AnthropicBatchFake(ServedInThread):
     create_headers: list[dict[str, str]] = field(default_factory=list)
     #: (monotonic time, method, path, HTTP status answered) of every request, in order
     requests: list[tuple[float, str, str, int]] = field(default_factory=list)
+    #: a lie: every list page says has_more and hands out the same last_id, whatever ``after_id`` asks for
+    list_repeats: bool = False
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -374,6 +387,8 @@ class AnthropicBatchFake(ServedInThread):
             self.counts["status"] += 1
             fault = self._status_faults.pop(0) if self._status_faults else None
             batch = self.batches.get(request.match_info["id"])
+            if batch is not None and batch.status(time.monotonic()) == "ended":
+                batch.ended_reads += 1
             doc = None if batch is None else batch.document(time.monotonic(), self.base_url)
         if fault is not None:
             headers = {"retry-after": fault.retry_after} if fault.retry_after else {}
@@ -429,6 +444,8 @@ class AnthropicBatchFake(ServedInThread):
             ordered = sorted(self.batches.values(), key=lambda b: (b.created_wall, b.id), reverse=True)
             ids = [b.id for b in ordered]
             after, before = query.get("after_id"), query.get("before_id")
+            if self.list_repeats:
+                after = before = None
             for cursor in (after, before):
                 if cursor is not None and cursor not in ids:
                     return self._error(404, "not_found_error", f"no such message batch {cursor}")
@@ -447,7 +464,7 @@ class AnthropicBatchFake(ServedInThread):
         return self._ok(
             {
                 "data": data,
-                "has_more": has_more,
+                "has_more": has_more or self.list_repeats,
                 "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None,
             }

@@ -80,6 +80,13 @@ class BatchPlan:
     #: "finish_first": the cancel is acknowledged but the batch completes anyway
     cancel: str = "normal"
     cancel_s: float = 0.2
+    # -- lies, for testing a client against a provider that misbehaves --
+    #: an ended batch's first this-many status reads show no output_file_id / error_file_id (set later)
+    files_hidden_reads: int = 0
+    #: a ``completed_at`` to report instead of the real one (e.g. ``10**20``, past any calendar)
+    completed_at: int | None = None
+    #: lines left out of the end of the output file (a file cut short at a line boundary)
+    lines_lost: int = 0
 
 
 @dataclass(slots=True)
@@ -102,6 +109,8 @@ class FakeBatch:
     created_at: int
     cancel_requested_at: float | None = None
     foreign: bool = False
+    #: status reads made once it had ended (see BatchPlan.files_hidden_reads)
+    ended_reads: int = 0
 
     @property
     def end(self) -> float:
@@ -156,6 +165,8 @@ class OpenAIBatchFake(ServedInThread):
     create_bodies: list[Any] = field(default_factory=list)
     #: why a create request did not match the SDK's request type (should stay empty)
     shape_errors: list[str] = field(default_factory=list)
+    #: a lie: every list page says has_more and hands out the same last_id, whatever ``after`` asks for
+    list_repeats: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -341,6 +352,10 @@ class OpenAIBatchFake(ServedInThread):
                 doc["output_file_id"] = f"file-out{batch.seq:06d}"
             if err:
                 doc["error_file_id"] = f"file-err{batch.seq:06d}"
+            if batch.ended_reads <= batch.plan.files_hidden_reads:
+                doc["output_file_id"] = doc["error_file_id"] = None
+            if batch.plan.completed_at is not None and state == "completed":
+                doc["completed_at"] = batch.plan.completed_at
         return _sdk_batch(doc)
 
     def _content(self, file_id: str) -> bytes:
@@ -352,6 +367,8 @@ class OpenAIBatchFake(ServedInThread):
                 if batch is None:
                     break
                 lines = self._output_lines(batch)[which]
+                if which == 0 and batch.plan.lines_lost:
+                    lines = lines[: max(0, len(lines) - batch.plan.lines_lost)]
                 if not lines:
                     break
                 return ("\n".join(lines) + "\n").encode()
@@ -426,6 +443,12 @@ class OpenAIBatchFake(ServedInThread):
             if fault is not None:
                 return _fault_response(fault)
             ordered = sorted(self.batches.values(), key=lambda b: (b.created_at, b.seq), reverse=True)
+            if self.list_repeats:
+                data = [self._batch_doc(b) for b in ordered[:limit]]
+                last = data[-1]["id"] if data else None
+                return web.json_response(
+                    {"object": "list", "data": data, "first_id": last, "last_id": last, "has_more": True}
+                )
             if after is not None:
                 at = next((n for n, b in enumerate(ordered) if b.id == after), None)
                 if at is None:
@@ -452,6 +475,8 @@ class OpenAIBatchFake(ServedInThread):
             batch = self.batches.get(request.match_info["id"])
             if batch is None:
                 return _error(404, f"No batch found with id '{request.match_info['id']}'.", "invalid_request_error")
+            if batch.status(time.monotonic()) in ("completed", "failed", "expired", "cancelled"):
+                batch.ended_reads += 1
             return web.json_response(self._batch_doc(batch))
 
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
