@@ -448,3 +448,77 @@ def test_a_providers_state_text_is_quoted_in_a_reason_never_read_as_ours(db_url:
     assert reason.replace(shown, "").count('"') == 0, reason  # nothing of theirs outside the quotation
     said_to_agents = advice(op)  # explain's and MCP's advice, which repeats the reason
     assert "SYSTEM" not in said_to_agents or shown in said_to_agents, said_to_agents
+
+
+@pytest.mark.parametrize("answer", ["500", "404", "no answer"])
+def test_the_result_deadline_ends_the_wait_when_no_status_read_ever_tells_anything(db_url: str, answer: str) -> None:
+    """Found by a probe: the result deadline was looked at only once a status read had succeeded, so a job
+    whose every read failed (a provider answering 500, a job it no longer knows, reads that time out) was
+    polled on in ``accepted`` for ever, past the deadline its caller set. Now the first failed read past the
+    deadline is recorded as what it is (the job's state unknown) and ends the wait: result_timed_out, still
+    watched at the slow pace, nothing assumed stopped, no cancel sent."""
+    from aiohttp import web
+
+    seen = {"status": 0, "cancel": 0}
+
+    async def create(_request: web.Request) -> web.StreamResponse:
+        return web.json_response({"id": "job-1"}, status=201)
+
+    async def status(_request: web.Request) -> web.StreamResponse:
+        seen["status"] += 1
+        if answer == "no answer":
+            await asyncio.sleep(5)  # past the read's time-out
+        return web.json_response({"error": "boom"}, status=404 if answer == "404" else 500)
+
+    async def cancel(_request: web.Request) -> web.StreamResponse:
+        seen["cancel"] += 1
+        return web.json_response({}, status=200)
+
+    async def go() -> Operation:
+        from jobtrail.runtime.worker import Worker
+
+        routes = (
+            ("POST", "/v1/jobs", create),
+            ("GET", "/v1/jobs/{job_id}", status),
+            ("POST", "/v1/jobs/{job_id}/cancel", cancel),
+        )
+        async with provider_of_our_own(*routes) as base:
+            cfg: dict[str, Any] = {
+                "name": "failing",
+                "base_url": base,
+                "timeout_s": 0.3,
+                "connect_timeout_s": 0.3,
+                "create": {"path": "/v1/jobs", "job_id": "$.id"},
+                "status": {"path": "/v1/jobs/{job_id}", "state": "$.status"},
+                "result": {"path": "/v1/jobs/{job_id}/result"},
+                "poll": {"initial_s": 0.05, "factor": 1, "cap_s": 5},
+            }
+            with Store.open(db_url) as store:
+                jt = AsyncJobtrail(store=store, providers=[cfg])
+                try:
+                    op = await jt.submit("failing", {"x": 1}, result_deadline=timedelta(seconds=1.0))
+                    worker = Worker(store, dict(jt.providers), worker_id="w", idle_s=0.01, lease_s=5)
+                    running = asyncio.create_task(worker.run(timeout=20))
+                    while (await asyncio.to_thread(store.get, op.operation_id)).state is not S.RESULT_TIMED_OUT:
+                        assert not running.done(), "the worker stopped before the deadline ended the wait"
+                        await asyncio.sleep(0.05)
+                    worker.stop()
+                    await running
+                    return await asyncio.to_thread(store.get, op.operation_id)
+                finally:
+                    for provider in jt.providers.values():
+                        await provider.aclose()
+
+    op = asyncio.run(go())
+    assert op.remote_job_id == "job-1" and op.next_action_at_us is not None  # still watched: a late finish counts
+    assert "before any status read told the job's state" in (op.state_reason or "")
+    assert "NOT assumed stopped" in (op.state_reason or "") and seen["cancel"] == 0 and seen["status"] >= 1
+    with Store.open(db_url) as store:
+        entries = [e.to_json() for e in store.history(op.operation_id)]
+        assert [(e["from"], e["to"]) for e in entries[-2:]] == [
+            ("accepted", "observing"),
+            ("observing", "result_timed_out"),
+        ]
+        assert entries[-2]["evidence"]["remote_state"] == "unknown"  # what the failed read told: nothing
+        assert entries[-1]["evidence"]["deadline"] == "result"
+        assert verify(store).ok

@@ -103,7 +103,7 @@ class ObserveFlow:
     async def _deadline_passed(self, op: Operation, provider: Provider, now: int) -> Operation | None:
         """The result or cancel deadline, once passed: the state says so (the job is polled on, slowly)."""
         slow = now + int(provider.poll_backoff.cap_s * _US)
-        if op.state is State.OBSERVING and op.result_deadline_us is not None and now >= op.result_deadline_us:
+        if op.state is State.OBSERVING and _past(op.result_deadline_us, now):
             return await self.writer.transition(
                 op,
                 State.RESULT_TIMED_OUT,
@@ -168,6 +168,8 @@ class ObserveFlow:
             next_action_at_us=next_at,
         )
         effects: Changes = {"partial_effects": status.effects} if status.effects is not None else {}
+        if status.error_class and op.state is State.ACCEPTED and _past(op.result_deadline_us, answered):
+            return await self._timed_out_unseen(op, provider, status, answered, polls, effects, observed)
         if status.error_class:
             return await self.writer.reschedule(
                 op,
@@ -218,7 +220,8 @@ class ObserveFlow:
                     "remote_state": status.raw_state,
                     "polls": polls,
                     **effects,
-                    "next_action_at_us": now if ending else next_at,
+                    # (past the result deadline: the next step ends the wait, not a poll later)
+                    "next_action_at_us": now if ending or _past(op.result_deadline_us, answered) else next_at,
                 },
                 observed=observed,
                 then=follow,
@@ -229,6 +232,50 @@ class ObserveFlow:
         if ending is None:
             return await self._keep_polling(op, status, polls, next_at, effects, observed)
         return await self._end(op, provider, ending, status, evidence, request_ids, effects, observed)
+
+    async def _timed_out_unseen(
+        self,
+        op: Operation,
+        provider: Provider,
+        status: StatusOutcome,
+        answered: int,
+        polls: int,
+        effects: Changes,
+        observed: Observe | None,
+    ) -> Operation:
+        """The result deadline passed while no status read has told anything of the job (every one failed):
+        this read is recorded as what it is, an observation of a job in an unknown state, and the deadline
+        ends the wait in the same write. (The deadline was looked at only once a read had succeeded: a job
+        whose reads all failed was polled on in ``accepted`` for ever, past the deadline its caller set.)"""
+        resp = status.response
+        slow = answered + int(provider.poll_backoff.cap_s * _US)
+        assert op.result_deadline_us is not None
+        evidence = StatusObservation(
+            remote_state=RemoteState.UNKNOWN,
+            http_status=resp.http_status,
+            provider_request_id=resp.provider_request_id,
+            remote_job_id=op.remote_job_id,
+            observed_at=rfc3339(answered),
+        )
+        request_ids = (resp.provider_request_id,) if resp.provider_request_id else ()
+        reason = (
+            f"result deadline passed at {rfc3339(op.result_deadline_us)} before any status read told the job's "
+            f"state (the last: {_poll_failed(op, status, provider)}); the remote job is NOT assumed stopped"
+        )
+        return await self.writer.transition(
+            op,
+            State.OBSERVING,
+            evidence,
+            actor=self.actor,
+            request_ids=request_ids,
+            changes={"polls": polls, **effects, "next_action_at_us": slow},
+            observed=observed,
+            then=FollowUp(
+                to=State.RESULT_TIMED_OUT,
+                evidence=DeadlinePassed(deadline="result", observed_at_us=answered),
+                changes={"next_action_at_us": slow, "state_reason": reason},
+            ),
+        )
 
     async def _keep_polling(
         self,
@@ -354,6 +401,10 @@ def _partial_output_ref(status: StatusOutcome) -> str | None:
     if status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
         return status.result_ref
     return None
+
+
+def _past(deadline_us: int | None, now: int) -> bool:
+    return deadline_us is not None and now >= deadline_us
 
 
 def _poll_failed(op: Operation, status: StatusOutcome, provider: Provider) -> str:
