@@ -838,3 +838,195 @@ def test_athena_lost_create_is_replayed_with_the_same_client_request_token(
         assert json.loads(first.body) == {"QueryString": "SELECT 1", "ClientRequestToken": op.idempotency_token}
         confirmed = [json.loads(e.evidence) for e in store.history(op_id) if e.cause == "confirmed_create"]
         assert confirmed[0]["via"] == "replay"
+
+
+# -- a provider that lies: answers the adapter must not trust --------------------------------------
+
+
+def test_athena_query_id_that_echoes_the_secret_is_never_stored(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """StartQueryExecution answered with the secret key as its QueryExecutionId: not confirmed, not stored;
+    the replay (same ClientRequestToken) brings moto's real id, and nothing of the secret is in the ledger."""
+    lied: list[bool] = []
+
+    def plan(seen: Seen) -> str | bytes:
+        if seen.target.endswith(".StartQueryExecution") and not lied:
+            lied.append(True)
+            return aws_answer(200, {"QueryExecutionId": aws_env["AWS_SECRET_ACCESS_KEY"]})
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, athena_file(tmp_path / "athena.toml", proxy.url), ["SELECT 1"])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        assert len(proxy.targets("StartQueryExecution")) == 2
+        assert op.remote_job_id is not None and "jtcanary" not in op.remote_job_id
+        answers = [o["raw"] for o in store.observations(op_id) if o["kind"] == "create_response"]
+        assert answers[0]["outcome"] == "ambiguous" and answers[0]["error_class"] == "malformed_response"
+        assert canary_hits(aws_env["AWS_SECRET_ACCESS_KEY"], ledger_bytes(store)) == []
+
+
+def test_sfn_status_fields_that_echo_the_credential_are_not_stored(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """DescribeExecution answers a stopDate that is the secret key and a startDate that is the session token
+    (AWS sends epoch numbers): the provider time is not taken from them, and neither reaches the ledger."""
+    arn = state_machine(moto_url, wait_s=0)
+
+    def plan(seen: Seen) -> str | bytes:
+        if not seen.target.endswith(".DescribeExecution"):
+            return "forward"
+        asked = json.loads(seen.body)["executionArn"]
+        body = {"executionArn": asked, "stateMachineArn": arn, "status": "SUCCEEDED", "input": '{"n":1}'}
+        lies = {"stopDate": aws_env["AWS_SECRET_ACCESS_KEY"], "startDate": aws_env["AWS_SESSION_TOKEN"]}
+        return aws_answer(200, body | lies | {"output": '{"ok":true}'})
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 1}])
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.SUCCEEDED, op.state_reason
+        assert proxy.targets("DescribeExecution")
+        held = ledger_bytes(store)
+        assert canary_hits(aws_env["AWS_SECRET_ACCESS_KEY"], held) == []
+        assert canary_hits(aws_env["AWS_SESSION_TOKEN"], held) == []
+
+
+def test_sfn_a_status_of_another_execution_is_not_taken_for_ours(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """DescribeExecution answers SUCCEEDED for an execution that is not ours: an unknown state, never our
+    success, and no result is collected from it."""
+    arn = state_machine(moto_url, wait_s=0)
+
+    def plan(seen: Seen) -> str | bytes:
+        if not seen.target.endswith(".DescribeExecution"):
+            return "forward"
+        other = json.loads(seen.body)["executionArn"] + "-someone-else"
+        return aws_answer(200, {"executionArn": other, "status": "SUCCEEDED", "output": '{"not":"ours"}'})
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 1}], seconds=2)
+    with store:
+        op = store.get(op_id)
+        assert op.state in (State.ACCEPTED, State.OBSERVING), op.state_reason
+        assert len(proxy.targets("DescribeExecution")) >= 2
+        polls = [o["raw"] for o in store.observations(op_id) if o["kind"] == "status_poll"]
+        assert polls and all(p["error_class"] == "another_execution" for p in polls)
+
+
+def test_sfn_output_details_of_the_wrong_type_do_not_crash_the_collect(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A SUCCEEDED execution without output whose outputDetails is a string (not the object AWS sends): the
+    collect says there is no output and asks again, instead of failing with AttributeError on every try."""
+    arn = state_machine(moto_url, wait_s=0)
+
+    def plan(seen: Seen) -> str | bytes:
+        if not seen.target.endswith(".DescribeExecution"):
+            return "forward"
+        asked = json.loads(seen.body)["executionArn"]
+        return aws_answer(200, {"executionArn": asked, "status": "SUCCEEDED", "outputDetails": "included"})
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", proxy.url, arn), [{"n": 1}], seconds=2)
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.RESULT_COLLECTING, op.state_reason
+        assert "AttributeError" not in (op.state_reason or "")
+        assert len(proxy.targets("DescribeExecution")) >= 3  # the status, then the fetches asked again
+        fetches = [o for o in store.observations(op_id) if o["kind"] == "result_fetch"]
+        assert fetches and "no_output" in json.dumps(fetches[-1]["raw"])
+
+
+def test_athena_result_pages_that_never_end_are_refused_not_read_for_ever(
+    db_url: str, moto_url: str, proxy: Proxy, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """GetQueryResults hands out NextToken A, then B, then A again: the collect stops at the token already
+    followed and ends result_unavailable saying why (it used to read the circle for ever, holding the worker)."""
+    pages: list[str | None] = []
+
+    def plan(seen: Seen) -> str | bytes:
+        if seen.target.endswith(".GetQueryExecution"):
+            qid = json.loads(seen.body)["QueryExecutionId"]
+            return aws_answer(200, {"QueryExecution": {"QueryExecutionId": qid, "Status": {"State": "SUCCEEDED"}}})
+        if seen.target.endswith(".GetQueryResults"):
+            token = json.loads(seen.body).get("NextToken")
+            pages.append(token)
+            following = {None: "A", "A": "B", "B": "A"}[token]
+            return aws_answer(200, {"ResultSet": {"Rows": [], "ResultSetMetadata": {}}, "NextToken": following})
+        return "forward"
+
+    proxy.plan = plan
+    store, (op_id,) = run_in_process(db_url, athena_file(tmp_path / "athena.toml", proxy.url), ["SELECT 1"], seconds=10)
+    with store:
+        op = store.get(op_id)
+        assert op.state is State.RESULT_UNAVAILABLE, op.state_reason
+        assert "NextToken already followed" in (op.state_reason or "")
+        assert pages == [None, "A", "B"]
+
+
+def test_a_clock_off_by_twenty_minutes_is_corrected_from_aws_s_date_not_a_failed_operation(
+    db_url: str, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A strict endpoint whose clock is 20 minutes ahead refuses a request signed at our time
+    (InvalidSignatureException "Signature expired", with its own Date): the adapter signs again on AWS's
+    clock (as botocore and the SDKs do) and the execution starts, once; it used to end failed with "fix the
+    credentials". A signature that is still refused for its time is a create that never started (not_sent)."""
+    import email.utils
+    from datetime import UTC, datetime
+
+    from aiohttp import web
+
+    ahead_s = 1200
+    sm = f"arn:aws:states:{REGION}:123456789012:stateMachine:skewed"
+    seen: list[tuple[str, str]] = []  # (action, X-Amz-Date)
+    started: set[str] = set()
+
+    async def handle(request: web.Request) -> web.Response:
+        action = request.headers["X-Amz-Target"].rsplit(".", 1)[1]
+        stamp = request.headers["X-Amz-Date"]
+        seen.append((action, stamp))
+        now = time.time() + ahead_s
+        signed = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+        headers = {"Date": email.utils.formatdate(now, usegmt=True)}
+        if abs(signed - now) > 300:
+            body = {"__type": "InvalidSignatureException", "message": f"Signature expired: {stamp} is now earlier"}
+            return web.json_response(body, status=400, headers=headers)
+        payload = json.loads(await request.read())
+        if action == "StartExecution":
+            execution = sm.replace(":stateMachine:", ":execution:") + ":" + payload["name"]
+            started.add(execution)
+            return web.json_response({"executionArn": execution, "startDate": now}, headers=headers)
+        body = {"executionArn": payload["executionArn"], "status": "SUCCEEDED", "output": '{"ok":1}', "input": "{}"}
+        return web.json_response(body, headers=headers)
+
+    async def serve() -> tuple[web.AppRunner, str]:
+        app = web.Application()
+        app.router.add_post("/", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    runner, url = asyncio.run_coroutine_threadsafe(serve(), loop).result()
+    try:
+        store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", url, sm), [{}], seconds=5)
+        with store:
+            op = store.get(op_id)
+            assert op.state is State.SUCCEEDED, op.state_reason
+            assert causes(store, op_id).count("create_attempt") == 1
+            assert len(started) == 1
+            starts = [stamp for action, stamp in seen if action == "StartExecution"]
+            assert len(starts) == 2  # refused for its time, then signed on AWS's clock
+            # every later call is signed on AWS's clock at once
+            assert all(action == "StartExecution" for action, _ in seen[:2])
+            assert len([a for a, _ in seen if a == "DescribeExecution"]) == len(seen) - 2
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)

@@ -300,3 +300,82 @@ def test_the_example_file_loads() -> None:
     """examples/google-lro.toml is a valid operator file (its create, AlloyDB's, has a request_id to replay)."""
     provider = load_provider(Path(__file__).parent.parent / "examples" / "google-lro.toml")
     assert provider.name == "gcp-alloydb" and provider.capabilities.reconcile
+
+
+def test_a_replay_answered_already_exists_stops_for_a_person_never_proves_absence(db_url: str, tmp_path: Path) -> None:
+    """The create made the instance but its answer was lost, and the service no longer honours the requestId:
+    the replay is answered 409 ALREADY_EXISTS. That is not a proof that nothing was made (it used to be read as
+    one: the create was sent a third time, and then "failed" was refused for a 409 on every try): it stops at
+    needs_attention, one instance, the 409 kept."""
+    fake = GoogleLroFake(operation_s=0.5, valid_tokens={TOKEN}, unique_instances=True, request_id_retention_s=0)
+    fake.start()
+    try:
+        fake.script(Fault.drop(commit=True))
+        provider = provider_file(tmp_path, fake)
+        op_id = submit(db_url, provider)
+        run_worker(db_url, provider)
+        op = get(db_url, op_id)
+        assert op.state is State.NEEDS_ATTENTION, op.state_reason
+        assert "ALREADY_EXISTS" in (op.state_reason or "")
+        assert fake.counts["jobs_created"] == 1 and fake.counts["creates_received"] == 2, fake.counts
+        assert fake.counts["already_exists"] == 1
+        with Store.open(db_url) as store:
+            history = [e.cause for e in store.history(op_id)]
+        assert "proved_absent" not in history and "definitive_rejection" not in history
+    finally:
+        fake.stop()
+
+
+def test_a_create_answered_already_exists_stops_for_a_person_not_a_refused_transition_loop(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The instance exists already (someone else's): the first create is answered 409 ALREADY_EXISTS. It
+    stops at needs_attention naming the fix, after one create (it used to retry the refused transition
+    to failed for ever)."""
+    fake = GoogleLroFake(operation_s=0.5, valid_tokens={TOKEN}, unique_instances=True)
+    fake.start()
+    try:
+        provider = provider_file(tmp_path, fake)
+        first = submit(db_url, provider)
+        run_worker(db_url, provider)
+        assert get(db_url, first).state is State.SUCCEEDED
+        second = submit(db_url, provider, attempt=2)  # another request naming the same instanceId
+        run_worker(db_url, provider)
+        op = get(db_url, second)
+        assert op.state is State.NEEDS_ATTENTION, op.state_reason
+        assert "another resource id" in (op.state_reason or "")
+        assert fake.counts["creates_received"] == 2 and fake.counts["jobs_created"] == 1, fake.counts
+    finally:
+        fake.stop()
+
+
+def test_a_replay_refused_for_permission_does_not_prove_the_lost_create_made_nothing(
+    db_url: str, tmp_path: Path, fake: GoogleLroFake
+) -> None:
+    """The lost create made the operation; the first replay is refused 403 PERMISSION_DENIED. AIP-155 does not
+    replay stored answers, so the refusal says nothing about the lost attempt: still a doubt (no
+    "proved_absent"), and the next replay with the same requestId finds the one operation."""
+    fake.script(Fault.drop(commit=True), Fault.http(403))
+    provider = provider_file(tmp_path, fake)
+    op_id = submit(db_url, provider)
+    run_worker(db_url, provider)
+    op = get(db_url, op_id)
+    assert op.state is State.SUCCEEDED, op.state_reason
+    assert fake.counts["jobs_created"] == 1 and fake.counts["replayed"] == 1, fake.counts
+    with Store.open(db_url) as store:
+        history = [e.cause for e in store.history(op_id)]
+    assert "proved_absent" not in history
+
+
+def test_done_with_a_null_response_is_not_a_success(db_url: str, tmp_path: Path, fake: GoogleLroFake) -> None:
+    """done: true with "response": null (proto3 JSON: the field is absent) is neither outcome: never succeeded
+    with "null" stored as the result."""
+    provider = provider_file(tmp_path, fake)
+    op_id = submit(db_url, provider, fake_outcome="null_response", fake_duration=0)
+    finish(start_worker(db_url, provider, "w", "--until-settled", "--timeout", "3", "--lease", "4"))
+    op = get(db_url, op_id)
+    assert op.state is State.OBSERVING, op.state_reason
+    assert op.remote_state == "DONE_WITHOUT_OUTCOME"
+    assert fake.counts["gets"] >= 2
+    with Store.open(db_url) as store:
+        assert "validated_result" not in [e.cause for e in store.history(op_id)]

@@ -363,3 +363,20 @@ def test_the_example_file_loads() -> None:
     """examples/replicate.toml is a valid operator file."""
     provider = load_provider(Path(__file__).parent.parent / "examples" / "replicate.toml")
     assert provider.name == "replicate" and provider.create_endpoint == "POST /v1/predictions"
+
+
+def test_a_succeeded_prediction_without_an_output_field_is_not_a_null_result(
+    db_url: str, tmp_path: Path, fake: ReplicateFake
+) -> None:
+    """A lying answer: status succeeded and no ``output`` field at all. Nothing is stored as the result (it used
+    to store "null", a result nobody sent); the collect asks again and says why."""
+    provider = provider_file(tmp_path, fake, wait_s=0)
+    op_id = submit(db_url, provider, fake_output="missing", fake_duration=0)
+    finish(start_worker(db_url, provider, "w", "--until-settled", "--timeout", "3", "--lease", "4"))
+    op, _, _ = stored(db_url, op_id)
+    assert op.state is State.RESULT_COLLECTING, op.state_reason
+    with Store.open(db_url) as store:
+        fetches = [o for o in store.observations(op_id) if o["kind"] == "result_fetch"]
+        assert "validated_result" not in [e.cause for e in store.history(op_id)]
+    assert fetches and "no output field" in json.dumps(fetches[-1]["raw"])
+    assert fake.counts["jobs_created"] == 1

@@ -28,16 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import email.utils
 import json
+import math
 import re
+import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from jobtrail.domain.canonical import compact_json, parse_answer, parse_json
 from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.jsonpath import unusable, unusable_id
 from jobtrail.domain.record import Operation
-from jobtrail.domain.redact import Secret
+from jobtrail.domain.redact import Redactor, Secret
 from jobtrail.domain.states import RemoteState, State
 from jobtrail.domain.words import why_it_ended
 from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, Spooled, StatusOutcome, WireAnswer
@@ -50,6 +54,22 @@ from jobtrail.providers.kinds import operator_settings
 SFN_NAME_RETENTION_S = 90 * 24 * 3600
 #: GetQueryResults' largest page
 _ATHENA_PAGE = 1000
+#: pages of one result read at most: a provider that hands out a new NextToken forever (empty pages take
+#: no room against max_bytes) would otherwise hold the collect, and its worker, for ever
+_ATHENA_MAX_PAGES = 10_000
+#: SigV4 refuses a request signed more than 5 minutes from AWS's clock; past this, our clock is off
+_SKEW_S = 240
+#: the error types AWS answers a request signed at the wrong time with (botocore and the other SDKs
+#: correct their clock from the answer's Date header and sign again, as _transport does)
+_CLOCK_ERRORS = frozenset(
+    {
+        "InvalidSignatureException",
+        "SignatureDoesNotMatch",
+        "RequestTimeTooSkewed",
+        "RequestExpired",
+        "RequestInTheFuture",
+    }
+)
 #: error types that mean "not now", never "no": the request may be repeated with the same token
 _RETRYABLE = frozenset(
     {
@@ -128,6 +148,8 @@ class AwsJsonProvider(HttpProvider):
         #: botocore's credentials object (refreshable ones refresh themselves), found once off the loop
         self._aws_credentials: Any = None
         self._registered: set[str] = set()
+        #: seconds AWS's clock is ahead of ours, learnt from a request refused for its time (see _transport)
+        self._clock_offset_s = 0.0
 
     # -- credentials and signing -------------------------------------------------------------
 
@@ -173,7 +195,11 @@ class AwsJsonProvider(HttpProvider):
         from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
 
         request = AWSRequest(method=method, url=url, data=payload, headers=dict(headers))
-        SigV4Auth(frozen, self.service, self.region).add_auth(request)
+        signer = SigV4Auth(frozen, self.service, self.region)
+        if self._clock_offset_s:
+            _add_auth_at(signer, request, self._clock_offset_s)
+        else:
+            signer.add_auth(request)
         return {str(k): str(v) for k, v in request.headers.items()}
 
     async def _transport(
@@ -186,6 +212,11 @@ class AwsJsonProvider(HttpProvider):
         except ConfigError as exc:
             return NoAnswer("not_sent", str(exc))
         answer = await self._signed_send(method, url, headers, payload, max_bytes, frozen)
+        offset = _clock_offset(answer)
+        if offset is not None:
+            # refused for its time, not its key (nothing was processed): sign again on AWS's clock, once
+            self._clock_offset_s = offset
+            answer = await self._signed_send(method, url, headers, payload, max_bytes, frozen)
         if isinstance(answer, WireAnswer) and answer.status in (400, 403) and _credential_refused(answer.body):
             try:
                 fresh = await self._frozen(again=True)
@@ -250,6 +281,16 @@ class AwsJsonProvider(HttpProvider):
                 response=resp,
                 error_class=f"aws:{kind or status}",
                 detail=detail + "; a refused replay says nothing about whether the lost attempt started a job",
+            )
+        if kind in _CLOCK_ERRORS and _about_time(message):
+            # signed again on AWS's clock and still refused for its time: nothing was started, and waiting
+            # (or fixing this machine's clock) can settle it; not a refusal of the request
+            return CreateOutcome(
+                kind="not_sent",
+                response=resp,
+                error_class=f"aws:{kind}",
+                detail=detail + "; AWS refused the request's time even when signed on AWS's clock: check this "
+                "machine's clock (NTP)",
             )
         if kind in _CREDENTIAL_ERRORS or status in (401, 403):
             detail += (
@@ -412,8 +453,13 @@ class StepFunctionsProvider(AwsJsonProvider):
             return StatusOutcome(
                 remote_state=RemoteState.UNKNOWN, raw_state=None, response=kept, error_class=self._status_error(sent)
             )
-        raw = body.get("status") if isinstance(body.get("status"), str) else None
-        when = body.get("stopDate") or body.get("redriveDate") or body.get("startDate")
+        theirs = body.get("executionArn")
+        if theirs is not None and theirs != (op.remote_job_id or self.execution_arn(op)):
+            return StatusOutcome(
+                remote_state=RemoteState.UNKNOWN, raw_state=None, response=kept, error_class="another_execution"
+            )
+        raw = _word(body.get("status"), self.redactor)
+        when = _stamp(body.get("stopDate"), body.get("redriveDate"), body.get("startDate"))
         remote = self.capabilities.normalise(raw)
         # a failed, timed-out or aborted execution names its error and cause (States.TaskFailed: ...)
         said = [text for text in (body.get("error"), body.get("cause")) if isinstance(text, str) and text]
@@ -421,7 +467,7 @@ class StepFunctionsProvider(AwsJsonProvider):
             remote_state=remote,
             raw_state=raw,
             response=kept,
-            provider_time=None if when is None else str(when),
+            provider_time=when,
             failure=why_it_ended(remote, lambda: ": ".join(said), self.redactor),
         )
 
@@ -451,8 +497,16 @@ class StepFunctionsProvider(AwsJsonProvider):
         if sent.http_status != 200:
             return dataclasses.replace(sent, body={"error": self._status_error(sent), "detail": aws_error(sent)[1]})
         output = body.get("output")
+        theirs = body.get("executionArn")
+        if theirs is not None and theirs != (op.remote_job_id or self.execution_arn(op)):
+            return dataclasses.replace(
+                sent,
+                http_status=None,
+                body={"error": "another_execution", "detail": "DescribeExecution answered for another execution"},
+            )
         if body.get("status") != "SUCCEEDED" or not isinstance(output, str):
-            truncated = (body.get("outputDetails") or {}).get("included") is False
+            details = body.get("outputDetails")
+            truncated = isinstance(details, dict) and details.get("included") is False
             return dataclasses.replace(
                 sent,
                 http_status=None,
@@ -534,13 +588,19 @@ class AthenaProvider(AwsJsonProvider):
             return sent.create_outcome()
         if sent.http_status == 200:
             qid = sent.body.get("QueryExecutionId") if isinstance(sent.body, dict) else None
-            if isinstance(qid, str) and qid:
+            why = unusable_id(qid, self.redactor) if isinstance(qid, str) else None
+            if isinstance(qid, str) and why is None:
                 return CreateOutcome(kind="confirmed", response=sent, remote_job_id=qid)
+            # an id that echoes the credential (or would show as other text) is never stored: the replay of
+            # the same ClientRequestToken answers with the same id, so it is a doubt, not a new query
             return CreateOutcome(
                 kind="ambiguous",
                 response=sent,
                 error_class="malformed_response",
-                detail="HTTP 200 without QueryExecutionId; the query may exist",
+                detail="HTTP 200 without QueryExecutionId; the query may exist"
+                if why is None and not isinstance(qid, str)
+                else f"HTTP 200 with an unusable QueryExecutionId ({why or 'not a string'}; not stored); "
+                "the query may exist",
             )
         return self._classify_error(op, sent)
 
@@ -555,15 +615,20 @@ class AthenaProvider(AwsJsonProvider):
         execution = sent.body.get("QueryExecution") if isinstance(sent.body, dict) else None
         state_block = execution.get("Status") if isinstance(execution, dict) else None
         status_block: dict[str, Any] = state_block if isinstance(state_block, dict) else {}
-        raw = status_block.get("State") if isinstance(status_block.get("State"), str) else None
-        when = status_block.get("CompletionDateTime") or status_block.get("SubmissionDateTime")
+        theirs = execution.get("QueryExecutionId") if isinstance(execution, dict) else None
+        if theirs is not None and theirs != op.remote_job_id:
+            return StatusOutcome(
+                remote_state=RemoteState.UNKNOWN, raw_state=None, response=sent, error_class="another_query"
+            )
+        raw = _word(status_block.get("State"), self.redactor)
+        when = _stamp(status_block.get("CompletionDateTime"), status_block.get("SubmissionDateTime"))
         remote = self.capabilities.normalise(raw)
         # a failed or cancelled query says why: the state change's reason, else its error's message
         return StatusOutcome(
             remote_state=remote,
             raw_state=raw,
             response=sent,
-            provider_time=None if when is None else str(when),
+            provider_time=when,
             failure=why_it_ended(
                 remote, lambda: status_block.get("StateChangeReason") or status_block.get("AthenaError"), self.redactor
             ),
@@ -582,6 +647,7 @@ class AthenaProvider(AwsJsonProvider):
         next_token: str | None = None
         last: Response | None = None
         pages = 0
+        tokens: set[str] = set()
         while True:
             payload: dict[str, Any] = {"QueryExecutionId": op.remote_job_id or "", "MaxResults": _ATHENA_PAGE}
             if next_token:
@@ -616,8 +682,19 @@ class AthenaProvider(AwsJsonProvider):
                     body={"error": "too_large", "detail": f"the result passed {limit} bytes at page {pages}"},
                 )
             token = body.get("NextToken")
-            if not isinstance(token, str) or not token or token == next_token:
+            if not isinstance(token, str) or not token:
                 break
+            if token in tokens or pages >= _ATHENA_MAX_PAGES:
+                # a token seen before leads round in a circle, and AWS's pages end: nothing is stored from
+                # a result that was not read to its end
+                # ("refused": reading it again would go round the same way; the collect ends and says why)
+                why = "handed out a NextToken already followed" if token in tokens else f"passed {pages} pages"
+                return NoAnswer(
+                    "refused",
+                    f"GetQueryResults {why}: the result has no end to read to, so nothing of it is stored",
+                    {"pages_read": str(pages), "provider_request_id": sent.provider_request_id or ""},
+                )
+            tokens.add(token)
             next_token = token
         assert last is not None
         document = {"ResultSetMetadata": metadata, "Rows": rows}
@@ -641,6 +718,63 @@ def _credential_refused(raw: bytes | Spooled) -> bool:
         return False
     kind = body.get("__type") if isinstance(body, dict) else None
     return isinstance(kind, str) and kind.rsplit("#", 1)[-1] in _CREDENTIAL_ERRORS
+
+
+def _word(value: Any, redactor: Redactor) -> str | None:
+    """A state as AWS spells it (a string), or None: one that echoes the credential is not stored."""
+    return value if isinstance(value, str) and unusable(value, redactor) is None else None
+
+
+def _stamp(*values: Any) -> str | None:
+    """The first timestamp AWS's JSON protocol sends (epoch seconds, a number), as text; anything else
+    (a string, an object: a lying answer's, which could carry the credential) is not a time."""
+    for value in values:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return str(value)
+    return None
+
+
+def _about_time(message: str) -> bool:
+    text = message.lower()
+    return any(words in text for words in ("signature expired", "not yet current", "skew", "expired", "in the future"))
+
+
+def _clock_offset(answer: WireAnswer | NoAnswer) -> float | None:
+    """Seconds AWS's clock is ahead of ours, when ``answer`` refused a request for the time it was signed
+    at and its Date header shows our clock off by more than SigV4 allows; else None."""
+    if not isinstance(answer, WireAnswer) or answer.status not in (400, 401, 403) or isinstance(answer.body, Spooled):
+        return None
+    try:
+        body = parse_answer(answer.body) if answer.body.strip() else None
+    except ValueError:
+        return None
+    raw = body.get("__type") if isinstance(body, dict) else None
+    kind = raw.rsplit("#", 1)[-1].split(":", 1)[0] if isinstance(raw, str) else None
+    message = (body.get("message") or body.get("Message") or "") if isinstance(body, dict) else ""
+    if kind not in _CLOCK_ERRORS or not isinstance(message, str) or not _about_time(message):
+        return None
+    date = next((v for k, v in answer.headers.items() if k.lower() == "date"), None)
+    try:
+        theirs = email.utils.parsedate_to_datetime(date).timestamp() if date else None
+    except (TypeError, ValueError):
+        return None
+    if theirs is None:
+        return None
+    offset = theirs - time.time()
+    return offset if abs(offset) > _SKEW_S else None
+
+
+def _add_auth_at(signer: Any, request: Any, offset_s: float) -> None:
+    """SigV4Auth.add_auth with the time shifted by ``offset_s`` (AWS's clock, not ours)."""
+    import datetime
+
+    from botocore.auth import SIGV4_TIMESTAMP
+
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset_s)
+    request.context["timestamp"] = at.strftime(SIGV4_TIMESTAMP)
+    signer._modify_request_before_signing(request)
+    signature = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
+    signer._inject_signature_to_request(request, signature)
 
 
 def _trimmed(body: Mapping[str, Any]) -> dict[str, Any]:

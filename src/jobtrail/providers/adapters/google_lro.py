@@ -39,7 +39,7 @@ from jobtrail.domain.errors import ConfigError
 from jobtrail.domain.jsonpath import extract, parse_path, unusable
 from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import Redactor
-from jobtrail.domain.states import RemoteState
+from jobtrail.domain.states import RemoteState, State
 from jobtrail.domain.words import their_words
 from jobtrail.providers.contract import CreateOutcome, NoAnswer, Response, StatusOutcome
 from jobtrail.providers.http import HttpProvider, parse_config
@@ -178,19 +178,46 @@ class GoogleLroProvider(HttpProvider):
         sent = await self._send(cfg.create.method, url, op, body=body, extra_headers=headers)
         if isinstance(sent, NoAnswer):
             return sent.create_outcome()
-        return self.classify_create(sent)
+        outcome = self.classify_create(sent)
+        if (
+            op.state is State.RECONCILIATION
+            and outcome.kind == "rejected"
+            and _error(sent.body).get("status") not in ("INVALID_ARGUMENT",)
+        ):
+            # AIP-155 is not an IETF replay of the stored answer: a replay refused now (permission since
+            # revoked, the parent gone, a precondition the lost create itself changed) says nothing about
+            # whether the lost attempt made an operation. Only the same bytes refused as invalid prove it.
+            return CreateOutcome(
+                kind="ambiguous",
+                response=sent,
+                error_class=outcome.error_class,
+                detail=f"{outcome.detail}; a refused replay says nothing about whether the lost create started "
+                "an operation",
+            )
+        return outcome
 
     def classify_create(self, resp: Response) -> CreateOutcome:
         status = resp.http_status or 0
         error = _error(resp.body)
         if status == 409 and error.get("status") == "ALREADY_EXISTS":
-            # not an in-flight duplicate of ours (the requestId would have answered with our operation):
-            # the resource exists, made by someone else
+            # the resource exists: made by someone else, or by a create of ours whose answer was lost and
+            # whose requestId the service no longer honours (or never did). Re-sending only repeats the 409,
+            # and a 409 proves no refusal (the state machine refuses "failed" on it): a person decides
             return CreateOutcome(
-                kind="rejected",
+                kind="ambiguous",
                 response=resp,
-                error_class="http_409",
-                detail=f"HTTP 409: {_describe(error, self.redactor)}",
+                person_must_decide=True,
+                error_class="already_exists",
+                detail=f"HTTP 409: {_describe(error, self.redactor)}; the resource this create names exists "
+                "already. If it is this operation's (look for its trace id or labels in the console), resolve it "
+                "with its operation; else cancel this operation and submit again under another resource id",
+            )
+        if 200 <= status < 300 and isinstance(resp.body, dict) and not isinstance(resp.body.get("name"), str | None):
+            return CreateOutcome(
+                kind="ambiguous",
+                response=resp,
+                error_class="malformed_response",
+                detail=f"HTTP {status} with an operation name that is not a string (not used); the operation may exist",
             )
         outcome = super().classify_create(resp)
         if outcome.kind == "confirmed" and not usable_name(outcome.remote_job_id):
@@ -284,7 +311,7 @@ class GoogleLroProvider(HttpProvider):
         if isinstance(sent, NoAnswer):
             return sent
         body = sent.body if isinstance(sent.body, dict) else {}
-        if sent.http_status != 200 or body.get("done") is not True or "response" not in body:
+        if sent.http_status != 200 or body.get("done") is not True or body.get("response") is None:
             return Response(
                 http_status=sent.http_status,
                 headers=sent.headers,
@@ -307,7 +334,7 @@ def _state(body: Mapping[str, Any]) -> tuple[RemoteState, str]:
         if error.get("code") == 1:
             return RemoteState.CANCELLED, "CANCELLED"
         return RemoteState.FAILED, "FAILED"
-    if "response" in body:
+    if body.get("response") is not None:  # proto3 JSON: a null message field is an absent one, not a result
         return RemoteState.SUCCEEDED, "SUCCEEDED"
     # done, but neither outcome: success is not assumed
     return RemoteState.UNKNOWN, "DONE_WITHOUT_OUTCOME"

@@ -202,6 +202,12 @@ class ReplicateProvider(HttpProvider):
                 # is named in the fetch's observation
                 {"http_status": "200", "data_removed": "true", "provider_request_id": sent.provider_request_id or ""},
             )
+        if "output" not in body:
+            # an answer without the field is not a prediction whose output is null: storing "null" as the
+            # result would claim one nobody sent (no bytes handed over: the collect flow asks again)
+            return dataclasses.replace(
+                sent, body={"error": "no_output", "detail": "the succeeded prediction's answer has no output field"}
+            )
         output = body.get("output")
         files = _file_urls(output, self.redactor)
         if files is None:

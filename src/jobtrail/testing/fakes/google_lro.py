@@ -15,8 +15,12 @@ the all-zero one (else 400 INVALID_ARGUMENT); a known id answers with the operat
 always; the instances create when ``declares_request_id`` is false, as Filestore's) refuses one with
 400 INVALID_ARGUMENT, as Google's HTTP transcoding refuses a parameter it cannot bind (counted as
 ``unknown_parameter``). Errors are ``{"error": {"code", "message", "status"}}``. The body may
-script the operation: ``"fake_outcome": "fail"`` ends with ``error`` (code 3), ``"fake_duration"``
-(seconds). Create faults are :class:`jobtrail.testing.Fault` values (``drop``, ``http``).
+script the operation: ``"fake_outcome": "fail"`` ends with ``error`` (code 3), ``"null_response"``
+ends ``done`` with ``"response": null`` (a lying answer: proto3 JSON's null is an absent field),
+``"fake_duration"`` (seconds). With ``unique_instances``, an instances create naming an ``instanceId``
+that exists answers 409 ALREADY_EXISTS (counted as ``already_exists``), as Google does once
+``request_id_retention_s`` has passed for the requestId that made it (a known requestId is forgotten
+after that long). Create faults are :class:`jobtrail.testing.Fault` values (``drop``, ``http``).
 
 Bearer tokens: only those in ``valid_tokens`` are accepted (401 UNAUTHENTICATED otherwise), so a
 test can rotate the token the way OAuth access tokens expire. ``counts``: creates_received,
@@ -74,6 +78,10 @@ class GoogleLroFake(ServedInThread):
     valid_tokens: set[str] = field(default_factory=lambda: {"ya29.fake-token-1"})
     #: does the instances create declare a request_id field? (False: Filestore's, which does not)
     declares_request_id: bool = True
+    #: refuse a second instance of the same instanceId with 409 ALREADY_EXISTS (Google's answer)
+    unique_instances: bool = False
+    #: how long a requestId is honoured (None: for ever)
+    request_id_retention_s: float | None = None
     counts: Counter[str] = field(default_factory=Counter)
     faults: list[Fault] = field(default_factory=list)
     operations: dict[str, LongRunning] = field(default_factory=dict)
@@ -85,6 +93,7 @@ class GoogleLroFake(ServedInThread):
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._rid_at: dict[str, float] = {}
         self.base_url = ""
 
     @property
@@ -158,6 +167,8 @@ class GoogleLroFake(ServedInThread):
                 "@type": "type.googleapis.com/google.firestore.admin.v1.ExportDocumentsResponse",
                 "outputUriPrefix": op.body.get("outputUriPrefix"),
             }
+        elif outcome == "succeeded" and op.body.get("fake_outcome") == "null_response":
+            doc["response"] = None
         elif outcome == "succeeded":
             doc["response"] = {
                 "@type": "type.googleapis.com/fake.v1.Instance",
@@ -187,7 +198,7 @@ class GoogleLroFake(ServedInThread):
         parent = f"projects/{project}/databases/{database}"
         return await self._start(request, parent=parent, resource=parent, kind="export", declares_request_id=False)
 
-    async def _start(
+    async def _start(  # noqa: PLR0912 - each of Google's answers to a create, in the order it checks them
         self, request: web.Request, *, parent: str, resource: str, kind: str, declares_request_id: bool
     ) -> web.StreamResponse:
         try:
@@ -223,7 +234,10 @@ class GoogleLroFake(ServedInThread):
             request.transport.abort()
             raise asyncio.CancelledError
         with self._lock:
-            known = self.request_ids.get(rid) if rid else None
+            known = self._known(rid)
+            taken = self._taken(known, kind, resource + request.query.get("instanceId", ""))
+            if taken is not None:
+                return taken
             if known is not None:
                 self.counts["replayed"] += 1
                 op = self.operations[known]
@@ -246,6 +260,7 @@ class GoogleLroFake(ServedInThread):
                 self.counts["jobs_created"] += 1
                 if rid:
                     self.request_ids[rid] = name
+                    self._rid_at[rid] = time.monotonic()
             doc = self._doc(op)
         if fault is not None and fault.kind == "drop":
             assert request.transport is not None
@@ -254,6 +269,28 @@ class GoogleLroFake(ServedInThread):
         if fault is not None and fault.kind == "http":
             return _fault(fault)
         return web.json_response(doc)
+
+    def _known(self, rid: str | None) -> str | None:
+        """The operation a requestId made, while the service still honours it (call under the lock)."""
+        known = self.request_ids.get(rid) if rid else None
+        retention = self.request_id_retention_s
+        if (
+            known is not None
+            and rid is not None
+            and retention is not None
+            and time.monotonic() - self._rid_at[rid] >= retention
+        ):
+            return None  # forgotten: the service treats it as a new request
+        return known
+
+    def _taken(self, known: str | None, kind: str, wanted: str) -> web.Response | None:
+        """409 ALREADY_EXISTS for a new instances create naming one that exists (call under the lock)."""
+        if known is not None or kind != "instance" or not self.unique_instances:
+            return None
+        if not any(o.resource == wanted for o in self.operations.values()):
+            return None
+        self.counts["already_exists"] += 1
+        return _error(409, "ALREADY_EXISTS", f"Resource '{wanted}' already exists")
 
     async def _operations(self, request: web.Request) -> web.StreamResponse:
         raw = request.raw_path.split("?", 1)[0]
@@ -291,5 +328,11 @@ def _error(code: int, status: str, message: str, headers: dict[str, str] | None 
 
 def _fault(fault: Fault) -> web.Response:
     headers = {"Retry-After": fault.retry_after} if fault.retry_after else None
-    status = {429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}.get(fault.status, "INTERNAL")
+    status = {
+        400: "INVALID_ARGUMENT",
+        403: "PERMISSION_DENIED",
+        404: "NOT_FOUND",
+        429: "RESOURCE_EXHAUSTED",
+        503: "UNAVAILABLE",
+    }.get(fault.status, "INTERNAL")
     return _error(fault.status, status, f"fault {fault.status} (fake)", headers)

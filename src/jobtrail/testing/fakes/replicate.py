@@ -11,7 +11,8 @@ prediction carries the bare version id in ``version`` and the model in ``model``
 A prediction's ``input`` may script it: ``fake_output`` = ``"tokens"`` (a JSON list of strings,
 the default), ``"json_file"`` (one URL of a JSON file), ``"png"`` (one URL of PNG bytes),
 ``"pngs"`` (a list of two PNG URLs), ``"png_echoing_token"`` (one URL that carries the API token, as a
-hostile model's output could); ``fake_fail`` = true (ends ``failed``); ``fake_abort`` = true
+hostile model's output could), ``"missing"`` (a lying answer: the succeeded prediction has no
+``output`` field at all); ``fake_fail`` = true (ends ``failed``); ``fake_abort`` = true
 (stays ``starting`` and ends ``aborted``: its deadline passed before it started); ``fake_duration``
 (seconds). ``data_retention_s`` removes a finished prediction's input, output, logs and files that
 many seconds after it ends (``data_removed`` true, ``output`` null), as Replicate does about an hour
@@ -220,6 +221,8 @@ class ReplicateFake(ServedInThread):
         }
         if status == "succeeded" and not removed:
             doc["output"] = self._output(p)
+            if p.input.get("fake_output") == "missing":
+                del doc["output"]
         return doc
 
     def _output(self, p: Prediction) -> Any:
