@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from jobtrail import AsyncJobtrail, State, Store
+from jobtrail.domain.record import Operation
 from jobtrail.domain.redact import WITHHELD_SPLIT_CREDENTIAL, Redactor, install_log_redaction
 from jobtrail.interfaces.mcp import MAX_REQUEST_DEPTH, guard_request
 from jobtrail.ledger.results import read_result
@@ -914,3 +916,55 @@ def test_a_credential_in_the_key_caller_or_as_a_number_is_refused_before_anythin
             store.create_operation(spec(body={"x": float("inf")}))
         assert store.count() == 0
         assert store.create_operation(spec(body={"n": 12345678901234567890}))[1]  # other numbers are no matter
+
+
+def test_a_state_or_time_an_adapter_passes_on_as_it_came_is_not_kept_when_it_carries_the_credential(
+    db_url: str, canary: str
+) -> None:
+    """Found by a probe: a built-in adapter took the provider's time (and state) as the answer gave them, and
+    one that echoed the credential went into the ledger in clear (the declared providers drop such values as
+    they read them). The observe flow now holds every adapter's words to the same rule: the credential in a
+    state or a time is not kept, the state is unknown, and the job goes on being polled honestly."""
+    from jobtrail.providers.contract import StatusOutcome
+    from jobtrail.providers.http import HttpProvider, parse_config
+
+    class Careless(HttpProvider):
+        """An adapter that passes the provider's words on as they came (the state, after one honest read)."""
+
+        reads = 0
+
+        async def status(self, op: Operation) -> StatusOutcome:
+            seen = await super().status(op)
+            Careless.reads += 1
+            echoed = f"Bearer {canary}"
+            return dataclasses.replace(
+                seen,
+                provider_time=echoed,
+                raw_state=echoed if Careless.reads == 1 else seen.raw_state,
+            )
+
+    fake = FakeProvider(job_duration_s=0.3, require_bearer=canary).start()
+    try:
+        config = fake.provider_config(credential=f"env:{ENV}", poll={"initial_s": 0.05, "factor": 1, "cap_s": 0.05})
+        provider = Careless(parse_config(config))
+
+        async def go() -> str:
+            with Store.open(db_url) as store:
+                jt = AsyncJobtrail(store=store, providers=[config])
+                op = await jt.submit("fake", {"x": 1})
+                await Worker(store, {"fake": provider}, worker_id="w", idle_s=0.01).run(until_settled=True, timeout=20)
+                await provider.aclose()
+                await jt.aclose()
+                return op.operation_id
+
+        op_id = asyncio.run(go())
+        with Store.open(db_url) as store:
+            op = store.get(op_id)
+            assert op.state is State.SUCCEEDED, op.state_reason
+            polls = [o for o in store.observations(op_id) if o["kind"] == "status_poll"]
+            assert polls and all(o["provider_time"] is None for o in polls)
+            assert polls[0]["raw_state"] is None and polls[0]["remote_state"] == "unknown"
+            assert _hits(canary, ledger_bytes(store)) == []
+        assert fake.counts["unauthorized"] == 0 and Careless.reads >= 2
+    finally:
+        fake.stop()

@@ -25,6 +25,7 @@ from jobtrail.domain.evidence import (
     ValidationFailure,
 )
 from jobtrail.domain.failpoints import failpoint
+from jobtrail.domain.jsonpath import unusable
 from jobtrail.domain.record import Changes, Operation
 from jobtrail.domain.results import (
     NO_CREDENTIALS_CHECK,
@@ -141,7 +142,7 @@ class ObserveFlow:
 
     async def _poll(self, op: Operation, provider: Provider, now: int) -> Operation:
         """One status read, stored as an observation; only a terminal status moves the state."""
-        status = await provider_call(op, "status", provider.status(op))
+        status = _kept_words(await provider_call(op, "status", provider.status(op)), provider)
         failpoint("observe.after_status")
         resp = status.response
         polls = op.polls + 1
@@ -401,6 +402,23 @@ def _partial_output_ref(status: StatusOutcome) -> str | None:
     if status.remote_state in (RemoteState.CANCELLED, RemoteState.EXPIRED):
         return status.result_ref
     return None
+
+
+def _kept_words(status: StatusOutcome, provider: Provider) -> StatusOutcome:
+    """A status read's raw state and provider time as the ledger may keep them, whichever adapter read them:
+    one that carries the credential (or would show as other text) is not kept. (The declared providers drop
+    such values as they read them; a built-in adapter that took a time as it came stored a credential an
+    answer echoed in clear.) The state is then unknown: nothing is decided from a word that was not kept."""
+    bad = [
+        name
+        for name in ("raw_state", "provider_time")
+        if isinstance(value := getattr(status, name), str) and unusable(value, provider.redactor) is not None
+    ]
+    if not bad:
+        return status
+    if "raw_state" in bad:
+        return dataclasses.replace(status, raw_state=None, provider_time=None, remote_state=RemoteState.UNKNOWN)
+    return dataclasses.replace(status, provider_time=None)
 
 
 def _past(deadline_us: int | None, now: int) -> bool:
