@@ -718,6 +718,18 @@ def test_declared_hosts_match_exactly() -> None:
             policy.judge(url)
 
 
+def test_a_declared_host_on_another_port_or_scheme_is_refused_with_the_entry_that_would_allow_it() -> None:
+    """Found by a probe: ``download_hosts = ["127.0.0.1"]`` (https, port 443) refused http://127.0.0.1:8123/x
+    telling the operator to add the host they had added. The refusal now names the entry it has and the one
+    the URL needs."""
+    policy = EgressPolicy("https://api.example.com", (parse_host_rule("127.0.0.1"),))
+    with pytest.raises(UrlRefused) as refused:
+        policy.judge("http://127.0.0.1:8123/out.png")
+    assert "has https://127.0.0.1, another scheme or port: add 'http://127.0.0.1:8123'" in refused.value.reason
+    allowed = EgressPolicy("https://api.example.com", (parse_host_rule("http://127.0.0.1:8123"),))
+    assert not allowed.judge("http://127.0.0.1:8123/out.png").home
+
+
 @pytest.mark.parametrize(
     ("address", "special"),
     [

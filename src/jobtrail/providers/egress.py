@@ -272,9 +272,16 @@ class EgressPolicy:
             return Target(parsed, origin, home=True)
         rule = next((r for r in self.download_hosts if r.matches(origin)), None)
         if rule is None:
+            # an entry for this host on another scheme or port (a bare host is https on 443) is the common
+            # slip: say which, and how to write the one this URL needs
+            near = next((r for r in self.download_hosts if not r.wildcard and r.host == origin.host), None)
+            how = (
+                f"{DOWNLOAD_HOSTS_KEY} has {near}, another scheme or port: add {str(origin)!r} to allow this one"
+                if near is not None
+                else f"add it to {DOWNLOAD_HOSTS_KEY} in the provider file to allow it"
+            )
             raise UrlRefused(
-                f"{origin} is neither the provider's origin ({self.home}) nor a declared download host "
-                f"(add it to {DOWNLOAD_HOSTS_KEY} in the provider file to allow it)",
+                f"{origin} is neither the provider's origin ({self.home}) nor a declared download host ({how})",
                 origin.host,
             )
         address = _ip(origin.host)
