@@ -81,6 +81,41 @@ def test_json_fields_named_like_secrets_are_masked_recursively() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "code", ["rate_limit_exceeded", "RESOURCE_EXHAUSTED", "ThrottlingException", "invalidRequest", "E1234"]
+)
+def test_an_errors_code_that_reads_as_a_name_is_kept_for_the_person_who_reads_it(code: str) -> None:
+    """``code`` is also where an OAuth flow puts its one-time code, so the field was masked whatever it held,
+    and an operator reading a provider's error saw ``{"code": "[REDACTED]"}`` where it said why."""
+    error = {"error": {"code": code, "message": "slow down", "type": "requests"}}
+    assert Redactor().value(error) == error
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "SplxlOBeZQQYbYS6WxSbIA",  # RFC 6749's example authorization code
+        "4/0AX4XfWhxyz",  # Google's form
+        "a3f9c2d1e8b7a6f5c4d3e2f1a0b9c8d7",
+        "ab12cd-ef34gh-ij56kl",
+        "123e4567-e89b-12d3-a456-426614174000",
+        "x" * 65,
+    ],
+)
+def test_a_code_that_reads_as_a_token_is_masked(code: str) -> None:
+    assert Redactor().value({"code": code, "nested": [{"code": code}]}) == {
+        "code": REDACTED,
+        "nested": [{"code": REDACTED}],
+    }
+
+
+def test_a_named_code_still_has_a_credential_in_it_masked() -> None:
+    redactor = Redactor()
+    redactor.register("sk-live-abcdefghijklmnop1234")
+    assert redactor.value({"code": "sk-live-abcdefghijklmnop1234"}) == {"code": REDACTED}
+    assert redactor.value({"code": {"inner": "x"}}) == {"code": REDACTED}
+
+
 def test_injected_values_are_masked_in_every_encoding() -> None:
     r = Redactor()
     value = "plain-looking-value-42"

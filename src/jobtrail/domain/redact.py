@@ -696,6 +696,8 @@ class Redactor:
                     out[_unique(out, key_s)] = REDACTED
                 elif how == _SECRET_NAME and _carries_secret(item):
                     out[key_s] = REDACTED
+                elif how == _CODE and _carries_secret(item):
+                    out[key_s] = self.text(item) if type(item) is str and _named_code(item) else REDACTED
                 elif how == _HEADERS and isinstance(item, Mapping):
                     out[key_s] = self.headers(item)
                 elif how == _URL and isinstance(item, str):
@@ -715,6 +717,8 @@ class Redactor:
         if key_s != name:  # a key that carries a credential
             return key_s, _KEY_CARRIES_SECRET
         norm = _norm(key_s)
+        if norm == "code":
+            return key_s, _CODE
         if is_secret_name(key_s):
             return key_s, _SECRET_NAME
         if norm in ("headers", "responseheaders", "requestheaders"):
@@ -803,7 +807,28 @@ class NullRedactor(Redactor):
 
 
 #: what Redactor.value does with a field, by its name (see Redactor._field_rule)
-_PLAIN, _KEY_CARRIES_SECRET, _SECRET_NAME, _HEADERS, _URL = range(5)
+_PLAIN, _KEY_CARRIES_SECRET, _SECRET_NAME, _HEADERS, _URL, _CODE = range(6)
+#: the words of a ``code`` that reads as a name: lower, upper, Capitalized or camelCase letters, digits, or
+#: (at most two) short runs of both, such as ``E1234``
+_CODE_WORD = re.compile(r"[a-z]+|[A-Z]+|[a-z]*(?:[A-Z][a-z]+)+|[0-9]+|(?P<mixed>[A-Za-z0-9]{1,6})")
+_CODE_BREAK = re.compile(r"[_.\- ]")
+
+
+def _named_code(value: str) -> bool:
+    """Does a ``code`` field's value read as an error's name (``rate_limit_exceeded``, ``RESOURCE_EXHAUSTED``,
+    ``ThrottlingException``, ``E1234``), which a person needs to read, rather than as an OAuth code or a
+    token (a long run of letters in no case's order, or of letters and digits, or other characters)?"""
+    if not value or len(value) > 64:
+        return False
+    mixed = 0
+    for word in _CODE_BREAK.split(value):
+        found = _CODE_WORD.fullmatch(word)
+        if found is None:
+            return False
+        mixed += found.group("mixed") is not None
+    return mixed <= 2
+
+
 #: JSON documents larger than this are not parsed to look for a credential split across strings
 _SPLIT_SCAN_MAX = 64 * 1024 * 1024
 _HEXISH = re.compile(r"[0-9A-Fa-f]+")
