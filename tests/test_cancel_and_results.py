@@ -272,6 +272,41 @@ def test_cancel_cli_on_an_ended_job(db_url: str, ledger: Store, fake: FakeProvid
     assert causes(ledger, op_id)[-1] == "cancel_intent" and fake.counts["cancels"] == 0
 
 
+def test_a_cancel_past_the_result_deadline_says_what_a_person_does_not_that_the_job_ended(
+    db_url: str, fake: FakeProvider
+) -> None:
+    """Found by a review: past its result deadline an operation is not ended (its job is NOT assumed stopped),
+    yet a cancel was answered already_ended, and the escalation bundle told the person to run `jobtrail cancel`,
+    which sends nothing from result_timed_out. Both now say what a person does: stop it in the provider's
+    console; the CLI exits 3, as for every state a person decides."""
+    fake.job_duration_s = 60
+    store = Store.open(db_url)
+    config = fake.provider_config(poll={"initial_s": 0.05, "factor": 1, "cap_s": 0.05})
+    jt = AsyncJobtrail(store=store, providers=[config])
+    op_id = asyncio.run(jt.submit("fake", {"x": 2}, result_deadline=timedelta(seconds=0.5))).operation_id
+    worker = Worker(store, {"fake": load_provider(config)}, worker_id="w", idle_s=0.02)
+
+    async def until_timed_out() -> None:
+        running = asyncio.create_task(worker.run(timeout=20))
+        while (await asyncio.to_thread(store.get, op_id)).state is not State.RESULT_TIMED_OUT:
+            assert not running.done()
+            await asyncio.sleep(0.05)
+        worker.stop()
+        await running
+
+    asyncio.run(until_timed_out())
+    options = escalation_bundle(store, op_id)["decision"]["options"]
+    assert not any("cancel" in option["then"] for option in options), options
+    assert any("console" in option["then"] for option in options), options
+    done = request_cancel(store, op_id, requested_by="frank", reason="too slow")
+    assert done.outcome == "person_decides" and "console" in done.message
+    assert done.operation.state is State.RESULT_TIMED_OUT and fake.counts["cancels"] == 0
+    out = cli("--db", db_url, "cancel", op_id, "--by", "frank", "--reason", "late", "--json")
+    assert out.returncode == 3 and json.loads(out.stdout)["outcome"] == "person_decides", out.stderr
+    assert fake.counts["cancels"] == 0
+    store.close()
+
+
 # -- result collection -------------------------------------------------------------------------------
 
 

@@ -510,7 +510,9 @@ def test_the_result_deadline_ends_the_wait_when_no_status_read_ever_tells_anythi
                         await provider.aclose()
 
     op = asyncio.run(go())
-    assert op.remote_job_id == "job-1" and op.next_action_at_us is not None  # still watched: a late finish counts
+    # still watched, at the slow pace (cap_s, 5 s, after the read that ended the wait): a late finish counts
+    assert op.remote_job_id == "job-1" and op.next_action_at_us is not None
+    assert op.next_action_at_us >= op.result_deadline_us + 5_000_000
     assert "before any status read told the job's state" in (op.state_reason or "")
     assert "NOT assumed stopped" in (op.state_reason or "") and seen["cancel"] == 0 and seen["status"] >= 1
     with Store.open(db_url) as store:
@@ -521,4 +523,6 @@ def test_the_result_deadline_ends_the_wait_when_no_status_read_ever_tells_anythi
         ]
         assert entries[-2]["evidence"]["remote_state"] == "unknown"  # what the failed read told: nothing
         assert entries[-1]["evidence"]["deadline"] == "result"
+        last_read = [o for o in store.observations(op.operation_id) if o["kind"] == "status_poll"][-1]
+        assert last_read["next_action_at_us"] == op.next_action_at_us
         assert verify(store).ok

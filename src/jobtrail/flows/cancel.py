@@ -32,7 +32,8 @@ class CancelOutcome:
     """What :func:`request_cancel` did."""
 
     operation: Operation
-    #: "requested" (new intent), "already_requested", "deferred" (no job id yet), "already_ended"
+    #: "requested" (new intent), "already_requested", "deferred" (no job id yet), "already_ended", or
+    #: "person_decides" (a state a cancel is not sent from, not an ending either: the job may still run)
     outcome: str
     message: str
 
@@ -95,10 +96,19 @@ def _record_intent(store: Store, op: Operation, intent: CancelIntent, actor: str
             "already_ended",
             f"the job already ended ({op.state.value}); nothing to cancel, the request is recorded",
         )
+    if op.state is State.RESULT_TIMED_OUT:
+        # not an ending (the job is NOT assumed stopped), and past its result deadline no cancel is sent
+        return CancelOutcome(
+            kept,
+            "person_decides",
+            f"the result deadline passed, and jobtrail sends no cancel from {op.state.value}: if job "
+            f"{op.remote_job_id} must stop, stop it in provider {op.provider}'s console; a worker keeps polling "
+            "slowly and records how it ends. The request is recorded",
+        )
     return CancelOutcome(
         kept,
-        "already_ended",
-        f"the operation is in {op.state.value}: a person decides; the request is recorded",
+        "person_decides",
+        f"the operation is in {op.state.value}: a person decides first (jobtrail resolve); the request is recorded",
     )
 
 

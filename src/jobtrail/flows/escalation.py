@@ -150,7 +150,8 @@ def _decision(op: Operation, history: list[dict[str, Any]], jobtrail: str) -> di
         return {
             "question": f"Job {op.remote_job_id} ran past its result deadline: wait longer, or stop it?",
             "options": [
-                {"if": "stop it", "then": f"{jobtrail} cancel {quoted} --by YOUR_NAME --reason '...' --expect '...'"},
+                # (no cancel is sent past the result deadline: the state machine has no cancel from here)
+                {"if": "stop it", "then": f"stop it in provider {op.provider}'s console"},
                 {"if": "wait longer", "then": "nothing: a worker keeps polling slowly and records how it ends"},
             ],
         }

@@ -259,6 +259,8 @@ class ObserveFlow:
             observed_at=rfc3339(answered),
         )
         request_ids = (resp.provider_request_id,) if resp.provider_request_id else ()
+        if observed is not None:  # (its next poll is the one the record gets: the slow pace, past the deadline)
+            observed = dataclasses.replace(observed, next_action_at_us=slow)
         reason = (
             f"result deadline passed at {rfc3339(op.result_deadline_us)} before any status read told the job's "
             f"state (the last: {_poll_failed(op, status, provider)}); the remote job is NOT assumed stopped"
