@@ -974,31 +974,35 @@ def test_a_clock_off_by_twenty_minutes_is_corrected_from_aws_s_date_not_a_failed
     """A strict endpoint whose clock is 20 minutes ahead refuses a request signed at our time
     (InvalidSignatureException "Signature expired", with its own Date): the adapter signs again on AWS's
     clock (as botocore and the SDKs do) and the execution starts, once; it used to end failed with "fix the
-    credentials". A signature that is still refused for its time is a create that never started (not_sent)."""
+    credentials". Then the clocks agree again (this machine's was put right): the offset learnt is let go at
+    the next refusal, not kept for ever (a review found every later request refused until a restart)."""
     import email.utils
     from datetime import UTC, datetime
 
     from aiohttp import web
 
-    ahead_s = 1200
+    clock = {"ahead_s": 1200.0}
     sm = f"arn:aws:states:{REGION}:123456789012:stateMachine:skewed"
     seen: list[tuple[str, str]] = []  # (action, X-Amz-Date)
+    refused: list[str] = []
     started: set[str] = set()
 
     async def handle(request: web.Request) -> web.Response:
         action = request.headers["X-Amz-Target"].rsplit(".", 1)[1]
         stamp = request.headers["X-Amz-Date"]
         seen.append((action, stamp))
-        now = time.time() + ahead_s
+        now = time.time() + clock["ahead_s"]
         signed = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
         headers = {"Date": email.utils.formatdate(now, usegmt=True)}
         if abs(signed - now) > 300:
+            refused.append(action)
             body = {"__type": "InvalidSignatureException", "message": f"Signature expired: {stamp} is now earlier"}
             return web.json_response(body, status=400, headers=headers)
         payload = json.loads(await request.read())
         if action == "StartExecution":
             execution = sm.replace(":stateMachine:", ":execution:") + ":" + payload["name"]
             started.add(execution)
+            clock["ahead_s"] = 0.0  # from now on the two clocks agree
             return web.json_response({"executionArn": execution, "startDate": now}, headers=headers)
         body = {"executionArn": payload["executionArn"], "status": "SUCCEEDED", "output": '{"ok":1}', "input": "{}"}
         return web.json_response(body, headers=headers)
@@ -1024,8 +1028,10 @@ def test_a_clock_off_by_twenty_minutes_is_corrected_from_aws_s_date_not_a_failed
             assert len(started) == 1
             starts = [stamp for action, stamp in seen if action == "StartExecution"]
             assert len(starts) == 2  # refused for its time, then signed on AWS's clock
-            # every later call is signed on AWS's clock at once
             assert all(action == "StartExecution" for action, _ in seen[:2])
+            # the clocks agree again: the first status read, signed with the old offset, is refused once and
+            # signed again on this machine's time; every later call is accepted at once
+            assert refused == ["StartExecution", "DescribeExecution"], refused
             assert len([a for a, _ in seen if a == "DescribeExecution"]) == len(seen) - 2
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()

@@ -59,6 +59,8 @@ _ATHENA_PAGE = 1000
 _ATHENA_MAX_PAGES = 10_000
 #: SigV4 refuses a request signed more than 5 minutes from AWS's clock; past this, our clock is off
 _SKEW_S = 240
+#: a request refused for its time is signed again only if the time it would be signed at moves this much
+_RESIGN_S = 60
 #: the error types AWS answers a request signed at the wrong time with (botocore and the other SDKs
 #: correct their clock from the answer's Date header and sign again, as _transport does)
 _CLOCK_ERRORS = frozenset(
@@ -212,11 +214,15 @@ class AwsJsonProvider(HttpProvider):
         except ConfigError as exc:
             return NoAnswer("not_sent", str(exc))
         answer = await self._signed_send(method, url, headers, payload, max_bytes, frozen)
-        offset = _clock_offset(answer)
-        if offset is not None:
-            # refused for its time, not its key (nothing was processed): sign again on AWS's clock, once
-            self._clock_offset_s = offset
-            answer = await self._signed_send(method, url, headers, payload, max_bytes, frozen)
+        learnt = _clock_offset(answer)
+        if learnt is not None:
+            # refused for its time, not its key (nothing was processed): AWS's Date says how far its clock is
+            # from ours now, the offset learnt before included (it goes once our clock is put right, or was
+            # never wrong: a stale offset would have every later request refused); sign again on the time that
+            # gives, once, if it is another
+            before, self._clock_offset_s = self._clock_offset_s, learnt if abs(learnt) > _SKEW_S else 0.0
+            if abs(self._clock_offset_s - before) > _RESIGN_S:
+                answer = await self._signed_send(method, url, headers, payload, max_bytes, frozen)
         if isinstance(answer, WireAnswer) and answer.status in (400, 403) and _credential_refused(answer.body):
             try:
                 fresh = await self._frozen(again=True)
@@ -283,14 +289,18 @@ class AwsJsonProvider(HttpProvider):
                 detail=detail + "; a refused replay says nothing about whether the lost attempt started a job",
             )
         if kind in _CLOCK_ERRORS and _about_time(message):
-            # signed again on AWS's clock and still refused for its time: nothing was started, and waiting
-            # (or fixing this machine's clock) can settle it; not a refusal of the request
+            # refused for its time even as signed on the clock AWS's Date gave: nothing was started, and a
+            # later try (or a clock put right) can settle it; not a refusal of the request
+            clock = (
+                f"this machine's clock is {self._clock_offset_s:+.0f} s from AWS's: put it right (NTP)"
+                if self._clock_offset_s
+                else "AWS's Date agrees with this machine's clock, so the refusal is AWS's (or a proxy's) to explain"
+            )
             return CreateOutcome(
                 kind="not_sent",
                 response=resp,
                 error_class=f"aws:{kind}",
-                detail=detail + "; AWS refused the request's time even when signed on AWS's clock: check this "
-                "machine's clock (NTP)",
+                detail=f"{detail}; AWS refused the request's time: {clock}",
             )
         if kind in _CREDENTIAL_ERRORS or status in (401, 403):
             detail += (
@@ -740,8 +750,8 @@ def _about_time(message: str) -> bool:
 
 
 def _clock_offset(answer: WireAnswer | NoAnswer) -> float | None:
-    """Seconds AWS's clock is ahead of ours, when ``answer`` refused a request for the time it was signed
-    at and its Date header shows our clock off by more than SigV4 allows; else None."""
+    """Seconds AWS's clock is ahead of ours (by its Date header) when ``answer`` refused a request for the time
+    it was signed at; else None."""
     if not isinstance(answer, WireAnswer) or answer.status not in (400, 401, 403) or isinstance(answer.body, Spooled):
         return None
     try:
@@ -758,10 +768,7 @@ def _clock_offset(answer: WireAnswer | NoAnswer) -> float | None:
         theirs = email.utils.parsedate_to_datetime(date).timestamp() if date else None
     except (TypeError, ValueError):
         return None
-    if theirs is None:
-        return None
-    offset = theirs - time.time()
-    return offset if abs(offset) > _SKEW_S else None
+    return None if theirs is None else theirs - time.time()
 
 
 def _add_auth_at(signer: Any, request: Any, offset_s: float) -> None:
