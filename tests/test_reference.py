@@ -93,6 +93,7 @@ def test_the_shapes_name_the_codes_states_and_exit_codes() -> None:
     assert [code for code, _ in EXIT_CODES] == [0, 1, 2, 3, 4, 130]
     assert get_args(shapes.StepState) == (
         tasks.PLANNED,
+        tasks.BLOCKED,
         tasks.SUBMITTED,
         tasks.CONFIRMED,
         tasks.FAILED,

@@ -103,6 +103,22 @@ def default_db_path() -> Path:
     return Path(base) / "jobtrail" / "jobtrail.db"
 
 
+def _check_db_url(db: str | None) -> None:
+    """A database URL that cannot even be parsed (a port that is not a number, a bracket left open) is the
+    user's typo: a ConfigError in one line, never SQLAlchemy's traceback. The URL is not repeated: it may hold
+    a password."""
+    if db is None or "://" not in db:
+        return
+    try:
+        sa.engine.make_url(db)
+    except (ValueError, sa.exc.ArgumentError):
+        raise ConfigError(
+            "--db (or JOBTRAIL_DB) is not a database URL that can be read (is the port a number? is a [ left "
+            "open?): write it as postgresql://HOST:PORT/DBNAME with USER@ in front of HOST (a password after the "
+            "user and a colon, with an @, : or / in it percent-encoded), or give a SQLite file path"
+        ) from None
+
+
 def resolve_db_url(db: str | os.PathLike[str] | None = None, *, create: bool = True) -> str:
     """``--db`` wins, then ``$JOBTRAIL_DB``, then :func:`default_db_path`.
 
@@ -126,6 +142,7 @@ def resolve_db_url(db: str | os.PathLike[str] | None = None, *, create: bool = T
             )
         # escaped: a path is not URL text ("a%20b.db" is that file, and "x?mode=ro.db" is not x with a query)
         return sa.engine.URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+    _check_db_url(raw)
     scheme = raw.split("://", 1)[0]
     if scheme in ("postgres", "postgresql", "postgresql+psycopg"):
         require_extra("postgres", "a PostgreSQL database", "psycopg")

@@ -24,6 +24,7 @@ from jobtrail.interfaces.argv import hoist_global_options
 
 if TYPE_CHECKING:  # the ledger (SQLAlchemy) is imported by the commands that use it: --help stays quick
     from jobtrail.ledger.store import Store
+    from jobtrail.providers.http import HttpProvider
 
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_USAGE, EXIT_NEEDS_PERSON = 0, 1, 2, 3
@@ -105,6 +106,7 @@ class Group(click.Group):
             args = hoist_global_options(args)
             # an error is JSON too when the command was asked for JSON (its own option is parsed later)
             ctx.meta["jobtrail.json"] = "--json" in args
+            ctx.meta["jobtrail.args"] = list(args)
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -124,8 +126,15 @@ class Group(click.Group):
                 EXIT_USAGE,
             )
         except click.UsageError as exc:  # a bad option or value: the same one line (and JSON) as ours
-            if not ctx.find_root().meta.get("jobtrail.json"):
+            json_logs = _json_logs_asked(exc, ctx.find_root().meta.get("jobtrail.args", []))
+            if not ctx.find_root().meta.get("jobtrail.json") and not json_logs:
                 raise
+            if json_logs:
+                # the command never ran, so its logging is not set up yet: a reader of JSON lines on stderr
+                # (--log-format json) would otherwise get click's three lines of text
+                from jobtrail.interfaces.logs import configure_logging
+
+                configure_logging("info", "json")
             fail(exc.format_message(), EXIT_USAGE)
         except KeyboardInterrupt:
             # (click's own answer is "Aborted!" and exit 1, which the table keeps for a negative answer)
@@ -136,6 +145,35 @@ class Group(click.Group):
                 "carried on by `jobtrail worker`, and `jobtrail ops list` shows where each one is",
                 EXIT_INTERRUPTED,
             )
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise  # click's own endings, which it says and exits with itself
+        except Exception as exc:
+            # a value nothing refused earlier (timeout_s = inf in a provider file, say) or a bug: still one line
+            # with the way on, never a traceback the user did not ask for. Masked by the ledger's redactor (it
+            # knows the providers' credentials once a command loaded them): an exception's text is foreign
+            if ctx.find_root().params.get("debug"):
+                raise
+            store = ctx.find_root().ensure_object(dict).get("store")
+            redactor = store.redactor if store is not None else Redactor()
+            fail(
+                f"unexpected error ({redactor.text(f'{type(exc).__name__}: {exc}')}). Whatever was recorded stays "
+                "in the ledger; check the values given (a provider file's numbers, say), and run the command again "
+                "with --debug for the traceback to report",
+                EXIT_USAGE,
+            )
+
+
+def _json_logs_asked(exc: click.UsageError, args: list[str]) -> bool:
+    """Whether the command a usage error is about writes its log lines as JSON (``--log-format json``, or
+    ``JOBTRAIL_LOG_FORMAT=json`` for a command that takes ``--log-format``)."""
+    command = exc.ctx.command if exc.ctx is not None else None
+    if command is None or not any(param.name == "log_format" for param in command.params):
+        return False
+    for i, arg in enumerate(args):
+        if arg == "--log-format=json" or (arg == "--log-format" and args[i + 1 : i + 2] == ["json"]):
+            return True
+    given = any(arg.startswith("--log-format") for arg in args)
+    return not given and os.environ.get("JOBTRAIL_LOG_FORMAT") == "json"
 
 
 def open_store(ctx: click.Context, *, create: bool = True) -> Store:
@@ -190,6 +228,14 @@ def cli(ctx: click.Context, db: str | None, debug: bool) -> None:
       jobtrail --db ./jobs.db ops list --state needs_attention --json
     """
     install_log_redaction()
+    if db is not None and not db.strip():
+        # `--db "$LEDGER"` with the variable unset: silently taking the default ledger would read (or write)
+        # one the script never meant
+        raise click.BadParameter(
+            "it is empty; give a SQLite file path or a postgresql:// URL, or leave --db out for the default "
+            "(~/.local/share/jobtrail/jobtrail.db)",
+            param_hint="--db",
+        )
     ctx.ensure_object(dict)["db"] = db
 
 
@@ -220,6 +266,20 @@ def log_options(command: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="Least severe log lines written to stderr.",
     )(with_format)
+
+
+def load_provider_file(path: str) -> HttpProvider:
+    """The provider a file declares; a file that is not UTF-8 text (a binary, a file saved as UTF-16) is named
+    as the problem, not reported as a bad argument."""
+    from jobtrail.providers.http import load_provider
+
+    try:
+        return load_provider(path)
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{path}: not UTF-8 text; a provider file is TOML saved as UTF-8 (check that --provider names the "
+            "provider file, e.g. examples/fake.toml)"
+        ) from None
 
 
 def secret_from_env(name: str | None, option: str, redactor: Redactor) -> Secret | None:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from jobtrail.domain.canonical import parse_json
-from jobtrail.domain.errors import ConfigError
+from jobtrail.domain.errors import ConfigError, JobtrailError
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.record import Operation
 from jobtrail.domain.states import State
@@ -24,6 +24,7 @@ from jobtrail.interfaces.cli.common import (
     cli,
     emit_json,
     existing_store,
+    load_provider_file,
     open_store,
 )
 from jobtrail.runtime.loop import run as run_loop
@@ -140,7 +141,19 @@ def submit(
     from jobtrail.runtime.client import AsyncJobtrail
 
     body = _request(request_text)
-    jt = AsyncJobtrail(store=open_store(ctx), providers=[provider_file], actor=f"cli:{caller}", lease_s=lease_s)
+    # the provider file is read before the ledger is opened: a typo in --provider leaves no new, empty ledger behind
+    adapter = load_provider_file(provider_file)
+    if not no_send and isinstance(adapter, HttpProvider) and adapter.config.credential is not None:
+        # a credential that cannot be read fails the create before it leaves, yet after its attempt was
+        # recorded: the worker then takes it for a create that may have arrived. Said before anything is recorded.
+        try:
+            adapter.config.credential.resolve(adapter.redactor)
+        except JobtrailError as exc:
+            raise ConfigError(
+                f"{provider_file}: {exc}; nothing was recorded. Make the credential available and submit again, "
+                "or give --no-send to record the operation for a worker that has it"
+            ) from None
+    jt = AsyncJobtrail(store=open_store(ctx), providers=[adapter], actor=f"cli:{caller}", lease_s=lease_s)
     provider = next(iter(jt.providers))
 
     async def run() -> tuple[Operation, bool]:
@@ -237,21 +250,41 @@ def cancel(
 ) -> None:
     """Ask to stop a job. The intent is recorded first; a worker sends the cancel once and confirms it.
 
-    Exit 0 recorded, 1 the job had already ended.
+    Exit 0 recorded, 1 the job had already ended, 3 a person must decide (needs_attention,
+    cancellation_unconfirmed, result_timed_out: the cancel is recorded, nothing is sent).
 
     \b
     Example:
       jobtrail cancel op_01J9Z3K8Q0W6S8V7D2M1X4C5B6 --by alice --reason "wrong input file"
     """
+    from jobtrail.domain.explain import PERSON_DECIDES
     from jobtrail.flows.cancel import request_cancel
 
     store = existing_store(ctx)
-    operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
+    before = store.resolve(operation_id)  # an id, or the operation's key
     done = request_cancel(
-        store, operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
+        store, before.operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
     )
     if as_json:
         emit_json({"outcome": done.outcome, "message": done.message, "operation": done.operation.to_json()})
     else:
         click.echo(f"{done.operation.operation_id}: {done.message}")
+    if done.outcome == "deferred" and before.state is State.CREATE_PENDING and before.attempts == 0:
+        # nothing was sent yet, but a recorded cancel does not withdraw the create: a worker still sends it
+        # (and then the cancel); whoever said stop to avoid the job's cost or effects must hear it now
+        click.echo(
+            f"jobtrail: note: {done.operation.operation_id} was never sent, but a recorded cancel does not "
+            "withdraw it: the next worker still creates the remote job, then sends the cancel and confirms it "
+            f"(`{store.command} explain {done.operation.operation_id}` follows it)",
+            err=True,
+        )
+    if done.operation.state in PERSON_DECIDES:
+        # not an ending: the remote job may still run, and only a person can settle it (exit 3, as explain)
+        click.echo(
+            f"jobtrail: {done.operation.operation_id} is {done.operation.state.value}: the cancel is recorded; "
+            f"see `{store.command} ops escalation {done.operation.operation_id}` and decide with "
+            f"`{store.command} resolve`",
+            err=True,
+        )
+        sys.exit(EXIT_NEEDS_PERSON)
     sys.exit(EXIT_NEGATIVE if done.outcome == "already_ended" else EXIT_OK)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from jobtrail.interfaces.cli.common import cli, console, emit_json
+from jobtrail.interfaces.cli.common import cli, console, emit_json, load_provider_file
 
 
 @cli.group()
@@ -24,9 +24,8 @@ def providers_check(provider_file: str, as_json: bool) -> None:
       jobtrail providers check examples/fake.toml --json
     """
     from jobtrail.providers.contract import guarantees
-    from jobtrail.providers.http import load_provider
 
-    report = guarantees(load_provider(provider_file))
+    report = guarantees(load_provider_file(provider_file))
     if as_json:
         emit_json(report)
         return

@@ -16,6 +16,7 @@ from jobtrail.interfaces.cli.common import (
     cli,
     console,
     emit_json,
+    load_provider_file,
     log_options,
     notice,
     open_store,
@@ -102,7 +103,6 @@ def worker(
     from rich.console import Console
 
     from jobtrail.interfaces.progress import WorkerProgress
-    from jobtrail.providers.http import load_provider
     from jobtrail.runtime.worker import Worker
 
     metrics_server = None
@@ -112,7 +112,7 @@ def worker(
         metrics_server = serve_metrics(metrics_host, metrics_port)
     adapters = {}
     for path in provider_files:
-        adapter = load_provider(path)
+        adapter = load_provider_file(path)
         adapters[adapter.name] = adapter
     runner = Worker(
         open_store(ctx),
@@ -195,11 +195,10 @@ def webhooks_serve(ctx: click.Context, provider_files: tuple[str, ...], host: st
     require_extra("webhooks", "jobtrail webhooks serve", "uvicorn", "starlette", "standardwebhooks")
     from jobtrail.interfaces.served import serve
     from jobtrail.interfaces.webhooks import webhook_app
-    from jobtrail.providers.http import load_provider
 
     configs = {}
     for path in provider_files:
-        adapter = load_provider(path)
+        adapter = load_provider_file(path)
         if adapter.config.webhooks is not None:
             configs[adapter.name] = adapter.config.webhooks
     app = webhook_app(open_store(ctx), configs)
@@ -270,7 +269,8 @@ def mcp(
     from jobtrail.runtime.worker import Worker
 
     check_agent(agent, approver)  # before the ledger is opened (or made) for a server that cannot start
-    jt = AsyncJobtrail(store=open_store(ctx), providers=list(provider_files), actor=f"mcp:{agent}")
+    adapters = [load_provider_file(path) for path in provider_files]  # (a typo in one makes no ledger either)
+    jt = AsyncJobtrail(store=open_store(ctx), providers=adapters, actor=f"mcp:{agent}")
     server = build_server(jt, agent=agent, approver=approver, shared=shared)
 
     async def run() -> None:
