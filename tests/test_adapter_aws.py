@@ -1017,7 +1017,8 @@ def test_a_clock_off_by_twenty_minutes_is_corrected_from_aws_s_date_not_a_failed
         return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
     loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    serving = threading.Thread(target=loop.run_forever, daemon=True)
+    serving.start()
     runner, url = asyncio.run_coroutine_threadsafe(serve(), loop).result()
     try:
         store, (op_id,) = run_in_process(db_url, sfn_file(tmp_path / "sfn.toml", url, sm), [{}], seconds=5)
@@ -1036,3 +1037,5 @@ def test_a_clock_off_by_twenty_minutes_is_corrected_from_aws_s_date_not_a_failed
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
+        serving.join(5)
+        loop.close()  # (left open, its sockets were reported unclosed in whichever test ran next)

@@ -221,10 +221,19 @@ def test_an_ignored_cancel_becomes_unconfirmed_with_a_complete_bundle(
     assert verify(ledger).ok
 
 
+def _sent_without_an_answer(ledger: Store, op_id: str) -> None:
+    """A create attempt on the record and no answer (a worker that sent it and died): a job may exist."""
+    from jobtrail.domain.evidence import CreateAttempt
+
+    op = ledger.get(op_id)
+    ledger.record(op, CreateAttempt(attempt=1, reason="first send"), actor="worker:gone", changes={"attempts": 1})
+
+
 def test_a_cancel_before_the_job_id_is_known_is_carried_out_when_it_is(ledger: Store, fake: FakeProvider) -> None:
     fake.job_duration_s = 30
     cfg = config(fake)
     op_id = submit(ledger, cfg, {"task": "early"})
+    _sent_without_an_answer(ledger, op_id)
     done = request_cancel(ledger, op_id, requested_by="dave", reason="changed my mind")
     assert done.outcome == "deferred" and ledger.get(op_id).cancel_requested_by == "dave"
     work(ledger, cfg, until=state_is(ledger, op_id, S.CANCELLED))
@@ -237,7 +246,8 @@ def test_a_cancel_before_a_create_that_never_confirms_says_so(ledger: Store, fak
     fake.script(*[Fault.http(503)] * 50)
     cfg = config(fake)
     op_id = submit(ledger, cfg, {"task": "never"}, create_deadline=timedelta(seconds=0.5))
-    request_cancel(ledger, op_id, requested_by="erin", reason="not needed")
+    _sent_without_an_answer(ledger, op_id)
+    assert request_cancel(ledger, op_id, requested_by="erin", reason="not needed").outcome == "deferred"
     work(ledger, cfg, until=state_is(ledger, op_id, S.NEEDS_ATTENTION))
     reason = ledger.get(op_id).state_reason or ""
     assert reason.startswith("create_unresolved") and "erin asked to cancel it" in reason
@@ -304,6 +314,40 @@ def test_a_cancel_past_the_result_deadline_says_what_a_person_does_not_that_the_
     out = cli("--db", db_url, "cancel", op_id, "--by", "frank", "--reason", "late", "--json")
     assert out.returncode == 3 and json.loads(out.stdout)["outcome"] == "person_decides", out.stderr
     assert fake.counts["cancels"] == 0
+    store.close()
+
+
+def test_a_cancel_that_lands_while_a_worker_holds_the_planned_operation_means_nothing_is_sent(
+    db_url: str, fake: FakeProvider
+) -> None:
+    """A worker has claimed a planned operation and is about to record its attempt when a person's cancel
+    withdraws it: the attempt's write is conditional on the record it read, so it is refused, and the
+    worker (and any later one) sends nothing. Had the attempt landed first, the cancel would have waited
+    for the create's outcome instead (a job may exist once an attempt is recorded)."""
+    from jobtrail.domain.errors import StaleRecord
+    from jobtrail.domain.evidence import CreateAttempt
+
+    store = Store.open(db_url)
+    config = fake.provider_config()
+    jt = AsyncJobtrail(store=store, providers=[config])
+    op = asyncio.run(jt.submit("fake", {"x": 9}))
+    (held,) = store.claim("w1", limit=10, lease_s=30)
+    assert held.operation_id == op.operation_id and held.attempts == 0
+    done = request_cancel(store, op.operation_id, requested_by="alice", reason="not needed")
+    assert done.outcome == "withdrawn" and done.operation.state is State.CANCELLED
+    with pytest.raises(StaleRecord):
+        store.record(held, CreateAttempt(attempt=1, reason="first send"), actor="worker:w1", changes={"attempts": 1})
+    asyncio.run(Worker(store, {"fake": load_provider(config)}, worker_id="w2", idle_s=0.02).run(timeout=1.5))
+    after = store.get(op.operation_id)
+    assert after.state is State.CANCELLED and after.attempts == 0
+    assert fake.counts["creates_received"] == 0 and fake.counts["cancels"] == 0
+    # once an attempt is recorded, the same cancel waits for the create's outcome: it is never withdrawn
+    sent = asyncio.run(jt.submit("fake", {"x": 10}))
+    (claimed,) = store.claim("w1", limit=10, lease_s=30)
+    store.record(claimed, CreateAttempt(attempt=1, reason="first send"), actor="worker:w1", changes={"attempts": 1})
+    later = request_cancel(store, sent.operation_id, requested_by="alice", reason="not needed")
+    assert later.outcome == "deferred" and later.operation.state is State.CREATE_PENDING
+    assert verify(store).ok
     store.close()
 
 

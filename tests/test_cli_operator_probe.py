@@ -15,7 +15,8 @@ import pytest
 from jobtrail import Store
 from jobtrail.domain.states import State
 from jobtrail.testing import FakeProvider
-from tests.processes import cli, finish, jobtrail, start_worker, write_provider
+
+from processes import assert_audit_verifies, cli, finish, jobtrail, start_worker, write_provider
 
 SETTLE = ("--until-settled", "--timeout", "90", "--lease", "7")
 
@@ -123,23 +124,31 @@ def test_debug_shows_the_traceback_of_an_unknown_operation(tmp_path: Path) -> No
 # -- cancel says what will happen -------------------------------------------------------------------------
 
 
-def test_a_cancel_of_a_never_sent_operation_says_the_job_will_still_be_created(
-    tmp_path: Path, fake: FakeProvider
-) -> None:
-    """Today a recorded cancel does not withdraw a planned create (the state machine has no arrow for it):
-    the person who said stop is told so, and the provider's counts show it is what happens."""
+def test_a_cancel_before_anything_was_sent_withdraws_the_create(tmp_path: Path, fake: FakeProvider) -> None:
+    """Found by a probe: a person's cancel of a planned operation (no attempt recorded) did not withdraw it; the
+    next worker created the remote job, then cancelled it (1 job, 1 cancel), and nothing could stop that. An
+    attempt is durable before its send, so none had left: the operation is cancelled at once, and nothing
+    is ever sent."""
     db = str(tmp_path / "jobs.db")
     provider = write_provider(tmp_path / "fake.toml", fake)
     code, out, _ = jobtrail(db, "submit", "--provider", str(provider), "--request", '{"p": 1}', "--no-send")
     assert code == 0
     op_id = out.strip()
-    code, _out, err = jobtrail(db, "cancel", op_id, "--by", "alice", "--reason", "not needed")
-    assert code == 0 and "was never sent, but a recorded cancel does not withdraw it" in err
+    code, out, err = jobtrail(db, "cancel", op_id, "--by", "alice", "--reason", "not needed", "--json")
+    assert code == 0, err
+    said = json.loads(out)
+    assert said["outcome"] == "withdrawn" and said["operation"]["state"] == "cancelled"
     code, _, err = finish(start_worker(db, provider, "w1", *SETTLE))
     assert code == 0, err
     with Store.open(db) as store:
-        assert store.get(op_id).state is State.CANCELLED
-    assert fake.counts["jobs_created"] == 1 and fake.counts.get("cancels", 0) == 1
+        op = store.get(op_id)
+        assert op.state is State.CANCELLED and op.attempts == 0 and op.remote_job_id is None
+        assert [e.to_json()["evidence"]["kind"] for e in store.history(op_id)][-1] == "cancel_intent"
+    assert fake.counts["creates_received"] == 0 and fake.counts.get("cancels", 0) == 0
+    code, out, err = jobtrail(db, "explain", op_id, "--json")
+    assert code == 0, err
+    assert json.loads(out)["cancel"]["standing"] == "withdrawn", out  # not "the provider confirmed it"
+    assert_audit_verifies(db)
 
 
 def test_a_cancel_of_an_operation_that_needs_a_person_exits_3(tmp_path: Path, fake: FakeProvider) -> None:

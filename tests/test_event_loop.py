@@ -267,7 +267,7 @@ def test_the_webhook_receiver_and_the_mcp_server_answer_while_a_lock_is_held(
     assert seen["worst"] < _lag_bound(seen["calm"])
     assert seen["read_s"] < LOCK_S / 2, "a read waited for the writer's lock"
     assert seen["webhook"] == 202  # recorded (an orphan: no operation knows job-x) once the lock was free
-    assert seen["state"] is State.CREATE_PENDING  # the cancel intent is recorded; nothing was sent yet
+    assert seen["state"] is State.CANCELLED  # nothing had been sent: the cancel withdrew the create
     with Store.open(db) as store:
         op_id = store.list_operations()[0].operation_id
         assert store.history(op_id)[-1].cause == "cancel_intent"

@@ -393,6 +393,17 @@ def test_the_escalation_names_the_decision_and_the_command_for_each_answer(ledge
     ]
 
 
+async def _work_until(store: Store, worker: Any, operation_id: str, want: State) -> Operation:
+    """Run ``worker`` until the operation is in ``want`` (it must not stop before), then stop it."""
+    running = asyncio.create_task(worker.run(timeout=20))
+    while (await asyncio.to_thread(store.get, operation_id)).state is not want:
+        assert not running.done(), f"the worker stopped before the operation reached {want.value}"
+        await asyncio.sleep(0.05)
+    worker.stop()
+    await running
+    return await asyncio.to_thread(store.get, operation_id)
+
+
 @pytest.mark.parametrize("ending", ["failed", "result deadline"])
 def test_a_providers_state_text_is_quoted_in_a_reason_never_read_as_ours(db_url: str, ending: str) -> None:
     """Found by a probe: a state is held only to an id's checks (no control characters, a length), so a state
@@ -430,13 +441,7 @@ def test_a_providers_state_text_is_quoted_in_a_reason_never_read_as_ours(db_url:
                     op = await jt.submit("hostile", {"x": 1}, result_deadline=timedelta(seconds=1.5))
                     worker = Worker(store, dict(jt.providers), worker_id="w", idle_s=0.01)
                     want = S.FAILED if ending == "failed" else S.RESULT_TIMED_OUT
-                    running = asyncio.create_task(worker.run(timeout=20))
-                    while (await asyncio.to_thread(store.get, op.operation_id)).state is not want:
-                        assert not running.done()
-                        await asyncio.sleep(0.05)
-                    worker.stop()
-                    await running
-                    return await asyncio.to_thread(store.get, op.operation_id)
+                    return await _work_until(store, worker, op.operation_id, want)
                 finally:
                     for provider in jt.providers.values():
                         await provider.aclose()
@@ -498,13 +503,7 @@ def test_the_result_deadline_ends_the_wait_when_no_status_read_ever_tells_anythi
                 try:
                     op = await jt.submit("failing", {"x": 1}, result_deadline=timedelta(seconds=1.0))
                     worker = Worker(store, dict(jt.providers), worker_id="w", idle_s=0.01, lease_s=5)
-                    running = asyncio.create_task(worker.run(timeout=20))
-                    while (await asyncio.to_thread(store.get, op.operation_id)).state is not S.RESULT_TIMED_OUT:
-                        assert not running.done(), "the worker stopped before the deadline ended the wait"
-                        await asyncio.sleep(0.05)
-                    worker.stop()
-                    await running
-                    return await asyncio.to_thread(store.get, op.operation_id)
+                    return await _work_until(store, worker, op.operation_id, S.RESULT_TIMED_OUT)
                 finally:
                     for provider in jt.providers.values():
                         await provider.aclose()

@@ -728,6 +728,10 @@ def test_a_declared_host_on_another_port_or_scheme_is_refused_with_the_entry_tha
     assert "has https://127.0.0.1, another scheme or port: add 'http://127.0.0.1:8123'" in refused.value.reason
     allowed = EgressPolicy("https://api.example.com", (parse_host_rule("http://127.0.0.1:8123"),))
     assert not allowed.judge("http://127.0.0.1:8123/out.png").home
+    wildcard = EgressPolicy("https://api.example.com", (parse_host_rule("*.example.org"),))
+    with pytest.raises(UrlRefused) as refused:
+        wildcard.judge("https://files.example.org:8443/out.png")
+    assert "has https://*.example.org, another scheme or port" in refused.value.reason
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from mcp.client.stdio import stdio_client
 
 from jobtrail import AsyncJobtrail, State, Store
 from jobtrail.domain.states import SETTLED_STATES
-from jobtrail.testing import FakeProvider
+from jobtrail.testing import FakeProvider, Fault
 
 from helpers import tiered
 from processes import assert_audit_verifies, finish, jobtrail, start_worker, write_provider
@@ -210,3 +210,30 @@ def test_a_cancel_while_the_submitter_sends_does_not_keep_the_operation_leased(d
     # the stored answer settled the create without a second request; the cancel waits for a worker
     assert op.state is S.ACCEPTED and op.remote_job_id and op.cancel_requested_by == "alice"
     assert fake.counts["creates_received"] == 1 and fake.counts["jobs_created"] == 1
+
+
+def test_a_new_owner_keeps_the_decision_a_stored_answer_left_to_a_person(db_url: str, tmp_path: Path) -> None:
+    """Found by a review: killed after storing a create's answer that only a person can settle (a redirect:
+    the provider may or may not have made a job), the next worker read it back as a plain doubt and sent the
+    create again. That verdict is stored with the answer, so the successor stops where the first would have."""
+    fake = FakeProvider(job_duration_s=0.2).start()
+    try:
+        fake.script(Fault.http(307, commit=True))
+        provider = write_provider(tmp_path / "fake.toml", fake)
+        code, out, err = jobtrail(db_url, "submit", "--provider", str(provider), "--request", '{"n": 2}', "--no-send")
+        assert code == 0, err
+        op_id = out.strip()
+        kill = {"JOBTRAIL_FAILPOINTS": "create.after_observation=exit"}
+        doomed = start_worker(db_url, provider, "doomed", "--until-settled", "--lease", "5", env=kill)
+        assert finish(doomed)[0] == 137
+        heir = start_worker(db_url, provider, "heir", "--until-settled", "--timeout", "60")
+        code, _, err = finish(heir)
+        assert code == 0, err
+        with Store.open(db_url) as store:
+            op = store.get(op_id)
+    finally:
+        fake.stop()
+    assert op.state is S.NEEDS_ATTENTION, op.state_reason
+    assert "HTTP 307" in (op.state_reason or "")
+    assert fake.counts["creates_received"] == 1 and op.attempts == 1
+    assert_audit_verifies(db_url)

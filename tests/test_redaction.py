@@ -96,17 +96,31 @@ def test_an_errors_code_that_reads_as_a_name_is_kept_for_the_person_who_reads_it
     [
         "SplxlOBeZQQYbYS6WxSbIA",  # RFC 6749's example authorization code
         "4/0AX4XfWhxyz",  # Google's form
+        "482913",  # a one-time code
+        "abcd efgh ijkl mnop",  # an app password
+        "ABCDEF-GHIJKL-MNOPQR-STUVWX",  # a recovery or licence code
+        "abcdefghijklmnopqrstuvwxyz",
+        "AbCdEfGhIjKl",
+        "8a7Bc9-Xy12Zq",
         "a3f9c2d1e8b7a6f5c4d3e2f1a0b9c8d7",
         "ab12cd-ef34gh-ij56kl",
         "123e4567-e89b-12d3-a456-426614174000",
         "x" * 65,
     ],
 )
-def test_a_code_that_reads_as_a_token_is_masked(code: str) -> None:
-    assert Redactor().value({"code": code, "nested": [{"code": code}]}) == {
-        "code": REDACTED,
-        "nested": [{"code": REDACTED}],
+def test_a_code_that_reads_as_a_token_is_masked_even_in_an_error(code: str) -> None:
+    """(Shapes a review found kept by the first rule: a code is kept only when it reads as a name.)"""
+    error = {"error": {"code": code, "message": "m"}, "nested": [{"code": code, "type": "t"}]}
+    assert Redactor().value(error) == {
+        "error": {"code": REDACTED, "message": "m"},
+        "nested": [{"code": REDACTED, "type": "t"}],
     }
+
+
+def test_a_code_outside_an_error_is_masked_whatever_it_reads_as() -> None:
+    """An object with a code and nothing that says what went wrong (an OAuth callback's, say) is no error:
+    its code is masked, as every field named like a credential is."""
+    assert Redactor().value({"code": "rate_limit_exceeded", "state": "xyz"}) == {"code": REDACTED, "state": "xyz"}
 
 
 def test_a_named_code_still_has_a_credential_in_it_masked() -> None:

@@ -42,7 +42,8 @@ def test_every_state_is_reachable_and_every_arrow_is_counted() -> None:
 @pytest.mark.parametrize(("frm", "to"), ALLOWED, ids=lambda s: s.value)
 def test_allowed_arrow_with_its_evidence_is_recorded(store: Store, frm: State, to: State) -> None:
     """Each allowed arrow, given its evidence, moves the record and appends one history entry."""
-    op = op_in(store, frm)
+    # (a cancel withdraws only a create never attempted: that arrow starts from a record with no attempt)
+    op = store.create_operation(spec())[0] if (frm, to) == (S.CREATE_PENDING, S.CANCELLED) else op_in(store, frm)
     before = len(store.history(op.operation_id))
     moved = store.transition(op, to, valid_evidence(frm, to, op), actor="tester")
     assert moved.state is to
@@ -182,3 +183,18 @@ def test_random_attempts_never_reach_a_state_without_evidence(store: Store, step
         check_transition(before, to, evidence)  # the judge agrees, on the record as it was
         assert store.history(op.operation_id)[-1].cause == evidence.kind
     assert verify(store).ok
+
+
+def test_a_cancel_withdraws_only_a_create_never_attempted(store: Store) -> None:
+    """create_pending -> cancelled needs a person's cancel and no attempt on the record: an attempt is durable
+    before its send, so with one recorded a job may exist, and the cancel must wait for it and be sent."""
+    attempted = op_in(store, S.CREATE_PENDING)
+    assert attempted.attempts == 1
+    with pytest.raises(TransitionRefused, match="a job may exist"):
+        store.transition(attempted, S.CANCELLED, valid_evidence(S.CREATE_PENDING, S.CANCELLED, attempted), actor="t")
+    assert store.get(attempted.operation_id).state is S.CREATE_PENDING
+    planned = store.create_operation(spec())[0]
+    with pytest.raises(TransitionRefused):
+        store.transition(planned, S.CANCELLED, obs(RemoteState.CANCELLED), actor="t")  # not a status: nothing ran
+    moved = store.transition(planned, S.CANCELLED, valid_evidence(S.CREATE_PENDING, S.CANCELLED, planned), actor="t")
+    assert moved.state is S.CANCELLED and moved.attempts == 0

@@ -106,7 +106,9 @@ def cancel_story(op: Operation, history: Sequence[HistoryEntry]) -> dict[str, An
     sent = any(e.to_state == State.CANCEL_REQUESTED.value for e in history)
     s = op.state
     standing: str
-    if s is State.CANCELLED:
+    if s is State.CANCELLED and (entry.from_state, entry.to_state) == (State.CREATE_PENDING, State.CANCELLED):
+        standing, says = "withdrawn", f"{asked} before any create was sent: the create was withdrawn, no job was made"
+    elif s is State.CANCELLED:
         standing, says = "confirmed", f"{asked}; the provider confirmed the job cancelled"
     elif s in (State.CANCEL_REQUESTED, State.CANCELLING):
         standing, says = "pending", f"{asked}; a worker sends it once and polls until the provider confirms it"

@@ -125,6 +125,16 @@ def _rejection(ev: Evidence, op: Operation) -> str | None:
     return None
 
 
+def _never_sent(ev: Evidence, op: Operation) -> str | None:
+    assert isinstance(ev, CancelIntent)
+    if op.attempts > 0:
+        return (
+            f"{op.attempts} create attempt(s) are recorded, so a job may exist: the cancel waits for the create's "
+            "outcome and is sent to the job"
+        )
+    return None
+
+
 def _resume(ev: Evidence, op: Operation) -> str | None:
     assert isinstance(ev, ResumeRequested)
     if not ev.provider_supports_resume:
@@ -154,6 +164,8 @@ RULES: dict[tuple[State, State], Rule] = {
     (S.CREATE_PENDING, S.CREATE_UNKNOWN): Rule((AmbiguousCreate,), "an ambiguous create outcome", _ambiguous),
     (S.CREATE_PENDING, S.FAILED): Rule((DefinitiveRejection,), "a definitive rejection", _rejection),
     (S.CREATE_PENDING, S.RESULT_COLLECTING): Rule((SynchronousResult,), "a synchronous result"),
+    # a cancel before any attempt: the attempt is durable before its send, so none has left and no job exists
+    (S.CREATE_PENDING, S.CANCELLED): Rule((CancelIntent,), "a cancel asked before any create attempt", _never_sent),
     (S.CREATE_PENDING, S.NEEDS_ATTENTION): Rule(
         (ConflictingJobIds, DeadlinePassed, CannotTell),
         "two job ids for one token, the create deadline passed, or an answer nobody can settle (a redirect)",

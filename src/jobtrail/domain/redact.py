@@ -697,7 +697,9 @@ class Redactor:
                 elif how == _SECRET_NAME and _carries_secret(item):
                     out[key_s] = REDACTED
                 elif how == _CODE and _carries_secret(item):
-                    out[key_s] = self.text(item) if type(item) is str and _named_code(item) else REDACTED
+                    # kept only as an error's code: a field of an object that also says what went wrong
+                    named = type(item) is str and _named_code(item) and not _ERROR_FIELDS.isdisjoint(value)
+                    out[key_s] = self.text(item) if named else REDACTED
                 elif how == _HEADERS and isinstance(item, Mapping):
                     out[key_s] = self.headers(item)
                 elif how == _URL and isinstance(item, str):
@@ -808,25 +810,35 @@ class NullRedactor(Redactor):
 
 #: what Redactor.value does with a field, by its name (see Redactor._field_rule)
 _PLAIN, _KEY_CARRIES_SECRET, _SECRET_NAME, _HEADERS, _URL, _CODE = range(6)
-#: the words of a ``code`` that reads as a name: lower, upper, Capitalized or camelCase letters, digits, or
-#: (at most two) short runs of both, such as ``E1234``
-_CODE_WORD = re.compile(r"[a-z]+|[A-Z]+|[a-z]*(?:[A-Z][a-z]+)+|[0-9]+|(?P<mixed>[A-Za-z0-9]{1,6})")
+#: the words of a ``code`` that reads as a name: lower or upper case letters (a single one of 24 at most),
+#: Capitalized or camelCase words of three letters and more, five digits at most, or one short run of
+#: letters and digits, such as ``E1234``
+_CODE_WORD = re.compile(
+    r"(?P<plain>[a-z]+|[A-Z]+)|[a-z]*(?:[A-Z][a-z]{2,})+|[0-9]{1,5}"
+    r"|(?P<mixed>(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-9]*[0-9])[A-Za-z0-9]{2,6})"
+)
 _CODE_BREAK = re.compile(r"[_.\- ]")
+#: fields beside a ``code`` that make its object an error's (OpenAI's, Google's, a problem document...)
+_ERROR_FIELDS = frozenset({"message", "type", "status", "detail", "details", "reason", "param", "title", "line"})
 
 
 def _named_code(value: str) -> bool:
     """Does a ``code`` field's value read as an error's name (``rate_limit_exceeded``, ``RESOURCE_EXHAUSTED``,
-    ``ThrottlingException``, ``E1234``), which a person needs to read, rather than as an OAuth code or a
-    token (a long run of letters in no case's order, or of letters and digits, or other characters)?"""
+    ``ThrottlingException``, ``E1234``), which a person needs to read, rather than as a one-time code, a
+    recovery code or a token (six digits and more, a long run of letters, words of one length in a row,
+    letters and digits mixed, other characters)?"""
     if not value or len(value) > 64:
         return False
+    words = _CODE_BREAK.split(value)
+    if len(words) >= 3 and len({len(word) for word in words}) == 1:  # ABCD-EFGH-IJKL, "abcd efgh ijkl mnop"
+        return False
     mixed = 0
-    for word in _CODE_BREAK.split(value):
+    for word in words:
         found = _CODE_WORD.fullmatch(word)
-        if found is None:
+        if found is None or (found.group("plain") is not None and len(word) > 24 and len(words) == 1):
             return False
         mixed += found.group("mixed") is not None
-    return mixed <= 2
+    return mixed <= 1
 
 
 #: JSON documents larger than this are not parsed to look for a credential split across strings

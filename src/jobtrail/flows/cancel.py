@@ -32,8 +32,9 @@ class CancelOutcome:
     """What :func:`request_cancel` did."""
 
     operation: Operation
-    #: "requested" (new intent), "already_requested", "deferred" (no job id yet), "already_ended", or
-    #: "person_decides" (a state a cancel is not sent from, not an ending either: the job may still run)
+    #: "requested" (new intent), "already_requested", "deferred" (no job id yet), "withdrawn" (nothing had
+    #: been sent: cancelled at once), "already_ended", or "person_decides" (a state a cancel is not sent from,
+    #: not an ending either: the job may still run)
     outcome: str
     message: str
 
@@ -79,6 +80,26 @@ def _record_intent(store: Store, op: Operation, intent: CancelIntent, actor: str
             kept,
             "already_requested",
             "a cancel is already under way; this request is recorded and nothing is re-sent",
+        )
+    if op.state is State.CREATE_PENDING and op.attempts == 0:
+        # planned, never sent (an attempt is durable before its send): stopping it is not sending it. A worker
+        # about to send finds the record moved on (its attempt's write is conditional) and sends nothing
+        withdrawn = store.transition(
+            op,
+            State.CANCELLED,
+            intent,
+            actor=actor,
+            changes={
+                "cancel_requested_by": intent.requested_by,
+                "next_action_at_us": None,
+                "state_reason": f"cancelled by {intent.requested_by} before any create was sent ({intent.reason}); "
+                "no job was made",
+            },
+        )
+        return CancelOutcome(
+            withdrawn,
+            "withdrawn",
+            "nothing had been sent: the operation is cancelled and its create will never be sent",
         )
     if op.state in CREATE_PHASE:
         kept = store.record(op, intent, actor=actor, changes={"cancel_requested_by": intent.requested_by})

@@ -279,6 +279,8 @@ class CreateFlow:
                 "error_class": outcome.error_class,
                 "detail": outcome.detail,
                 "declared_non_retryable": outcome.declared_non_retryable,
+                # (kept: an owner that dies before acting on the answer leaves the same decision to its successor)
+                "person_must_decide": outcome.person_must_decide,
                 "retry_after_s": outcome.response.retry_after_s,
                 "attempt": attempt,
                 "reason": reason,
@@ -696,6 +698,7 @@ def _stored_outcome(stored: dict[str, Any]) -> CreateOutcome:
         error_class=raw.get("error_class") or ("stored_answer_unusable" if kind == "ambiguous" else ""),
         detail=raw.get("detail") or "",
         declared_non_retryable=bool(raw.get("declared_non_retryable")),
+        person_must_decide=bool(raw.get("person_must_decide")) and kind == "ambiguous",
     )
 
 

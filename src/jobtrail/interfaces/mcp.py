@@ -516,7 +516,8 @@ def build_server(jt: AsyncJobtrail, *, agent: str, approver: str | None, shared:
     @tool(
         "Ask to cancel a job. The intent is recorded first; a worker sends the cancel once and only the "
         "provider's own status makes it cancelled (a job that finishes first still succeeds: job_status's "
-        "cancel says so). outcome: requested, already_requested, deferred (no job id yet), already_ended, or "
+        "cancel says so). outcome: requested, already_requested, deferred (no job id yet), withdrawn (nothing "
+        "had been sent: cancelled at once, no job made), already_ended, or "
         "person_decides (no cancel is sent from where the operation stands: the message says what a person does)."
     )
     async def cancel_job(operation_id: OperationRef, reason: CancelReason) -> CancelAnswerJson:

@@ -21,10 +21,10 @@ from typing_extensions import TypedDict
 from jobtrail.domain.states import State
 
 #: what ``request_cancel`` did (``cancel --json``, MCP ``cancel_job``)
-CancelOutcome = Literal["requested", "already_requested", "deferred", "already_ended", "person_decides"]
+CancelOutcome = Literal["requested", "already_requested", "deferred", "withdrawn", "already_ended", "person_decides"]
 #: how a requested cancel stands (``cancel`` in a status): see :func:`jobtrail.domain.explain.cancel_story`
 CancelStanding = Literal[
-    "deferred", "pending", "confirmed", "lost_race", "after_the_end", "unconfirmed", "a_person_decides"
+    "deferred", "withdrawn", "pending", "confirmed", "lost_race", "after_the_end", "unconfirmed", "a_person_decides"
 ]
 StepState = Literal["planned", "blocked", "submitted", "confirmed", "failed", "unresolved"]
 

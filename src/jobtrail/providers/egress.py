@@ -274,7 +274,7 @@ class EgressPolicy:
         if rule is None:
             # an entry for this host on another scheme or port (a bare host is https on 443) is the common
             # slip: say which, and how to write the one this URL needs
-            near = next((r for r in self.download_hosts if not r.wildcard and r.host == origin.host), None)
+            near = next((r for r in self.download_hosts if r.matches(Origin(r.scheme, origin.host, r.port))), None)
             how = (
                 f"{DOWNLOAD_HOSTS_KEY} has {near}, another scheme or port: add {str(origin)!r} to allow this one"
                 if near is not None

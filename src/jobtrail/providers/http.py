@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import math
 import os
 import string
@@ -45,7 +46,7 @@ from jobtrail.domain.jsonpath import (
 from jobtrail.domain.machine import AMBIGUOUS_HTTP_STATUSES
 from jobtrail.domain.record import Operation, unseen_character
 from jobtrail.domain.redact import Redactor
-from jobtrail.domain.states import RemoteState
+from jobtrail.domain.states import RemoteState, State
 from jobtrail.domain.words import why_it_ended
 from jobtrail.providers.contract import (
     Capabilities,
@@ -241,6 +242,19 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     return parse_retry_after(lowered.get("retry-after"), time.time())
 
 
+def _no_silent_resend(session: aiohttp.ClientSession) -> None:
+    """Turn off aiohttp's own re-send of a PUT, DELETE or GET whose connection broke after the request went out
+    (RFC 9112 §9.3.1.1 lets a client retry "idempotent" methods). A create declared as PUT then reached the
+    provider twice for one recorded attempt: with no idempotency token, two jobs, the first never named in
+    the ledger; a DELETE cancel declared not idempotent went twice; a one-time result could be handed over
+    twice. Every request must be one the ledger knows of, so a broken connection is an answer the flows
+    judge (``connection_reset``), never a re-send behind their back. aiohttp has no public switch: this is
+    the attribute its own test client sets (``aiohttp.test_utils``; versions before it never re-sent), and
+    tests/test_strict_provider.py guards it."""
+    if hasattr(session, "_retry_connection"):
+        session._retry_connection = False
+
+
 def _text(value: str) -> str:
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
@@ -317,6 +331,7 @@ class HttpProvider:
                 headers={"User-Agent": _USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
                 auto_decompress=False,  # read_at_most decompresses, and proves the stream whole
             )
+            _no_silent_resend(self._session)
             self._gate = self._new_gate()
             self._loop = loop
         return self._session
@@ -331,6 +346,7 @@ class HttpProvider:
                 headers={"User-Agent": _USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
                 auto_decompress=False,
             )
+            _no_silent_resend(self._foreign)  # a one-time result may be handed over only once
             self._foreign_gate = self._new_gate()
             self._foreign_loop = loop
         return self._foreign
@@ -629,7 +645,30 @@ class HttpProvider:
         sent = await self._send(cfg.create.method, url, op, body=body, extra_headers=headers)
         if isinstance(sent, NoAnswer):
             return sent.create_outcome()
-        return self.classify_create(sent)
+        outcome = self.classify_create(sent)
+        if outcome.kind == "rejected" and op.state is State.RECONCILIATION and _token_used_otherwise(sent):
+            return self._token_used_otherwise(op, sent)
+        return outcome
+
+    def _token_used_otherwise(self, op: Operation, sent: Response) -> CreateOutcome:
+        """A replay refused because the provider holds the token for a different request: it proves the token
+        was used, not that the create was refused, so the create stops for a person. (Taken as a replayed
+        refusal, the operation was re-sent, refused again and ended ``failed`` beside the job the first
+        attempt had made, and a person told "a changed request is a new operation" submitted a second.)"""
+        return CreateOutcome(
+            kind="ambiguous",
+            response=sent,
+            person_must_decide=True,
+            error_class="token_used_otherwise",
+            detail=(
+                f"the replay with this operation's idempotency token was refused with HTTP {sent.http_status}, "
+                "which says the provider holds the token for a different request (the IETF idempotency draft answers "
+                "a reused key with 422, Stripe with an idempotency_error), so a job may exist under it; it is not "
+                "re-sent. Look in the "
+                f"provider's console for a job with trace id {op.trace_id}, then resolve to accepted with its "
+                "job id, or to failed if there is none"
+            ),
+        )
 
     def classify_create(self, resp: Response) -> CreateOutcome:
         """Which of confirmed / synchronous / rejected / ambiguous a create response proves."""
@@ -790,7 +829,12 @@ class HttpProvider:
             progress = None
         if progress is not None and not math.isfinite(progress):  # "NaN", "inf", 10**400: no share of anything
             progress = None
-        remote = remote if sent.http_status == 200 else RemoteState.UNKNOWN
+        error_class, detail = ("", "") if sent.http_status == 200 else (f"http_{sent.http_status}", "")
+        if 300 <= (sent.http_status or 0) < 400:
+            detail = self._redirect(sent)
+        elif not error_class and (other := self._another_job(sent, op)) is not None:
+            error_class, detail = "another_job", other
+        remote = remote if not error_class else RemoteState.UNKNOWN
         return StatusOutcome(
             remote_state=remote,
             raw_state=raw,
@@ -799,9 +843,28 @@ class HttpProvider:
             result_ref=reference(cfg.result_ref_path, sent.body, sent.headers, self.redactor),
             provider_time=extract(cfg.time_path, sent.body, sent.headers, self.redactor),
             effects=extract_any(cfg.effects_path, sent.body),
-            error_class="" if sent.http_status == 200 else f"http_{sent.http_status}",
-            detail=self._redirect(sent) if 300 <= (sent.http_status or 0) < 400 else "",
+            error_class=error_class,
+            detail=detail,
             failure=why_it_ended(remote, lambda: value_at(cfg.failure_path, sent.body, sent.headers), self.redactor),
+        )
+
+    def _another_job(self, sent: Response, op: Operation) -> str | None:
+        """Why a status answer is not this job's (None: it is, or it does not say). An answer that names
+        another job at the create's ``job_id`` path (a cache or a proxy mixing answers up, a provider's bug)
+        ended this operation ``failed``, or collected its result, on the word of another job."""
+        path = self.config.job_id
+        if op.remote_job_id is None or not path.startswith("$"):  # (an id from a header: the body need not name it)
+            return None
+        said = extract_any(path, sent.body)
+        if said is None or isinstance(said, dict | list) or str(said) == op.remote_job_id:
+            return None
+        shown = job_id(path, sent.body, {}, self.redactor)
+        named = "another job" if shown is None else f"job {json.dumps(shown[:100])}"
+        return (
+            f"the answer is about {named}, not job {op.remote_job_id}, so it says nothing of this job (a status "
+            f"answer is held to name its job where the create's answer did, create.job_id = {path}: a provider "
+            "whose status answers hold something else there is one whose answers cannot be told from another "
+            "job's)"
         )
 
     def _redirect(self, sent: Response) -> str:
@@ -910,11 +973,22 @@ class HttpProvider:
         if isinstance(sent, NoAnswer):
             return sent
         value = extract_any(cfg.result_from_status, sent.body) if sent.http_status == 200 else None
+        if value is not None and self._another_job(sent, op) is not None:  # another job's result is not ours
+            value = None
         if value is None:
             return dataclasses.replace(sent, http_status=sent.http_status if sent.http_status != 200 else 404)
         return dataclasses.replace(
             sent, headers={**sent.headers, "Content-Type": "application/json"}, raw=canonical_bytes(value)
         )
+
+
+def _token_used_otherwise(sent: Response) -> bool:
+    """Does this refusal say the idempotency token is held for another request, rather than refuse ours? The
+    IETF draft answers a key reused with a different payload 422; Stripe an ``idempotency_error``."""
+    if sent.http_status == 422:
+        return True
+    error = sent.body.get("error") if isinstance(sent.body, dict) else None
+    return isinstance(error, dict) and error.get("type") == "idempotency_error"
 
 
 class _Unfollowable(Exception):

@@ -828,7 +828,10 @@ def check(sim: _Sim, ledger: Ledger, log_text: str) -> list[str]:  # noqa: PLR09
                     if data != job.result_bytes():
                         problems.append(f"{name}: the stored result is not the bytes the provider produced")
         elif op.state is State.CANCELLED and remote != "cancelled":
-            problems.append(f"{name}: cancelled but the provider's job is {remote}")
+            # a cancel before any attempt withdraws the create: then no create may have reached the provider
+            withdrawn = op.attempts == 0 and job is None and not jobs and world.creates_by_key[token] == 0
+            if not withdrawn:
+                problems.append(f"{name}: cancelled but the provider's job is {remote}")
         elif op.state is State.FAILED and remote != "failed" and token not in world.rejected_tokens:
             problems.append(f"{name}: failed but the provider neither failed the job ({remote}) nor rejected it")
         elif op.state is State.RESULT_UNAVAILABLE and not (

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from jobtrail.domain.canonical import parse_json
+from jobtrail.domain.canonical import canonical_bytes, parse_json
 from jobtrail.domain.errors import ConfigError, JobtrailError
 from jobtrail.domain.explain import next_action
 from jobtrail.domain.record import Operation
@@ -58,9 +58,17 @@ def _request(value: str) -> Any:
         except OSError as exc:
             raise ConfigError(f"--request {value}: cannot read the file ({exc.strerror})") from None
     try:
-        return parse_json(text)
+        body = parse_json(text)
     except ValueError as exc:
         raise ConfigError(f"--request is not valid JSON ({exc}); pass JSON text or @path/to/file.json") from None
+    try:
+        canonical_bytes(body)  # (checked with the other arguments, before the provider's credential is looked at)
+    except UnicodeEncodeError:
+        raise ConfigError(
+            "--request holds text that is not valid Unicode (an escape such as \\ud800, half of a character): "
+            "nothing was recorded; fix the text and submit again"
+        ) from None
+    return body
 
 
 _EXIT_FOR_STATE = {State.FAILED: EXIT_NEGATIVE, State.NEEDS_ATTENTION: EXIT_NEEDS_PERSON}
@@ -261,23 +269,14 @@ def cancel(
     from jobtrail.flows.cancel import request_cancel
 
     store = existing_store(ctx)
-    before = store.resolve(operation_id)  # an id, or the operation's key
+    operation_id = store.resolve(operation_id).operation_id  # an id, or the operation's key
     done = request_cancel(
-        store, before.operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
+        store, operation_id, requested_by=requested_by, reason=reason, expected_effect=expected_effect
     )
     if as_json:
         emit_json({"outcome": done.outcome, "message": done.message, "operation": done.operation.to_json()})
     else:
         click.echo(f"{done.operation.operation_id}: {done.message}")
-    if done.outcome == "deferred" and before.state is State.CREATE_PENDING and before.attempts == 0:
-        # nothing was sent yet, but a recorded cancel does not withdraw the create: a worker still sends it
-        # (and then the cancel); whoever said stop to avoid the job's cost or effects must hear it now
-        click.echo(
-            f"jobtrail: note: {done.operation.operation_id} was never sent, but a recorded cancel does not "
-            "withdraw it: the next worker still creates the remote job, then sends the cancel and confirms it "
-            f"(`{store.command} explain {done.operation.operation_id}` follows it)",
-            err=True,
-        )
     if done.operation.state in PERSON_DECIDES:
         # not an ending: the remote job may still run, and only a person can settle it (exit 3, as explain)
         click.echo(

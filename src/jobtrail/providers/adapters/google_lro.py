@@ -209,8 +209,9 @@ class GoogleLroProvider(HttpProvider):
                 person_must_decide=True,
                 error_class="already_exists",
                 detail=f"HTTP 409: {_describe(error, self.redactor)}; the resource this create names exists "
-                "already. If it is this operation's (look for its trace id or labels in the console), resolve it "
-                "with its operation; else cancel this operation and submit again under another resource id",
+                "already. If it is this operation's (look for its trace id or labels in the console), `jobtrail "
+                "resolve OP --to accepted --job-id <its long-running operation's name>`; if it is not, `jobtrail "
+                "resolve OP --to failed` and submit again under another resource id",
             )
         if 200 <= status < 300 and isinstance(resp.body, dict) and not isinstance(resp.body.get("name"), str | None):
             return CreateOutcome(

@@ -428,10 +428,6 @@ class OpenAIBatchProvider(_OpenAIProvider):
         if isinstance(listed, LookupOutcome):
             return listed
         batches, summary, last = listed
-        if not summary["complete"]:
-            return LookupOutcome(
-                kind="unknown", path=ReconcileMode.LIST_BY_REFERENCE, response=last, detail=summary["stopped"]
-            )
         until_s = until_us / 1_000_000 + LIST_MARGIN_S
         ids = tuple(
             str(b["id"])
@@ -440,11 +436,18 @@ class OpenAIBatchProvider(_OpenAIProvider):
             and b["created_at"] <= until_s
             and not (isinstance(b.get("metadata"), dict) and TOKEN_KEY in b["metadata"])
         )
+        response = dataclasses.replace(last, body={**summary, "candidates": list(ids)})
+        if not summary["complete"]:
+            # not every one in the window was seen, but those that were are still the person's to look at
+            among = f"; among the pages read: {', '.join(ids)}" if ids else ""
+            return LookupOutcome(
+                kind="unknown",
+                path=ReconcileMode.LIST_BY_REFERENCE,
+                response=response,
+                detail=summary["stopped"] + among,
+            )
         return LookupOutcome(
-            kind="candidates",
-            path=ReconcileMode.LIST_BY_REFERENCE,
-            response=dataclasses.replace(last, body={**summary, "candidates": list(ids)}),
-            remote_job_ids=ids,
+            kind="candidates", path=ReconcileMode.LIST_BY_REFERENCE, response=response, remote_job_ids=ids
         )
 
     # -- status, cancel, result -------------------------------------------------------------------
