@@ -134,12 +134,13 @@ def test_a_batch_survives_kill_9_of_its_worker(db_url: str, fake: OpenAIBatchFak
     doomed = start_worker(db_url, provider, "doomed", "--lease", "4", env=env)
     # (a worker's start, imports and writer process included, took over 30 s once in a CI run on a slow machine)
     deadline = time.monotonic() + 120
-    while fake.counts["status"] < 2 and time.monotonic() < deadline and doomed.poll() is None:
+    # killed once it polls the batch (its job id known, a status read made)
+    while fake.counts["status"] < 1 and time.monotonic() < deadline and doomed.poll() is None:
         time.sleep(0.02)
     doomed.send_signal(signal.SIGKILL)
     _out, err = doomed.communicate(timeout=30)
     assert doomed.returncode == -signal.SIGKILL, err
-    assert fake.counts["batches_created"] == 1 and fake.counts["status"] >= 2, (dict(fake.counts), err)
+    assert fake.counts["batches_created"] == 1 and fake.counts["status"] >= 1, (dict(fake.counts), err)
     with Store.open(db_url) as store:
         assert store.get(op.operation_id).state in (S.ACCEPTED, S.OBSERVING)
     survivor = start_worker(db_url, provider, "survivor", "--until-settled", "--timeout", "40", "--lease", "4", env=env)
