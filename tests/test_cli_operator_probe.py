@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,6 @@ from jobtrail.testing import FakeProvider
 from processes import assert_audit_verifies, cli, finish, jobtrail, start_worker, write_provider
 
 SETTLE = ("--until-settled", "--timeout", "90", "--lease", "7")
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProvider]:
-    provider = FakeProvider(job_duration_s=0.3).start()
-    yield provider
-    provider.stop()
 
 
 def one_line_error(stderr: str) -> str:
