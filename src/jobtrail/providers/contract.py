@@ -8,6 +8,7 @@ are facts to record. It raises only for our own misuse or misconfiguration.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -113,6 +114,20 @@ def count_lines(data: bytes | Spooled) -> int:
     """The non-blank lines of a fetched body (a JSONL file's records). Blocking: run it off the event loop."""
     lines = data.split(b"\n") if isinstance(data, bytes) else data.lines()
     return sum(1 for line in lines if line.strip())
+
+
+async def lines_short(data: bytes | Spooled, expected: int | None) -> int | None:
+    """The lines ``data`` holds when fewer than ``expected`` (None: enough, or nothing to hold it to), its
+    file then discarded. A JSONL results file cut at a line boundary (a connection closed early with no
+    length given) parses whole, and its missing items would otherwise be stored as a success."""
+    if not expected:
+        return None
+    lines = await asyncio.to_thread(count_lines, data)
+    if lines >= expected:
+        return None
+    if isinstance(data, Spooled):
+        data.discard()
+    return lines
 
 
 def join_bodies(parts: Sequence[bytes | Spooled], *, spool_over: int) -> bytes | Spooled:

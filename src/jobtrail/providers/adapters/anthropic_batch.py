@@ -20,7 +20,6 @@ What the API allows us to promise:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 import urllib.parse
@@ -37,9 +36,8 @@ from jobtrail.providers.contract import (
     NoAnswer,
     ReconcileMode,
     Response,
-    Spooled,
     StatusOutcome,
-    count_lines,
+    lines_short,
 )
 from jobtrail.providers.http import HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
@@ -199,11 +197,9 @@ class AnthropicBatchProvider(HttpProvider):
         if fetched is None or not counts:
             return sent
         total = sum(counts.values())
-        lines = await asyncio.to_thread(count_lines, fetched)
-        if lines >= total:
+        lines = await lines_short(fetched, total)
+        if lines is None:
             return sent
-        if isinstance(fetched, Spooled):
-            fetched.discard()
         return NoAnswer(
             "incomplete_result",
             f"the results file holds {lines} line(s), but the batch's request_counts say it has {total} "

@@ -56,8 +56,8 @@ from jobtrail.providers.contract import (
     Spooled,
     StatusOutcome,
     WireAnswer,
-    count_lines,
     join_bodies,
+    lines_short,
 )
 from jobtrail.providers.http import SPOOL_OVER_BYTES, HttpProvider, parse_config
 from jobtrail.providers.kinds import operator_settings
@@ -514,14 +514,13 @@ class OpenAIBatchProvider(_OpenAIProvider):
                 for part in parts:
                     if isinstance(part, Spooled):
                         part.discard()
-        short = await _fewer_lines_than_counted(data, _answered(op.partial_effects))
-        if short is not None:
-            if isinstance(data, Spooled):
-                data.discard()
+        answered = _answered(op.partial_effects)
+        lines = await lines_short(data, answered)
+        if lines is not None:
             return NoAnswer(
                 "incomplete_result",
-                f"the output and error files hold {short[0]} line(s), but the batch's request_counts say "
-                f"{short[1]} request(s) were answered: the files are incomplete (cut short on the way, or not "
+                f"the output and error files hold {lines} line(s), but the batch's request_counts say "
+                f"{answered} request(s) were answered: the files are incomplete (cut short on the way, or not "
                 "all written yet); nothing is stored, and they are read again later",
             )
         return Response(
@@ -688,16 +687,6 @@ def _answered(effects: Any) -> int | None:
         return None
     assert isinstance(done, int) and isinstance(failed, int)
     return done + failed
-
-
-async def _fewer_lines_than_counted(data: bytes | Spooled, expected: int | None) -> tuple[int, int] | None:
-    """(lines, expected) when ``data`` holds fewer non-blank lines than ``expected``: a results file cut at a
-    line boundary (a connection closed early with no length given) parses as whole JSONL, and its missing
-    items would otherwise be stored as a success."""
-    if not expected:
-        return None
-    lines = await asyncio.to_thread(count_lines, data)
-    return (lines, expected) if lines < expected else None
 
 
 def _parse_ref(ref: str | None) -> list[tuple[str, str]]:
